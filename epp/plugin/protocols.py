@@ -1,0 +1,272 @@
+"""The plugin contract.
+
+A plugin is a class registered under the ``epp.plugins`` entry-point group. It has a class
+attribute ``TYPE`` (the type name used in YAML), a nested frozen dataclass ``Params`` (its YAML
+``parameters``, camelCase in YAML, snake_case in Python) and is constructed as
+``cls(name=..., params=..., handle=...)``. ``PluginBase`` does that plumbing.
+
+Roles are ``typing.Protocol`` classes; the loader checks them once at startup with ``isinstance``
+and slots the instance into every role it fills. Filters, scorers and pickers are synchronous and
+pure. Only ``DataProducer.produce`` and ``Lifecycle`` hooks may do I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+from epp.plugin.errors import InferenceError
+from epp.plugin.types import (
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    Metrics,
+    ParsedResponse,
+    ParseResult,
+    RequestBody,
+    PickResult,
+    ProfileResult,
+    ResponseInfo,
+    SchedulingResult,
+    ScoredEndpoint,
+    ScorerCategory,
+    Stability,
+    TypedName,
+)
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+
+@dataclass(frozen=True)
+class NoParams:
+    """Parameters of a plugin that takes none."""
+
+
+class Handle(Protocol):
+    """What the framework gives a plugin at construction."""
+
+    @property
+    def registry(self) -> CollectorRegistry: ...
+
+    def clock(self) -> float: ...
+
+    def plugin(self, name: str) -> Any: ...
+
+    def endpoints(self) -> Sequence[Endpoint]: ...
+
+    def logger(self, typed_name: TypedName) -> logging.Logger: ...
+
+
+class PluginBase:
+    """Convenience base: stores the typed name, params and handle."""
+
+    TYPE: ClassVar[str] = ""
+    STABILITY: ClassVar[Stability] = Stability.BETA
+    Params: ClassVar[type[Any]] = NoParams
+
+    def __init__(self, *, name: str, params: Any, handle: Handle) -> None:
+        self.typed_name = TypedName(type=self.TYPE, name=name or self.TYPE)
+        self.params = params
+        self.handle = handle
+
+
+@runtime_checkable
+class Plugin(Protocol):
+    typed_name: TypedName
+
+
+@runtime_checkable
+class Filter(Protocol):
+    typed_name: TypedName
+
+    def filter(
+        self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Sequence[Endpoint]: ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    typed_name: TypedName
+    category: ClassVar[ScorerCategory]
+
+    def score(
+        self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Mapping[str, float]: ...
+
+
+@runtime_checkable
+class Picker(Protocol):
+    typed_name: TypedName
+
+    def pick(self, cycle: CycleState, scored: Sequence[ScoredEndpoint]) -> PickResult: ...
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A scheduling profile as the framework runs it (built by the config loader)."""
+
+    name: str
+    filters: tuple[Filter, ...]
+    scorers: tuple[tuple[Scorer, float], ...]
+    picker: Picker
+
+
+@runtime_checkable
+class ProfileHandler(Protocol):
+    typed_name: TypedName
+
+    def pick_profiles(
+        self,
+        cycle: CycleState,
+        request: InferenceRequest,
+        profiles: Mapping[str, Profile],
+        results: Mapping[str, ProfileResult | None],
+    ) -> Mapping[str, Profile]: ...
+
+    def process_results(
+        self,
+        cycle: CycleState,
+        request: InferenceRequest,
+        results: Mapping[str, ProfileResult | None],
+    ) -> SchedulingResult: ...
+
+
+@runtime_checkable
+class Parser(Protocol):
+    """Request/response parser (``requestHandler.parsers``).
+
+    ``claims`` are path suffixes; an empty tuple makes the parser the fallback.
+    ``parse_request`` raises ``InferenceError`` (400) on bad input. Parsers whose
+    ``supports_model_rewrite`` is true also implement ``rewrite_model``, which returns the body with
+    ``model`` replaced (compact JSON, sorted keys, as upstream's Go marshal).
+    """
+
+    typed_name: TypedName
+    supports_model_rewrite: ClassVar[bool]
+
+    def claims(self) -> tuple[str, ...]: ...
+
+    def parse_request(self, path: str, body: bytes, headers: Mapping[str, str]) -> ParseResult: ...
+
+    def rewrite_model(self, body: RequestBody, target_model: str) -> bytes: ...
+
+    def parse_response(
+        self, chunk: bytes, headers: Mapping[str, str], *, streaming: bool, end_of_stream: bool
+    ) -> ParsedResponse: ...
+
+
+@runtime_checkable
+class DataProducer(Protocol):
+    """Fills ``request.attributes[key]`` for each key in ``produces()`` before scheduling."""
+
+    typed_name: TypedName
+
+    def produces(self) -> frozenset[str]: ...
+
+    async def produce(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None: ...
+
+
+@runtime_checkable
+class Consumer(Protocol):
+    """Declares the request attribute keys a plugin needs; the loader finds producers for them."""
+
+    typed_name: TypedName
+
+    def consumes(self) -> frozenset[str]: ...
+
+
+@runtime_checkable
+class Admitter(Protocol):
+    typed_name: TypedName
+
+    def admit(
+        self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> InferenceError | None: ...
+
+
+@runtime_checkable
+class SaturationDetector(Protocol):
+    typed_name: TypedName
+
+    def saturation(self, now: float, endpoints: Sequence[Endpoint]) -> float: ...
+
+
+@runtime_checkable
+class PreRequest(Protocol):
+    typed_name: TypedName
+
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None: ...
+
+
+@runtime_checkable
+class ResponseHeaders(Protocol):
+    typed_name: TypedName
+
+    def response_headers(
+        self, request: InferenceRequest, response: ResponseInfo, set_headers: dict[str, str]
+    ) -> None: ...
+
+
+@runtime_checkable
+class ResponseComplete(Protocol):
+    typed_name: TypedName
+
+    def response_complete(self, request: InferenceRequest, response: ResponseInfo) -> None: ...
+
+
+@runtime_checkable
+class Lifecycle(Protocol):
+    typed_name: TypedName
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+@runtime_checkable
+class ReadinessChecker(Protocol):
+    typed_name: TypedName
+
+    def is_ready(self) -> bool: ...
+
+
+@runtime_checkable
+class StateDumper(Protocol):
+    typed_name: TypedName
+
+    def dump_state(self) -> Mapping[str, Any]: ...
+
+
+# ---- data layer -----------------------------------------------------------------------------
+
+
+@runtime_checkable
+class DataSource(Protocol):
+    """Polled per endpoint by the collector; returns the raw payload (e.g. /metrics text)."""
+
+    typed_name: TypedName
+
+    async def poll(self, endpoint: Endpoint) -> bytes: ...
+
+
+@runtime_checkable
+class Extractor(Protocol):
+    """Turns a source payload into updated ``Metrics`` for one endpoint (pure)."""
+
+    typed_name: TypedName
+
+    def extract(self, payload: bytes, endpoint: Endpoint, previous: Metrics) -> Metrics: ...
+
+
+@runtime_checkable
+class Discovery(Protocol):
+    """Owns the endpoint set. ``run`` calls ``publish`` with the full set whenever it changes and
+    returns only when cancelled."""
+
+    typed_name: TypedName
+
+    async def run(self, publish: Callable[[Sequence[Endpoint]], None]) -> None: ...
+

@@ -1,0 +1,222 @@
+"""Value types shared by the framework and every plugin.
+
+Everything a filter, scorer or picker sees is immutable: an ``Endpoint`` is a frozen snapshot of one
+model-server endpoint (address, labels, last scraped ``Metrics``) taken when the request is
+scheduled. Per-request data that producers compute (prefix match info, tokenized prompt, ...) lives
+in ``InferenceRequest.attributes`` and ``CycleState``, never on the endpoint.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+
+@dataclass(frozen=True, slots=True)
+class TypedName:
+    """A plugin instance's identity: ``type`` is the registered type, ``name`` the config name."""
+
+    type: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.name}/{self.type}"
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """Scraped model-server state. ``update_time`` is the clock reading of the last scrape that
+    changed at least one value (``0.0`` = never scraped). Scorers use the values as they are;
+    detectors that must fail closed compare ``update_time`` with ``CycleState.now``."""
+
+    waiting_queue_size: int = 0
+    running_requests_size: int = 0
+    kv_cache_usage_percent: float = 0.0
+    active_models: frozenset[str] = frozenset()
+    waiting_models: frozenset[str] = frozenset()
+    max_active_models: int = 0
+    cache_block_size: int = 0
+    cache_num_blocks: int = 0
+    custom: Mapping[str, float] = field(default_factory=dict)
+    update_time: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One schedulable endpoint: a (pod, target port) pair.
+
+    ``id`` is ``<namespace>/<pod>-rank-<rank>`` as upstream, stable across scrapes.
+    """
+
+    id: str
+    name: str
+    namespace: str
+    address: str
+    port: int
+    rank: int = 0
+    labels: Mapping[str, str] = field(default_factory=dict)
+    metrics: Metrics | None = None
+
+    @property
+    def hostport(self) -> str:
+        """``ip:port``; IPv6 addresses are bracketed like Go's ``net.JoinHostPort``."""
+        if ":" in self.address:
+            return f"[{self.address}]:{self.port}"
+        return f"{self.address}:{self.port}"
+
+
+@dataclass(slots=True)
+class RequestBody:
+    """What a parser extracted from a request body.
+
+    ``kind`` names the API: ``chat``, ``completions``, ``responses``, ``embeddings``,
+    ``conversations``, ``images``, ``anthropic-messages``, ``anthropic-count-tokens``,
+    ``vllm-generate`` or ``raw``. ``payload`` is the decoded JSON object (``None`` for raw bodies).
+    """
+
+    kind: str
+    payload: dict[str, Any] | None
+    raw: bytes
+    stream: bool = False
+    max_output_tokens: int | None = None
+    cache_salt: str = ""
+    token_ids: tuple[int, ...] | None = None
+
+
+@dataclass(slots=True)
+class ParseResult:
+    """A parser's answer: the client-facing model (``""`` when the API has none), the parsed body,
+    and whether the response phase should be skipped (e.g. Anthropic ``count_tokens``)."""
+
+    model: str
+    body: RequestBody
+    skip_response_processing: bool = False
+
+
+@dataclass(slots=True)
+class InferenceRequest:
+    """One request being scheduled. Created by the server, read by plugins.
+
+    ``attributes`` is per-request scratch that producers fill before scheduling (keys are the data
+    keys of the producing plugins) and that PreRequest / response hooks may read afterwards.
+    """
+
+    request_id: str
+    headers: Mapping[str, str]
+    path: str = "/v1/completions"
+    incoming_model: str = ""
+    target_model: str = ""
+    body: RequestBody | None = None
+    objective: str = ""
+    priority: int = 0
+    fairness_id: str = "default-flow"
+    size_bytes: int = 0
+    received_at: float = 0.0
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class CycleState:
+    """Per-scheduling-cycle context: the clock reading the cycle runs at, a random source (seeded
+    in tests), and scratch space plugins of one cycle may share."""
+
+    now: float
+    rng: random.Random
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredEndpoint:
+    endpoint: Endpoint
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class PickResult:
+    """The picker's answer: targets in preference order (first = primary, rest = fallbacks)."""
+
+    targets: tuple[Endpoint, ...]
+    scored: tuple[ScoredEndpoint, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileResult:
+    targets: tuple[Endpoint, ...]
+    scores: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingResult:
+    profile_results: Mapping[str, ProfileResult]
+    primary_profile: str
+
+    @property
+    def primary(self) -> ProfileResult:
+        return self.profile_results[self.primary_profile]
+
+
+class ScorerCategory(enum.Enum):
+    AFFINITY = "Affinity"
+    DISTRIBUTION = "Distribution"
+    BALANCE = "Balance"
+
+
+class TerminationCause(enum.Enum):
+    NATURAL = "natural"
+    CLIENT_DISCONNECT = "client-disconnect"
+    EVICTED = "evicted"
+    ERROR = "error"
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    total_tokens: int = 0
+
+    def merge(self, other: Usage) -> None:
+        """Upstream rule: a field is only overwritten when the new block reports it non-zero."""
+        if other.prompt_tokens:
+            self.prompt_tokens = other.prompt_tokens
+        if other.completion_tokens:
+            self.completion_tokens = other.completion_tokens
+        if other.cached_tokens:
+            self.cached_tokens = other.cached_tokens
+        if other.total_tokens:
+            self.total_tokens = other.total_tokens
+        elif self.prompt_tokens or self.completion_tokens:
+            self.total_tokens = self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(slots=True)
+class ParsedResponse:
+    usage: Usage | None = None
+    streamed_events: int = 0
+
+
+@dataclass(slots=True)
+class ResponseInfo:
+    """What response hooks see: headers (lower-cased), served endpoint, usage so far."""
+
+    request_id: str
+    headers: Mapping[str, str]
+    served_endpoint: str = ""
+    streaming: bool = False
+    status: int = 200
+    usage: Usage = field(default_factory=Usage)
+    end_of_stream: bool = False
+    termination_cause: TerminationCause | None = None
+    dynamic_metadata: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class Stability(enum.Enum):
+    ALPHA = "alpha"
+    BETA = "beta"
+    STABLE = "stable"
+
+
+DEFAULT_FAIRNESS_ID: Final = "default-flow"
