@@ -45,6 +45,8 @@ def decode(cls: type[Any], data: Any, path: str = "") -> Any:
     for key, field in fields.items():
         if key in data:
             kwargs[field.name] = _convert(hints[field.name], data[key], _join(path, key))
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise ParamError(_join(path, key), "required field is missing")
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as exc:
@@ -55,7 +57,7 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def _convert(tp: Any, value: Any, path: str) -> Any:  # noqa: PLR0911 - one branch per type kind
+def _convert(tp: Any, value: Any, path: str) -> Any:
     origin = get_origin(tp)
     if tp is Any:
         return value

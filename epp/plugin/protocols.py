@@ -25,9 +25,9 @@ from epp.plugin.types import (
     Metrics,
     ParsedResponse,
     ParseResult,
-    RequestBody,
     PickResult,
     ProfileResult,
+    RequestBody,
     ResponseInfo,
     SchedulingResult,
     ScoredEndpoint,
@@ -269,4 +269,3 @@ class Discovery(Protocol):
     typed_name: TypedName
 
     async def run(self, publish: Callable[[Sequence[Endpoint]], None]) -> None: ...
-

@@ -1,0 +1,278 @@
+"""``App``: owns one EPP's lifecycle, state and servers. No globals: two Apps can share a process.
+
+Start order: config → plugins → discovery and scrapers → gRPC (ext_proc + health) and metrics
+servers. Stop: draining (readiness NOT_SERVING) → keep serving for the drain window → stop the
+servers → cancel the background tasks → stop plugins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
+from prometheus_client import CollectorRegistry
+
+from epp.config.loader import ConfigError, LoadOptions, load_config
+from epp.config.pipeline import Pipeline
+from epp.datalayer.collector import Collector
+from epp.datalayer.store import Datastore
+from epp.observability.http import MetricsServer
+from epp.observability.metrics import EppMetrics
+from epp.observability.recorder import RequestStats
+from epp.plugin import Endpoint, TypedName
+from epp.plugin.registry import PluginRegistry
+from epp.requestcontrol.director import Director
+from epp.requestcontrol.objectives import ObjectiveStore
+from epp.scheduling.scheduler import Scheduler
+from epp.server import health
+from epp.server.context import ServerContext
+from epp.server.extproc import ExtProcServicer
+from epp.server.tls import server_credentials
+from epp.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class AppHandle:
+    """The ``epp.plugin.Handle`` given to this App's plugins."""
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self._app.metrics.registry
+
+    def clock(self) -> float:
+        return time.monotonic()
+
+    def plugin(self, name: str) -> Any:
+        return self._app.plugin(name)
+
+    def endpoints(self) -> Sequence[Endpoint]:
+        return self._app.store.snapshot()
+
+    def logger(self, typed_name: TypedName) -> logging.Logger:
+        return logging.getLogger(f"epp.plugin.{typed_name}")
+
+
+class App:
+    def __init__(self, settings: Settings, *, registry: PluginRegistry | None = None) -> None:
+        if settings.pool_name or settings.endpoint_selector:
+            raise ConfigError(
+                "Kubernetes mode not available yet: --pool-name / --endpoint-selector are "
+                "accepted but not implemented; use dataLayer.discovery (file-discovery)"
+            )
+        self.settings = settings
+        self.metrics = EppMetrics()
+        self.store = Datastore(time.monotonic)
+        self.objectives = ObjectiveStore()
+        self._instances: dict[str, Any] = {}
+        self.pipeline: Pipeline = load_config(
+            settings.config_text,
+            registry=registry or PluginRegistry.from_entry_points(),
+            handle_for=lambda: AppHandle(self),
+            options=LoadOptions(allow_experimental=settings.allow_experimental_plugins),
+        )
+        self._instances = self.pipeline.instances
+        if self.pipeline.discovery is None:
+            raise ConfigError(
+                "no endpoint discovery configured: set dataLayer.discovery (for example "
+                "{pluginRef: file-discovery}) or use Kubernetes mode"
+            )
+        m = self.metrics
+        self.scheduler = Scheduler(
+            profiles=self.pipeline.profiles,
+            handler=self.pipeline.profile_handler,
+            observe=lambda ep, t, n, s: m.plugin_duration.observe((ep, t, n), (ep, t, n), s),
+            count_error=lambda ep, t, n: m.plugin_errors.labels(ep, t, n).inc(),
+        )
+        self.director = Director(
+            pipeline=self.pipeline,
+            scheduler=self.scheduler,
+            endpoints=self.store.snapshot,
+            objectives=self.objectives,
+            clock=time.monotonic,
+            rng=random.Random(settings.seed),
+            subset_filter=not settings.disable_endpoint_subset_filter,
+            on_scheduled=lambda s: m.scheduler_e2e.observe((), (), s),
+        )
+        self.collector = Collector(
+            store=self.store,
+            pipelines=self.pipeline.sources,
+            interval=settings.refresh_metrics_interval,
+            clock=time.monotonic,
+            on_poll_error=lambda src, _eid, _exc: m.poll_errors.labels(src).inc(),
+            on_extract_error=lambda src, ext, _exc: m.extract_errors.labels(src, ext).inc(),
+        )
+        self.context = ServerContext(
+            director=self.director,
+            pipeline=self.pipeline,
+            stats=RequestStats(m),
+            max_body_bytes=settings.max_request_body_bytes,
+            emit_scores=settings.emit_endpoint_scores,
+        )
+        self.health = health.HealthServicer(self.ready)
+        self.draining = False
+        self.grpc_port = 0
+        self.health_port = 0
+        self.metrics_port = 0
+        self._stop = asyncio.Event()
+        self._started = asyncio.Event()
+        self._discovered = False
+        self._runner: asyncio.Task[None] | None = None
+
+    # ---- state --------------------------------------------------------------------------------
+
+    def plugin(self, name: str) -> Any:
+        return self._instances[name]
+
+    def ready(self) -> bool:
+        return (
+            not self.draining
+            and self._discovered
+            and self.collector.first_cycle_done()
+            and all(p.is_ready() for p in self.pipeline.readiness)
+        )
+
+    def _publish(self, endpoints: Sequence[Endpoint]) -> None:
+        self.store.set_endpoints(endpoints)
+        if not self._discovered:
+            self._discovered = True
+            self.collector.discovery_synced()
+            log.info("discovery: %d endpoints", len(endpoints))
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve until ``stop()`` (or SIGTERM via ``install_signal_handlers``)."""
+        servers = await self._start_servers()
+        for p in self.pipeline.lifecycle:
+            await p.start()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tasks = [
+                    tg.create_task(self.pipeline.discovery.run(self._publish)),  # type: ignore[union-attr]
+                    tg.create_task(self.collector.run()),
+                    tg.create_task(self._pool_gauges()),
+                ]
+                self._started.set()
+                await self._stop.wait()
+                await self._drain(servers)
+                for t in tasks:
+                    t.cancel()
+        finally:
+            for srv in servers[:2]:
+                await srv.stop(grace=None)
+            for p in reversed(self.pipeline.lifecycle):
+                with contextlib.suppress(Exception):
+                    await p.stop()
+            await servers[2].stop()
+
+    async def _start_servers(self) -> list[Any]:
+        s = self.settings
+        opts = [
+            ("grpc.max_receive_message_length", s.grpc_max_recv_msg_size),
+            ("grpc.max_send_message_length", s.grpc_max_send_msg_size),
+        ]
+        ext = grpc.aio.server(options=opts)
+        external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
+            ExtProcServicer(self.context), ext
+        )
+        if s.health_checking:
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, ext)
+        addr = f"{s.bind_address}:{s.grpc_port}"
+        if s.secure_serving:
+            self.grpc_port = ext.add_secure_port(addr, server_credentials(s.cert_path))
+        else:
+            self.grpc_port = ext.add_insecure_port(addr)
+        hs = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, hs)
+        self.health_port = hs.add_insecure_port(f"{s.bind_address}:{s.grpc_health_port}")
+        await ext.start()
+        await hs.start()
+        ms = MetricsServer(self)
+        self.metrics_port = await ms.start(s.bind_address, s.metrics_port)
+        log.info(
+            "serving ext_proc on %s (tls=%s), health on %d, metrics on %d",
+            self.grpc_port,
+            s.secure_serving,
+            self.health_port,
+            self.metrics_port,
+        )
+        return [ext, hs, ms]
+
+    async def _drain(self, servers: list[Any]) -> None:
+        self.draining = True
+        if self.settings.drain_timeout > 0:
+            log.info("draining for %.1fs", self.settings.drain_timeout)
+            await asyncio.sleep(self.settings.drain_timeout)
+        for srv in servers[:2]:
+            await srv.stop(grace=1.0)
+
+    async def _pool_gauges(self) -> None:
+        m = self.metrics
+        pool = self.settings.pool_name or "default"
+        while True:
+            eps = self.store.snapshot()
+            now = time.monotonic()
+            fresh = [
+                e.metrics
+                for e in eps
+                if e.metrics is not None
+                and e.metrics.update_time
+                and now - e.metrics.update_time <= self.settings.metrics_staleness_threshold
+            ]
+            m.ready_endpoints.set((pool,), (pool,), len(fresh))
+            if fresh:
+                m.avg_kv.set(
+                    (pool,), (pool,), sum(x.kv_cache_usage_percent for x in fresh) / len(fresh)
+                )
+                m.avg_queue.set(
+                    (pool,), (pool,), sum(x.waiting_queue_size for x in fresh) / len(fresh)
+                )
+                m.avg_running.set(
+                    (pool,), (pool,), sum(x.running_requests_size for x in fresh) / len(fresh)
+                )
+            for e in eps:
+                if e.metrics is not None:
+                    m.per_endpoint_queue.set(
+                        (pool, e.hostport), (pool, e.name), e.metrics.waiting_queue_size
+                    )
+            await asyncio.sleep(self.settings.refresh_prometheus_metrics_interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+
+    async def __aenter__(self) -> App:
+        self._runner = asyncio.create_task(self.run())
+        started = asyncio.create_task(self._started.wait())
+        done, _ = await asyncio.wait({self._runner, started}, return_when=asyncio.FIRST_COMPLETED)
+        if self._runner in done:
+            started.cancel()
+            self._runner.result()  # re-raise the start-up error
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.stop()
+        if self._runner is not None:
+            await self._runner
+
+    async def wait_ready(self, timeout: float = 10.0) -> None:
+        async with asyncio.timeout(timeout):
+            while not self.ready():
+                await asyncio.sleep(0.02)

@@ -1,0 +1,354 @@
+"""Two-phase configuration loader.
+
+Phase 1 parses the YAML strictly into ``EndpointPickerConfig``. Phase 2 instantiates the declared
+plugins (only their types are imported), applies upstream's system defaults (spec §3.3) and wires
+the result into a ``Pipeline``: the profiles, the profile handler, the parsers, the hooks for each
+extension point and the data-layer pipelines. Every error names what is wrong and where.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from epp.config.pipeline import Pipeline
+from epp.config.schema import (
+    API_VERSIONS,
+    DEFAULT_CONFIG_TEXT,
+    DEPRECATED_API_VERSION,
+    FEATURE_GATES,
+    KIND,
+    EndpointPickerConfig,
+    ProfilePluginRef,
+    SchedulingProfileSpec,
+)
+from epp.plugin import (
+    DataProducer,
+    DataSource,
+    Discovery,
+    Extractor,
+    Filter,
+    Handle,
+    Parser,
+    Picker,
+    PluginConfigError,
+    Profile,
+    ProfileHandler,
+    SaturationDetector,
+    Scorer,
+    Stability,
+)
+from epp.plugin.params import ParamError, decode
+from epp.plugin.registry import PluginRegistry
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PARSERS = ("openai-parser", "anthropic-parser", "vllmhttp-parser", "passthrough-parser")
+# Data type consumed → type of the producer auto-created when nothing produces it (spec §3.3.9).
+DEFAULT_PRODUCERS = {
+    "PrefixCacheMatchInfo": "approx-prefix-cache-producer",
+    "TokenizedPrompt": "token-producer",
+    "InFlightLoad": "inflight-load-producer",
+    "SessionID": "session-id-producer",
+}
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message says where and why."""
+
+
+@dataclass
+class LoadOptions:
+    allow_experimental: bool = False
+    extra_plugins: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_config(text: str) -> EndpointPickerConfig:
+    """Phase 1: YAML text → strict ``EndpointPickerConfig``."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError("config must be a YAML mapping (an EndpointPickerConfig object)")
+    try:
+        cfg: EndpointPickerConfig = decode(EndpointPickerConfig, raw)
+    except ParamError as exc:
+        raise ConfigError(f"config: {exc}") from None
+    if cfg.api_version not in API_VERSIONS:
+        raise ConfigError(
+            f"config: apiVersion: unsupported {cfg.api_version!r} (want {API_VERSIONS[0]})"
+        )
+    if cfg.api_version == DEPRECATED_API_VERSION:
+        log.warning("apiVersion %s is deprecated; use %s", cfg.api_version, API_VERSIONS[0])
+    if cfg.kind != KIND:
+        raise ConfigError(f"config: kind: expected {KIND!r}, got {cfg.kind!r}")
+    return cfg
+
+
+def parse_feature_gates(gates: tuple[str, ...]) -> dict[str, bool]:
+    result = dict(FEATURE_GATES)
+    for i, gate in enumerate(gates):
+        name, sep, value = gate.partition("=")
+        name = name.strip()
+        if name not in FEATURE_GATES:
+            known = ", ".join(sorted(FEATURE_GATES))
+            raise ConfigError(f"config: featureGates[{i}]: unknown gate {name!r} (known: {known})")
+        if sep and value.strip().lower() not in ("true", "false"):
+            raise ConfigError(f"config: featureGates[{i}]: value must be true or false")
+        result[name] = not sep or value.strip().lower() == "true"
+    return result
+
+
+class _Builder:
+    """Phase 2 state: instances by name, in declaration order."""
+
+    def __init__(
+        self, registry: PluginRegistry, handle_for: Callable[[], Handle], options: LoadOptions
+    ) -> None:
+        self.registry = registry
+        self.handle = handle_for()
+        self.options = options
+        self.instances: dict[str, Any] = {}
+
+    def add(self, type_name: str, name: str = "", parameters: Any = None) -> Any:
+        name = name or type_name
+        if name in self.instances:
+            raise ConfigError(f"config: plugins: duplicate plugin name {name!r}")
+        cls = self.registry.load(type_name)
+        stability = getattr(cls, "STABILITY", Stability.BETA)
+        if stability is Stability.ALPHA and not self.options.allow_experimental:
+            raise ConfigError(
+                f"plugin {name!r} (type {type_name!r}) is alpha; "
+                "start with --allow-experimental-plugins to use it"
+            )
+        try:
+            params = decode(cls.Params, parameters)
+        except ParamError as exc:
+            raise PluginConfigError(
+                plugin=name, type_name=type_name, path=exc.path, problem=exc.problem
+            ) from None
+        try:
+            inst = cls(name=name, params=params, handle=self.handle)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise PluginConfigError(
+                plugin=name, type_name=type_name, path="", problem=str(exc)
+            ) from None
+        self.instances[name] = inst
+        return inst
+
+    def ensure(self, type_name: str) -> Any:
+        """The instance named ``type_name``, created with default parameters if absent."""
+        return self.instances.get(type_name) or self.add(type_name)
+
+    def ref(self, name: str, where: str) -> Any:
+        inst = self.instances.get(name)
+        if inst is None:
+            # Upstream auto-instantiates a referenced-but-undeclared plugin when it names a type.
+            if name in self.registry:
+                return self.add(name)
+            raise ConfigError(f"config: {where}: pluginRef {name!r} names no declared plugin")
+        return inst
+
+    def of(self, role: type) -> list[Any]:
+        return [p for p in self.instances.values() if isinstance(p, role)]
+
+
+def load_config(
+    text: str | None,
+    *,
+    registry: PluginRegistry,
+    handle_for: Callable[[], Handle],
+    options: LoadOptions | None = None,
+) -> Pipeline:
+    """Parse ``text`` (``None`` = the built-in default config) and build the pipeline."""
+    cfg = parse_config(DEFAULT_CONFIG_TEXT if text is None else text)
+    gates = parse_feature_gates(cfg.feature_gates)
+    b = _Builder(registry, handle_for, options or LoadOptions())
+    for i, spec in enumerate(cfg.plugins):
+        if not spec.type:
+            raise ConfigError(f"config: plugins[{i}].type: required")
+        b.add(spec.type, spec.name, spec.parameters)
+
+    profiles = _build_profiles(b, cfg.scheduling_profiles)
+    handler = _profile_handler(b, profiles)
+    parsers = _parsers(b, cfg)
+    detector = _saturation_detector(b, cfg)
+    sources, discovery = _data_layer(b, cfg)
+    _auto_producers(b)
+    return Pipeline.assemble(
+        instances=b.instances,
+        profiles=profiles,
+        profile_handler=handler,
+        parsers=parsers,
+        saturation_detector=detector,
+        sources=sources,
+        discovery=discovery,
+        feature_gates=gates,
+        flow_control=cfg.flow_control,
+        config=cfg,
+    )
+
+
+def _build_profiles(b: _Builder, specs: tuple[SchedulingProfileSpec, ...]) -> dict[str, Profile]:
+    if not specs:
+        refs = tuple(
+            ProfilePluginRef(name)
+            for name, p in b.instances.items()
+            if isinstance(p, (Filter, Scorer, Picker))
+        )
+        specs = (SchedulingProfileSpec(name="default", plugins=refs),)
+    if not b.of(Picker):
+        b.add("max-score-picker")
+    first_picker = b.of(Picker)[0]
+    profiles: dict[str, Profile] = {}
+    for i, spec in enumerate(specs):
+        where = f"schedulingProfiles[{i}]"
+        if not spec.name:
+            raise ConfigError(f"config: {where}.name: required")
+        if spec.name in profiles:
+            raise ConfigError(f"config: {where}.name: duplicate profile {spec.name!r}")
+        filters: list[Filter] = []
+        scorers: list[tuple[Scorer, float]] = []
+        pickers: list[Picker] = []
+        for j, ref in enumerate(spec.plugins):
+            inst = b.ref(ref.plugin_ref, f"{where}.plugins[{j}]")
+            if not isinstance(inst, (Filter, Scorer, Picker)):
+                raise ConfigError(
+                    f"config: {where}.plugins[{j}]: {ref.plugin_ref!r} is not a filter, "
+                    "scorer or picker"
+                )
+            if isinstance(inst, Filter):
+                filters.append(inst)
+            if isinstance(inst, Scorer):
+                weight = 1.0 if ref.weight is None else float(ref.weight)
+                if weight < 0:
+                    raise ConfigError(f"config: {where}.plugins[{j}].weight: must be >= 0")
+                scorers.append((inst, weight))
+            if isinstance(inst, Picker):
+                pickers.append(inst)
+        if len(pickers) > 1:
+            raise ConfigError(f"config: {where}: more than one picker in profile {spec.name!r}")
+        picker = pickers[0] if pickers else first_picker
+        profiles[spec.name] = Profile(spec.name, tuple(filters), tuple(scorers), picker)
+    return profiles
+
+
+def _profile_handler(b: _Builder, profiles: dict[str, Profile]) -> ProfileHandler:
+    handlers = b.of(ProfileHandler)
+    if len(handlers) > 1:
+        names = ", ".join(h.typed_name.name for h in handlers)
+        raise ConfigError(f"config: more than one profile handler ({names})")
+    if not handlers:
+        if len(profiles) != 1:
+            raise ConfigError("config: several scheduling profiles need a profile handler plugin")
+        return b.add("single-profile-handler")  # type: ignore[no-any-return]
+    handler: ProfileHandler = handlers[0]
+    if handler.typed_name.type == "single-profile-handler" and len(profiles) != 1:
+        raise ConfigError("config: single-profile-handler needs exactly one scheduling profile")
+    return handler
+
+
+def _parsers(b: _Builder, cfg: EndpointPickerConfig) -> list[Parser]:
+    refs = [r.plugin_ref for r in cfg.request_handler.parsers] if cfg.request_handler else []
+    if not refs and cfg.parser is not None:
+        refs = [cfg.parser.plugin_ref]
+    if not refs:
+        declared = [p.typed_name.name for p in b.of(Parser)]
+        refs = declared or list(DEFAULT_PARSERS)
+    parsers = []
+    for i, name in enumerate(refs):
+        inst = b.ref(name, f"requestHandler.parsers[{i}]")
+        if not isinstance(inst, Parser):
+            raise ConfigError(f"config: requestHandler.parsers[{i}]: {name!r} is not a parser")
+        parsers.append(inst)
+    return parsers
+
+
+def _saturation_detector(b: _Builder, cfg: EndpointPickerConfig) -> SaturationDetector:
+    ref = None
+    if cfg.flow_control and cfg.flow_control.saturation_detector:
+        ref = cfg.flow_control.saturation_detector.plugin_ref
+    elif cfg.saturation_detector:
+        ref = cfg.saturation_detector.plugin_ref
+    if ref is None:
+        declared = b.of(SaturationDetector)
+        inst = declared[0] if declared else b.ensure("utilization-detector")
+    else:
+        inst = b.ref(ref, "flowControl.saturationDetector")
+    if not isinstance(inst, SaturationDetector):
+        raise ConfigError(f"config: saturationDetector: {ref!r} is not a saturation detector")
+    return inst
+
+
+def _data_layer(
+    b: _Builder, cfg: EndpointPickerConfig
+) -> tuple[list[tuple[DataSource, list[Extractor]]], Discovery | None]:
+    dl = cfg.data_layer
+    sources: list[tuple[DataSource, list[Extractor]]] = []
+    for i, spec in enumerate(dl.sources if dl else ()):
+        src = b.ref(spec.plugin_ref, f"dataLayer.sources[{i}]")
+        if not isinstance(src, DataSource):
+            raise ConfigError(f"config: dataLayer.sources[{i}]: {spec.plugin_ref!r} is no source")
+        exts = []
+        for j, ref in enumerate(spec.extractors):
+            ext = b.ref(ref.plugin_ref, f"dataLayer.sources[{i}].extractors[{j}]")
+            if not isinstance(ext, Extractor):
+                raise ConfigError(
+                    f"config: dataLayer.sources[{i}].extractors[{j}]: {ref.plugin_ref!r} "
+                    "is not an extractor"
+                )
+            exts.append(ext)
+        sources.append((src, exts))
+    inject = dl.inject_defaults if dl else True
+    if inject and not any(s.typed_name.type == "metrics-data-source" for s, _ in sources):
+        src = b.ensure("metrics-data-source")
+        sources.append((src, [b.ensure("core-metrics-extractor")]))
+    discovery = None
+    if dl and dl.discovery:
+        discovery = b.ref(dl.discovery.plugin_ref, "dataLayer.discovery")
+        if not isinstance(discovery, Discovery):
+            raise ConfigError(
+                f"config: dataLayer.discovery: {dl.discovery.plugin_ref!r} is not "
+                "a discovery plugin"
+            )
+    return sources, discovery
+
+
+def _auto_producers(b: _Builder) -> None:
+    """Create the default producer for every consumed key that nothing produces (spec §3.3.9)."""
+    for _ in range(8):  # producers may consume keys themselves; the chain is short
+        produced = {k for p in b.of(DataProducer) for k in p.produces()}
+        missing = [
+            key
+            for p in list(b.instances.values())
+            if hasattr(p, "consumes")
+            for key in p.consumes()
+            if key not in produced
+        ]
+        if not missing:
+            return
+        added = False
+        unavailable = []
+        for key in missing:
+            data_type, _, producer = key.partition("/")
+            producer_type = DEFAULT_PRODUCERS.get(data_type)
+            is_default = producer_type is not None and producer in ("", producer_type)
+            if is_default and producer_type in b.registry:
+                if producer_type not in b.instances:
+                    b.add(producer_type)
+                    added = True
+            elif is_default:
+                unavailable.append(key)
+            elif producer not in b.instances:
+                raise ConfigError(f"config: data key {key!r} is consumed but nothing produces it")
+        if not added:
+            for key in unavailable:
+                log.warning(
+                    "no producer available for data key %s; its consumers will see no data", key
+                )
+            return

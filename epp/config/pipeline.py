@@ -1,0 +1,96 @@
+"""The wired result of a configuration: every plugin instance slotted into the roles it fills.
+
+Roles are detected once here, so the request path never calls ``isinstance``.
+"""
+
+from __future__ import annotations
+
+import graphlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from epp.config.schema import EndpointPickerConfig, FlowControlSpec
+from epp.plugin import (
+    Admitter,
+    DataProducer,
+    DataSource,
+    Discovery,
+    Extractor,
+    Lifecycle,
+    Parser,
+    PreRequest,
+    Profile,
+    ProfileHandler,
+    ReadinessChecker,
+    ResponseComplete,
+    ResponseHeaders,
+    SaturationDetector,
+    StateDumper,
+)
+
+
+@dataclass
+class Pipeline:
+    instances: dict[str, Any]
+    profiles: dict[str, Profile]
+    profile_handler: ProfileHandler
+    parsers: list[Parser]
+    saturation_detector: SaturationDetector
+    sources: list[tuple[DataSource, list[Extractor]]]
+    discovery: Discovery | None
+    feature_gates: dict[str, bool]
+    flow_control: FlowControlSpec | None
+    config: EndpointPickerConfig
+    producers: list[DataProducer] = field(default_factory=list)
+    admitters: list[Admitter] = field(default_factory=list)
+    pre_request: list[PreRequest] = field(default_factory=list)
+    response_headers: list[ResponseHeaders] = field(default_factory=list)
+    response_complete: list[ResponseComplete] = field(default_factory=list)
+    lifecycle: list[Lifecycle] = field(default_factory=list)
+    readiness: list[ReadinessChecker] = field(default_factory=list)
+    dumpers: list[StateDumper] = field(default_factory=list)
+
+    @classmethod
+    def assemble(cls, **kw: Any) -> Pipeline:
+        p = cls(**kw)
+        everything = list(p.instances.values())
+        p.producers = _producer_order([x for x in everything if isinstance(x, DataProducer)])
+        p.admitters = [x for x in everything if isinstance(x, Admitter)]
+        p.pre_request = [x for x in everything if isinstance(x, PreRequest)]
+        p.response_headers = [x for x in everything if isinstance(x, ResponseHeaders)]
+        p.response_complete = [x for x in everything if isinstance(x, ResponseComplete)]
+        p.lifecycle = [x for x in everything if isinstance(x, Lifecycle)]
+        p.readiness = [x for x in everything if isinstance(x, ReadinessChecker)]
+        p.dumpers = [x for x in everything if isinstance(x, StateDumper)]
+        return p
+
+    def describe(self) -> dict[str, Any]:
+        """The effective configuration, for logs and the admin view."""
+        return {
+            "plugins": {n: p.typed_name.type for n, p in self.instances.items()},
+            "profiles": {
+                name: {
+                    "filters": [str(f.typed_name) for f in prof.filters],
+                    "scorers": [[str(s.typed_name), w] for s, w in prof.scorers],
+                    "picker": str(prof.picker.typed_name),
+                }
+                for name, prof in self.profiles.items()
+            },
+            "profileHandler": str(self.profile_handler.typed_name),
+            "parsers": [str(p.typed_name) for p in self.parsers],
+            "saturationDetector": str(self.saturation_detector.typed_name),
+            "producers": [str(p.typed_name) for p in self.producers],
+            "featureGates": self.feature_gates,
+        }
+
+
+def _producer_order(producers: list[DataProducer]) -> list[DataProducer]:
+    """Producers in data-dependency order (a producer consuming another's key runs after it)."""
+    by_key = {key: p for p in producers for key in p.produces()}
+    graph: dict[int, set[int]] = {}
+    index = {id(p): p for p in producers}
+    for p in producers:
+        deps = getattr(p, "consumes", None)
+        needed = deps() if callable(deps) else frozenset()
+        graph[id(p)] = {id(by_key[k]) for k in needed if k in by_key and by_key[k] is not p}
+    return [index[i] for i in graphlib.TopologicalSorter(graph).static_order()]

@@ -1,0 +1,152 @@
+"""``EndpointPickerConfig`` (``llm-d.ai/v1alpha1``) as strict dataclasses.
+
+The YAML is decoded with the same strict decoder as plugin parameters: an unknown key anywhere is
+an error naming its path. Field names map to camelCase YAML keys.
+
+Example::
+
+    apiVersion: llm-d.ai/v1alpha1
+    kind: EndpointPickerConfig
+    featureGates: [flowControl]
+    plugins:
+    - type: queue-scorer
+    - name: kv
+      type: kv-cache-utilization-scorer
+    schedulingProfiles:
+    - name: default
+      plugins:
+      - pluginRef: queue-scorer
+        weight: 2
+      - pluginRef: kv
+        weight: 2
+    dataLayer:
+      discovery: {pluginRef: file-discovery}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+API_VERSIONS: Final = ("llm-d.ai/v1alpha1", "inference.networking.x-k8s.io/v1alpha1")
+DEPRECATED_API_VERSION: Final = "inference.networking.x-k8s.io/v1alpha1"
+KIND: Final = "EndpointPickerConfig"
+
+
+@dataclass(frozen=True)
+class PluginSpec:
+    type: str
+    name: str = ""
+    parameters: Any = None
+
+
+@dataclass(frozen=True)
+class PluginRef:
+    plugin_ref: str
+
+
+@dataclass(frozen=True)
+class ProfilePluginRef:
+    plugin_ref: str
+    weight: float | None = None
+
+
+@dataclass(frozen=True)
+class SchedulingProfileSpec:
+    name: str
+    plugins: tuple[ProfilePluginRef, ...] = ()
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    plugin_ref: str
+    extractors: tuple[PluginRef, ...] = ()
+
+
+@dataclass(frozen=True)
+class DataLayerSpec:
+    inject_defaults: bool = True
+    sources: tuple[SourceSpec, ...] = ()
+    discovery: PluginRef | None = None
+    peer_discovery: PluginRef | None = None
+    cross_replica_syncer_plugin_ref: str = ""
+    cross_replica_sync_interval: str = "200ms"
+
+
+@dataclass(frozen=True)
+class PriorityBandSpec:
+    priority: int
+    max_bytes: str | int | None = None
+    max_requests: str | int | None = None
+    fairness_policy_ref: str = ""
+    ordering_policy_ref: str = ""
+
+
+@dataclass(frozen=True)
+class BandTemplateSpec:
+    max_bytes: str | int | None = None
+    max_requests: str | int | None = None
+    fairness_policy_ref: str = ""
+    ordering_policy_ref: str = ""
+
+
+@dataclass(frozen=True)
+class FlowControlSpec:
+    max_bytes: str | int | None = None
+    max_requests: str | int | None = None
+    default_request_ttl: str = field(default="", metadata={"yaml": "defaultRequestTTL"})
+    no_endpoint_request_ttl: str = field(default="", metadata={"yaml": "noEndpointRequestTTL"})
+    default_priority_band: BandTemplateSpec | None = None
+    default_negative_priority_band: BandTemplateSpec | None = None
+    priority_bands: tuple[PriorityBandSpec, ...] = ()
+    usage_limit_policy_plugin_ref: str = ""
+    saturation_detector: PluginRef | None = None
+    enable_eviction: bool = False
+
+
+@dataclass(frozen=True)
+class RequestHandlerSpec:
+    parsers: tuple[PluginRef, ...] = ()
+
+
+@dataclass(frozen=True)
+class EndpointPickerConfig:
+    api_version: str
+    kind: str
+    feature_gates: tuple[str, ...] = ()
+    plugins: tuple[PluginSpec, ...] = ()
+    scheduling_profiles: tuple[SchedulingProfileSpec, ...] = ()
+    data_layer: DataLayerSpec | None = None
+    flow_control: FlowControlSpec | None = None
+    request_handler: RequestHandlerSpec | None = None
+    # Deprecated top-level forms; the nested fields win when both are set.
+    saturation_detector: PluginRef | None = None
+    parser: PluginRef | None = None
+
+
+FEATURE_GATES: Final = {"flowControl": False, "haPopulateNonLeaderDatastore": True}
+
+DEFAULT_CONFIG_TEXT: Final = """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- type: metrics-data-source
+- type: core-metrics-extractor
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+dataLayer:
+  sources:
+  - pluginRef: metrics-data-source
+    extractors:
+    - pluginRef: core-metrics-extractor
+"""

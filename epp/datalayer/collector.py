@@ -1,0 +1,223 @@
+"""The collector: one asyncio task per endpoint polls every data source and runs its extractors.
+
+Each tick (``interval`` seconds, at least 50 ms) an endpoint's task polls each due source under
+``asyncio.timeout(poll_timeout)``, feeds the payload through the source's extractors (each gets
+the metrics the previous one returned) and stores the result with ``store.update_metrics``. A
+source with an ``interval_seconds`` attribute above zero is polled every
+``round(interval_seconds / interval)`` ticks (upstream rounds a source's ``interval`` to a
+multiple of the base tick).
+
+Scheduling: ticks follow a monotonic grid (``next = previous + interval``); a late tick skips the
+missed slots instead of firing them in a burst. Each endpoint's grid is offset by a stable
+fraction of the interval derived from its id, so a thousand endpoints do not all scrape in the
+same millisecond. Endpoints have separate tasks, so a hung endpoint delays nobody else.
+
+Errors go to ``on_poll_error(source_type, endpoint_id, exc)`` /
+``on_extract_error(source_type, extractor_type, exc)`` (the metrics counters) every time, and to
+the log at most once per ``error_log_interval`` seconds per endpoint and source or extractor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Final, Protocol
+
+from epp.datalayer.store import Datastore
+from epp.plugin import DataSource, Endpoint, Metrics, TypedName
+
+MIN_INTERVAL: Final = 0.05
+DEFAULT_ERROR_LOG_INTERVAL: Final = 30.0
+
+PollErrorCallback = Callable[[str, str, Exception], None]
+ExtractErrorCallback = Callable[[str, str, Exception], None]
+
+
+class TimedExtractor(Protocol):
+    """An extractor that stamps ``now`` as the update time of the metrics it returns."""
+
+    typed_name: TypedName
+
+    def extract(
+        self, payload: bytes, endpoint: Endpoint, previous: Metrics, *, now: float
+    ) -> Metrics: ...
+
+
+Pipeline = tuple[DataSource, Sequence[TimedExtractor]]
+
+
+class Collector:
+    def __init__(
+        self,
+        *,
+        store: Datastore,
+        pipelines: Sequence[Pipeline],
+        interval: float = MIN_INTERVAL,
+        poll_timeout: float = 1.0,
+        clock: Callable[[], float],
+        on_poll_error: PollErrorCallback,
+        on_extract_error: ExtractErrorCallback,
+        error_log_interval: float = DEFAULT_ERROR_LOG_INTERVAL,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self._store = store
+        self._pipelines = tuple((source, tuple(extractors)) for source, extractors in pipelines)
+        self._interval = max(interval, MIN_INTERVAL)
+        self._every = tuple(self._ticks_per_poll(source) for source, _ in self._pipelines)
+        self._poll_timeout = poll_timeout
+        self._clock = clock
+        self._on_poll_error = on_poll_error
+        self._on_extract_error = on_extract_error
+        self._error_log_interval = error_log_interval
+        self._log = logger or logging.getLogger(__name__)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+        self._attempted: set[str] = set()
+        self._synced = False
+        self._first_cycle = False
+        self._last_logged: dict[tuple[str, str], float] = {}
+
+    @property
+    def interval(self) -> float:
+        return self._interval
+
+    def _ticks_per_poll(self, source: DataSource) -> int:
+        seconds = float(getattr(source, "interval_seconds", 0.0) or 0.0)
+        return max(1, round(seconds / self._interval))
+
+    # ---- readiness ------------------------------------------------------------------------
+
+    def discovery_synced(self) -> None:
+        """Discovery has published its first endpoint set (possibly empty)."""
+        self._synced = True
+
+    def first_cycle_done(self) -> bool:
+        """True once every known endpoint had one poll attempt, or discovery published an empty
+        set. Stays true afterwards: endpoints added later do not make the pool unready."""
+        if not self._first_cycle:
+            ids = self._store.ids()
+            self._first_cycle = ids <= self._attempted if ids else self._synced
+        return self._first_cycle
+
+    # ---- task management ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Follow the store's endpoint set until cancelled; then stop every endpoint task."""
+        self._loop = asyncio.get_running_loop()
+        self._store.add_listener(self._sync)
+        try:
+            self._sync(self._store.ids())
+            await asyncio.Event().wait()
+        finally:
+            self._store.remove_listener(self._sync)
+            tasks = [*self._tasks.values(), *self._stopping]
+            self._tasks.clear()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def active_endpoints(self) -> frozenset[str]:
+        return frozenset(self._tasks)
+
+    def _sync(self, ids: frozenset[str]) -> None:
+        assert self._loop is not None, "listener registered only while run() is active"
+        for endpoint_id in [i for i in self._tasks if i not in ids]:
+            task = self._tasks.pop(endpoint_id)
+            task.cancel()
+            # Keep a reference until the cancelled task has finished unwinding.
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+            self._attempted.discard(endpoint_id)
+            for key in [k for k in self._last_logged if k[0] == endpoint_id]:
+                del self._last_logged[key]
+        for endpoint_id in ids - self._tasks.keys():
+            self._tasks[endpoint_id] = self._loop.create_task(
+                self._endpoint_loop(endpoint_id), name=f"collect {endpoint_id}"
+            )
+
+    async def _endpoint_loop(self, endpoint_id: str) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self._interval
+        phase = (zlib.crc32(endpoint_id.encode()) % 1000) / 1000 * interval
+        deadline = loop.time() + phase
+        tick = 0
+        while (endpoint := self._store.get(endpoint_id)) is not None:
+            try:
+                await self._collect(endpoint, tick)
+            except Exception as exc:  # a bug must not end scraping of this endpoint
+                self._log_limited(endpoint_id, "collector", "collecting %s failed: %r", exc)
+            self._attempted.add(endpoint_id)
+            deadline += interval
+            tick += 1
+            now = loop.time()
+            if deadline < now:
+                missed = math.ceil((now - deadline) / interval)
+                deadline += missed * interval
+                tick += missed
+            await asyncio.sleep(deadline - now)
+
+    # ---- one tick ---------------------------------------------------------------------------
+
+    async def _collect(self, endpoint: Endpoint, tick: int) -> None:
+        due = [
+            p for p, every in zip(self._pipelines, self._every, strict=True) if tick % every == 0
+        ]
+        if len(due) == 1:
+            await self._run_pipeline(endpoint, *due[0])
+        elif due:
+            await asyncio.gather(*(self._run_pipeline(endpoint, s, e) for s, e in due))
+
+    async def _run_pipeline(
+        self, endpoint: Endpoint, source: DataSource, extractors: Sequence[TimedExtractor]
+    ) -> None:
+        source_type = source.typed_name.type
+        try:
+            async with asyncio.timeout(self._poll_timeout):
+                payload = await source.poll(endpoint)
+        except TimeoutError:
+            timeout = TimeoutError(f"poll of {endpoint.id} timed out after {self._poll_timeout}s")
+            self._poll_failed(source_type, endpoint.id, timeout)
+            return
+        except Exception as exc:
+            self._poll_failed(source_type, endpoint.id, exc)
+            return
+        # Read the stored endpoint again: another source may have updated it during the poll.
+        current = self._store.get(endpoint.id)
+        if current is None:
+            return
+        previous = current.metrics or Metrics()
+        metrics = previous
+        now = self._clock()
+        for extractor in extractors:
+            try:
+                metrics = extractor.extract(payload, current, metrics, now=now)
+            except Exception as exc:
+                self._extract_failed(source_type, extractor.typed_name.type, endpoint.id, exc)
+        if metrics is not previous:
+            self._store.update_metrics(endpoint.id, metrics)
+
+    def _poll_failed(self, source_type: str, endpoint_id: str, exc: Exception) -> None:
+        self._on_poll_error(source_type, endpoint_id, exc)
+        self._log_limited(endpoint_id, source_type, "polling %s failed: %s", exc)
+
+    def _extract_failed(
+        self, source_type: str, extractor_type: str, endpoint_id: str, exc: Exception
+    ) -> None:
+        self._on_extract_error(source_type, extractor_type, exc)
+        self._log_limited(endpoint_id, extractor_type, "extracting metrics of %s failed: %s", exc)
+
+    def _log_limited(self, endpoint_id: str, what: str, message: str, exc: Exception) -> None:
+        """Log at most once per ``error_log_interval`` per (endpoint, source or extractor)."""
+        now = asyncio.get_running_loop().time()
+        key = (endpoint_id, what)
+        last = self._last_logged.get(key)
+        if last is not None and now - last < self._error_log_interval:
+            return
+        self._last_logged[key] = now
+        self._log.warning(
+            message + " (repeats suppressed for %.0fs)", endpoint_id, exc, self._error_log_interval
+        )

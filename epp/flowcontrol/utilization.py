@@ -1,0 +1,148 @@
+"""``utilization-detector``: pool saturation from queue depth and KV-cache use (default detector).
+
+Per endpoint, with ``q = waiting_queue_size`` and ``kv = kv_cache_usage_percent``::
+
+    saturation(ep) = max(q / queueDepthThreshold, kv / kvCacheUtilThreshold)
+    saturation(ep) = 1.0   if ep has no metrics or now - metrics.update_time > staleness
+
+    saturation(pool) = mean of saturation(ep) over the candidates   # 1.0 for no candidates
+
+Stale or missing metrics count as fully saturated (fail closed): when scrapes stop, sheddable
+traffic is shed instead of being routed blind. A pool value >= 1.0 means saturated.
+
+Placed in a scheduling profile it also acts as a filter: it drops endpoints with stale or missing
+metrics and those with ``q > queueDepthThreshold * (1 + headroom)`` or
+``kv > min(1, kvCacheUtilThreshold * (1 + headroom))``. If that would drop every endpoint it
+returns the candidates unchanged, so the filter alone never fails a request.
+
+Parameters:
+
+- ``queueDepthThreshold`` (int, default 5, > 0): waiting requests at which an endpoint is full.
+- ``kvCacheUtilThreshold`` (float, default 0.8, in (0, 1]): KV-cache fraction at which an
+  endpoint is full.
+- ``metricsStalenessThreshold`` (Go duration string, default ``200ms``, > 0): metrics older than
+  this count as saturated.
+- ``headroom`` (float, default 0.0, >= 0): extra room the filter allows above the thresholds.
+
+YAML::
+
+    plugins:
+      - type: utilization-detector
+        parameters:
+          queueDepthThreshold: 8
+          kvCacheUtilThreshold: 0.9
+          metricsStalenessThreshold: 500ms
+          headroom: 0.2
+    flowControl:
+      saturationDetector:
+        pluginRef: utilization-detector
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from epp.plugin import CycleState, Endpoint, InferenceRequest, PluginBase
+
+_UNIT_SECONDS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "\u00b5s": 1e-6,  # micro sign
+    "\u03bcs": 1e-6,  # Greek small letter mu
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_COMPONENT = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
+
+
+def _parse_duration(text: str) -> float:
+    """Parse a Go ``time.Duration`` string (``"1h2m3.5s"``, ``"200ms"``, ``"0"``) into seconds."""
+    sign, body = 1.0, text.strip()
+    if body[:1] in ("+", "-"):
+        sign, body = (-1.0 if body[0] == "-" else 1.0), body[1:]
+    if body == "0":
+        return 0.0
+    if not body:
+        raise ValueError(f"invalid duration {text!r}")
+    total, pos = 0.0, 0
+    while pos < len(body):  # each iteration consumes at least two characters
+        match = _COMPONENT.match(body, pos)
+        if match is None:
+            raise ValueError(f"invalid duration {text!r}")
+        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        pos = match.end()
+    return sign * total
+
+
+class UtilizationDetector(PluginBase):
+    TYPE: ClassVar[str] = "utilization-detector"
+
+    @dataclass(frozen=True)
+    class Params:
+        queue_depth_threshold: int = 5
+        kv_cache_util_threshold: float = 0.8
+        metrics_staleness_threshold: str = "200ms"
+        headroom: float = 0.0
+        staleness_seconds: float = field(init=False, default=0.2)
+
+        def __post_init__(self) -> None:
+            if self.queue_depth_threshold <= 0:
+                raise ValueError(
+                    f"queueDepthThreshold must be > 0, got {self.queue_depth_threshold}"
+                )
+            if not 0.0 < self.kv_cache_util_threshold <= 1.0:
+                raise ValueError(
+                    f"kvCacheUtilThreshold must be in (0, 1], got {self.kv_cache_util_threshold}"
+                )
+            if self.headroom < 0.0:
+                raise ValueError(f"headroom must be >= 0, got {self.headroom}")
+            seconds = _parse_duration(self.metrics_staleness_threshold)
+            if seconds <= 0.0:
+                raise ValueError(
+                    "metricsStalenessThreshold must be > 0, "
+                    f"got {self.metrics_staleness_threshold!r}"
+                )
+            object.__setattr__(self, "staleness_seconds", seconds)
+
+    params: Params
+
+    def saturation(self, now: float, endpoints: Sequence[Endpoint]) -> float:
+        if not endpoints:
+            return 1.0
+        return sum(self._endpoint_saturation(now, ep) for ep in endpoints) / len(endpoints)
+
+    def filter(
+        self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Sequence[Endpoint]:
+        p = self.params
+        queue_limit = p.queue_depth_threshold * (1.0 + p.headroom)
+        kv_limit = min(1.0, p.kv_cache_util_threshold * (1.0 + p.headroom))
+        kept = [
+            ep
+            for ep in endpoints
+            if ep.metrics is not None
+            and not self._is_stale(cycle.now, ep)
+            and ep.metrics.waiting_queue_size <= queue_limit
+            and ep.metrics.kv_cache_usage_percent <= kv_limit
+        ]
+        return kept if kept else list(endpoints)
+
+    def _endpoint_saturation(self, now: float, endpoint: Endpoint) -> float:
+        metrics = endpoint.metrics
+        if metrics is None or self._is_stale(now, endpoint):
+            return 1.0
+        p = self.params
+        return max(
+            metrics.waiting_queue_size / p.queue_depth_threshold,
+            metrics.kv_cache_usage_percent / p.kv_cache_util_threshold,
+        )
+
+    def _is_stale(self, now: float, endpoint: Endpoint) -> bool:
+        return endpoint.metrics is None or (
+            now - endpoint.metrics.update_time > self.params.staleness_seconds
+        )

@@ -1,0 +1,1 @@
+"""Local stack: a real Envoy, simulated model servers and the EPP on one machine."""

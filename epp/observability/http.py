@@ -1,0 +1,74 @@
+"""The metrics port: Prometheus ``/metrics`` plus read-only debug views.
+
+- ``/metrics``: this App's registry (no process-global collectors, so two Apps never mix).
+- ``/debug/config``: the effective configuration after defaulting.
+- ``/debug/endpoints``: the endpoints with their last scraped metrics and scrape age.
+- ``/debug/plugins/state``: what ``StateDumper`` plugins report (upstream's path).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+if TYPE_CHECKING:
+    from epp.app import App
+
+
+class MetricsServer:
+    def __init__(self, app: App) -> None:
+        self._app = app
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        web_app = web.Application()
+        web_app.router.add_get("/metrics", self._metrics)
+        web_app.router.add_get("/debug/config", self._config)
+        web_app.router.add_get("/debug/endpoints", self._endpoints)
+        web_app.router.add_get("/debug/plugins/state", self._state)
+        self._runner = web.AppRunner(web_app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        return int(sockets[0].getsockname()[1]) if sockets else port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        body = generate_latest(self._app.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _config(self, _: web.Request) -> web.Response:
+        return web.json_response(self._app.pipeline.describe())
+
+    async def _endpoints(self, _: web.Request) -> web.Response:
+        now = time.monotonic()
+        out: list[dict[str, Any]] = []
+        for e in self._app.store.snapshot():
+            item: dict[str, Any] = {"id": e.id, "address": e.hostport, "labels": dict(e.labels)}
+            if e.metrics is not None:
+                m = asdict(e.metrics)
+                m["active_models"] = sorted(e.metrics.active_models)
+                m["waiting_models"] = sorted(e.metrics.waiting_models)
+                m["age_seconds"] = now - e.metrics.update_time if e.metrics.update_time else None
+                item["metrics"] = m
+            out.append(item)
+        return web.json_response({"endpoints": out})
+
+    async def _state(self, _: web.Request) -> web.Response:
+        state = {str(p.typed_name): dict(p.dump_state()) for p in self._app.pipeline.dumpers}
+        return web.json_response(state, dumps=_dumps)
+
+
+def _dumps(obj: Any) -> str:
+    import json
+
+    return json.dumps(obj, default=str)

@@ -1,0 +1,172 @@
+"""The director: from a complete request (headers + body) to a scheduling decision.
+
+Order (spec §5.3): parse → target model (rewrite header) → objective/priority → legacy admission
+→ candidates (pool ∩ subset hint) → data producers → admitters → scheduler → pre-request hooks.
+Every failure is an ``InferenceError`` carrying its wire status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from epp import protocol
+from epp.config.pipeline import Pipeline
+from epp.plugin import (
+    CycleState,
+    DropReason,
+    Endpoint,
+    ErrorCode,
+    InferenceError,
+    InferenceRequest,
+    Parser,
+    ParseResult,
+    SchedulingResult,
+)
+from epp.requestcontrol.objectives import ObjectiveStore
+from epp.requesthandling.registry import ParserRouter
+from epp.scheduling.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+PRODUCER_TIMEOUT = 0.4  # upstream's per-producer default
+
+
+@dataclass(slots=True)
+class Decision:
+    request: InferenceRequest
+    result: SchedulingResult
+    parser: Parser
+    parsed: ParseResult
+    body: bytes
+    destination: str
+    candidates: Sequence[Endpoint]
+
+    @property
+    def model_rewritten(self) -> bool:
+        return self.request.target_model != self.request.incoming_model
+
+
+class Director:
+    def __init__(
+        self,
+        *,
+        pipeline: Pipeline,
+        scheduler: Scheduler,
+        endpoints: Callable[[], Sequence[Endpoint]],
+        objectives: ObjectiveStore,
+        clock: Callable[[], float],
+        rng: random.Random | None = None,
+        subset_filter: bool = True,
+        on_scheduled: Callable[[float], None] | None = None,
+    ) -> None:
+        self._pipeline = pipeline
+        self._scheduler = scheduler
+        self._endpoints = endpoints
+        self._objectives = objectives
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._subset_filter = subset_filter
+        self._router = ParserRouter(pipeline.parsers)
+        self._on_scheduled = on_scheduled or (lambda _: None)
+
+    def new_request(self, headers: Mapping[str, str]) -> InferenceRequest:
+        request_id = headers.get("x-request-id") or str(uuid.uuid4())
+        fairness = protocol.first_header(headers, protocol.FAIRNESS_HEADERS)
+        objective = protocol.first_header(headers, protocol.OBJECTIVE_HEADERS)
+        return InferenceRequest(
+            request_id=request_id,
+            headers=headers,
+            objective=objective,
+            priority=self._objectives.priority(objective),
+            fairness_id=fairness or protocol.DEFAULT_FAIRNESS_ID,
+            received_at=self._clock(),
+        )
+
+    def candidates(self, metadata: Mapping[str, Any]) -> Sequence[Endpoint]:
+        """Pool endpoints, narrowed by the data plane's subset hint (IP match, spec §1.5)."""
+        pool = self._endpoints()
+        if not self._subset_filter:
+            return pool
+        subset = protocol.subset_hint(metadata)
+        if subset is None:
+            return pool
+        ips = {protocol.host_of(entry) for entry in subset}
+        return [e for e in pool if e.address in ips]
+
+    def pick_random(self, metadata: Mapping[str, Any]) -> Endpoint:
+        """Header-only requests: a uniformly random endpoint (subset hint honoured)."""
+        pool = self.candidates(metadata)
+        if not pool:
+            if protocol.subset_hint(metadata) is not None:
+                raise _no_candidates()
+            raise InferenceError(ErrorCode.INTERNAL, "no pods available in datastore")
+        return self._rng.choice(list(pool))
+
+    async def decide(
+        self, request: InferenceRequest, body: bytes, metadata: Mapping[str, Any]
+    ) -> Decision:
+        path, parser = self._router.resolve(request.headers)
+        request.path = path
+        parsed = parser.parse_request(path, body, request.headers)
+        request.body = parsed.body
+        request.size_bytes = len(body)
+        request.incoming_model = parsed.model
+        target = protocol.first_header(request.headers, protocol.MODEL_REWRITE_HEADERS)
+        request.target_model = target or parsed.model
+        out_body = body
+        if parser.supports_model_rewrite and parsed.body.payload is not None:
+            if not request.target_model:
+                raise InferenceError(ErrorCode.BAD_REQUEST, "model not found in request body")
+            if request.target_model != parsed.model:
+                out_body = parser.rewrite_model(parsed.body, request.target_model)
+
+        pool = self.candidates(metadata)
+        now = self._clock()
+        if request.priority < 0:
+            sat = self._pipeline.saturation_detector.saturation(now, self._endpoints())
+            if sat >= 1.0:
+                raise InferenceError(
+                    ErrorCode.RESOURCE_EXHAUSTED, "system saturated, sheddable request dropped"
+                )
+        if not pool:
+            raise _no_candidates()
+        if self._pipeline.producers:
+            await self._produce(request, pool)
+        cycle = CycleState(now=now, rng=self._rng)
+        for admitter in self._pipeline.admitters:
+            denial = admitter.admit(cycle, request, pool)
+            if denial is not None:
+                raise denial
+        t0 = time.perf_counter()
+        result = self._scheduler.schedule(cycle, request, pool)
+        self._on_scheduled(time.perf_counter() - t0)
+        for hook in self._pipeline.pre_request:
+            try:
+                hook.pre_request(request, result)
+            except Exception:
+                log.exception("pre-request hook %s failed", hook.typed_name)
+        destination = ",".join(e.hostport for e in result.primary.targets)
+        return Decision(request, result, parser, parsed, out_body, destination, pool)
+
+    async def _produce(self, request: InferenceRequest, pool: Sequence[Endpoint]) -> None:
+        for producer in self._pipeline.producers:
+            try:
+                async with asyncio.timeout(PRODUCER_TIMEOUT):
+                    await producer.produce(request, pool)
+            except Exception as exc:  # upstream: producer failures are logged, request goes on
+                log.warning("data producer %s failed: %r", producer.typed_name, exc)
+
+
+def _no_candidates() -> InferenceError:
+    return InferenceError(
+        ErrorCode.SERVICE_UNAVAILABLE,
+        "failed to find endpoint candidates for serving the request",
+        drop_reason=DropReason.NO_ENDPOINTS,
+    )

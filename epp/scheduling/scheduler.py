@@ -1,0 +1,122 @@
+"""Runs scheduling profiles: filters → weighted, clamped scorers → picker.
+
+The framework, not the plugins, owns what applies to every plugin (spec §5.3 step 10):
+- each scorer's result is clamped to [0, 1] and multiplied by its configured weight; the weighted
+  scores are summed (not normalised, as upstream);
+- a scorer that raises contributes 0 for this request and is counted;
+- a filter that raises fails the request with a 500, a filter that empties the candidate list
+  ends the profile with no result (the profile handler turns that into a 429);
+- each plugin call is timed into ``plugin_duration_seconds``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from epp.plugin import (
+    CycleState,
+    Endpoint,
+    ErrorCode,
+    InferenceError,
+    InferenceRequest,
+    Profile,
+    ProfileHandler,
+    ProfileResult,
+    SchedulingResult,
+    ScoredEndpoint,
+)
+
+log = logging.getLogger(__name__)
+
+# (extension_point, plugin_type, plugin_name, seconds)
+Observer = Callable[[str, str, str, float], None]
+ErrorCounter = Callable[[str, str, str], None]
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        profiles: Mapping[str, Profile],
+        handler: ProfileHandler,
+        observe: Observer,
+        count_error: ErrorCounter,
+    ) -> None:
+        self._profiles = dict(profiles)
+        self._handler = handler
+        self._observe = observe
+        self._count_error = count_error
+
+    def schedule(
+        self, cycle: CycleState, request: InferenceRequest, candidates: Sequence[Endpoint]
+    ) -> SchedulingResult:
+        results: dict[str, ProfileResult | None] = {}
+        for _ in range(len(self._profiles) + 1):  # a handler never needs more rounds than profiles
+            chosen = self._handler.pick_profiles(cycle, request, self._profiles, results)
+            if not chosen:
+                break
+            for name, profile in chosen.items():
+                results[name] = self.run_profile(cycle, request, profile, candidates)
+        if not results:
+            raise InferenceError(
+                ErrorCode.RESOURCE_EXHAUSTED, "failed to find target endpoint: no profile ran"
+            )
+        return self._handler.process_results(cycle, request, results)
+
+    def run_profile(
+        self,
+        cycle: CycleState,
+        request: InferenceRequest,
+        profile: Profile,
+        candidates: Sequence[Endpoint],
+    ) -> ProfileResult | None:
+        endpoints = candidates
+        for flt in profile.filters:
+            t0 = time.perf_counter()
+            try:
+                endpoints = flt.filter(cycle, request, endpoints)
+            except Exception as exc:
+                self._count_error("Filter", flt.typed_name.type, flt.typed_name.name)
+                log.exception("filter %s failed", flt.typed_name)
+                raise InferenceError(
+                    ErrorCode.INTERNAL, f"filter {flt.typed_name} failed: {exc}"
+                ) from exc
+            finally:
+                self._observe(
+                    "Filter", flt.typed_name.type, flt.typed_name.name, time.perf_counter() - t0
+                )
+            if not endpoints:
+                return None
+        totals = dict.fromkeys((e.id for e in endpoints), 0.0)
+        breakdown: dict[str, dict[str, float]] | None = cycle.data.get("explain")
+        for scorer, weight in profile.scorers:
+            t0 = time.perf_counter()
+            try:
+                scores = scorer.score(cycle, request, endpoints)
+            except Exception:
+                self._count_error("Scorer", scorer.typed_name.type, scorer.typed_name.name)
+                log.exception("scorer %s failed; it contributes 0", scorer.typed_name)
+                scores = {}
+            self._observe(
+                "Scorer", scorer.typed_name.type, scorer.typed_name.name, time.perf_counter() - t0
+            )
+            for eid in totals:
+                s = scores.get(eid, 0.0)
+                s = 0.0 if s != s or s < 0.0 else (1.0 if s > 1.0 else s)  # NaN → 0, clamp
+                totals[eid] += s * weight
+                if breakdown is not None:
+                    breakdown.setdefault(eid, {})[str(scorer.typed_name)] = s
+        scored = [ScoredEndpoint(e, totals[e.id]) for e in endpoints]
+        t0 = time.perf_counter()
+        pick = profile.picker.pick(cycle, scored)
+        self._observe(
+            "Picker",
+            profile.picker.typed_name.type,
+            profile.picker.typed_name.name,
+            time.perf_counter() - t0,
+        )
+        if not pick.targets:
+            return None
+        return ProfileResult(targets=pick.targets, scores=totals)

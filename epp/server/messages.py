@@ -1,0 +1,148 @@
+"""Builders for the ext_proc ``ProcessingResponse`` messages the EPP sends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import json_format, struct_pb2
+
+from epp import protocol
+from epp.plugin import InferenceError
+
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+def header_map(headers: pb.HttpHeaders) -> dict[str, str]:
+    """Lower-cased header map; Envoy fills ``raw_value`` and leaves ``value`` empty."""
+    out: dict[str, str] = {}
+    for h in headers.headers.headers:
+        out[h.key.lower()] = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+    return out
+
+
+def metadata_namespaces(request: pb.ProcessingRequest, names: Sequence[str]) -> dict[str, Any]:
+    """Only the filter-metadata namespaces we read, converted to plain Python values."""
+    if not request.HasField("metadata_context"):
+        return {}
+    fm = request.metadata_context.filter_metadata
+    return {n: json_format.MessageToDict(fm[n]) for n in names if n in fm}
+
+
+def mutation(set_headers: Mapping[str, str], remove: Sequence[str] = ()) -> pb.HeaderMutation:
+    return pb.HeaderMutation(
+        set_headers=[
+            base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE
+            )
+            for k, v in set_headers.items()
+        ],
+        # Envoy applies removals before sets, but a key we set needs no removal anyway.
+        remove_headers=[h for h in remove if h not in set_headers],
+    )
+
+
+def lb_metadata(values: Mapping[str, Any]) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    s.update({protocol.LB_NAMESPACE: dict(values)})
+    return s
+
+
+def request_headers_reply(
+    set_headers: Mapping[str, str],
+    remove: Sequence[str],
+    metadata: Mapping[str, Any] | None,
+    *,
+    clear_route_cache: bool = True,
+) -> pb.ProcessingResponse:
+    resp = pb.ProcessingResponse(
+        request_headers=pb.HeadersResponse(
+            response=pb.CommonResponse(
+                clear_route_cache=clear_route_cache,
+                header_mutation=mutation(set_headers, remove),
+            )
+        )
+    )
+    if metadata:
+        resp.dynamic_metadata.CopyFrom(lb_metadata(metadata))
+    return resp
+
+
+def buffered_body_reply(
+    set_headers: Mapping[str, str],
+    remove: Sequence[str],
+    metadata: Mapping[str, Any] | None,
+    body: bytes | None,
+) -> pb.ProcessingResponse:
+    """BUFFERED mode: the decision rides on the body reply (headers are still held by Envoy)."""
+    common = pb.CommonResponse(
+        clear_route_cache=True, header_mutation=mutation(set_headers, remove)
+    )
+    if body is not None:
+        common.body_mutation.body = body
+    resp = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
+    if metadata:
+        resp.dynamic_metadata.CopyFrom(lb_metadata(metadata))
+    return resp
+
+
+def streamed_body(
+    body: bytes, *, response: bool, end_of_stream: bool = True
+) -> Iterator[pb.ProcessingResponse]:
+    """FULL_DUPLEX_STREAMED body replies in pieces of at most 62,000 bytes (EOS on the last)."""
+    pieces = [
+        body[i : i + protocol.MAX_BODY_CHUNK] for i in range(0, len(body), protocol.MAX_BODY_CHUNK)
+    ]
+    if not pieces:
+        pieces = [b""]
+    last = len(pieces) - 1
+    for i, piece in enumerate(pieces):
+        common = pb.CommonResponse(
+            body_mutation=pb.BodyMutation(
+                streamed_response=pb.StreamedBodyResponse(
+                    body=piece, end_of_stream=end_of_stream and i == last
+                )
+            )
+        )
+        if response:
+            yield pb.ProcessingResponse(response_body=pb.BodyResponse(response=common))
+        else:
+            yield pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
+
+
+def immediate(err: InferenceError) -> pb.ProcessingResponse:
+    headers = dict(err.headers)
+    headers.setdefault("content-type", "text/plain; charset=utf-8")
+    if err.drop_reason:
+        headers[protocol.DROPPED_REASON_HEADER] = err.drop_reason
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=err.code.http_status),  # type: ignore[arg-type]
+            headers=mutation(headers),
+            body=err.body.encode(),
+            details=err.code.label,
+        )
+    )
+
+
+def response_headers_reply(set_headers: Mapping[str, str]) -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(
+        response_headers=pb.HeadersResponse(
+            response=pb.CommonResponse(header_mutation=mutation(set_headers))
+        )
+    )
+
+
+def buffered_response_body_reply(body: bytes | None) -> pb.ProcessingResponse:
+    common = pb.CommonResponse()
+    if body is not None:
+        common.body_mutation.body = body
+    return pb.ProcessingResponse(response_body=pb.BodyResponse(response=common))
+
+
+EMPTY_REQUEST_HEADERS = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+EMPTY_REQUEST_TRAILERS = pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+EMPTY_RESPONSE_TRAILERS = pb.ProcessingResponse(response_trailers=pb.TrailersResponse())

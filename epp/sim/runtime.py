@@ -1,0 +1,163 @@
+"""Drives one pod's engine on the asyncio loop: virtual clock, timers, token channels.
+
+The engine only advances when it has work: each state change schedules exactly one
+``loop.call_at`` timer for the end of the current step (none when idle), so an idle pod costs
+nothing. The virtual clock runs ``time_scale`` times faster than the loop's clock::
+
+    virtual_now = (loop.time() - start) * time_scale
+
+If a timer fires late the engine catches up by running every step that is due, so simulated
+throughput does not depend on timer precision (tokens then arrive in bursts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from epp.sim.config import PodConfig
+from epp.sim.control import Faults, Overrides
+from epp.sim.engine import Engine, TokenEvent
+from epp.sim.kvevents import KVEventPublisher
+from epp.sim.metrics import MetricsRenderer
+
+
+@dataclass
+class ServeCounters:
+    requests_served: int = 0
+    requests_failed: int = 0
+    injected_errors: int = 0
+    dropped_connections: int = 0
+    streams_cut: int = 0
+
+
+class PodRuntime:
+    def __init__(self, config: PodConfig, publisher: KVEventPublisher | None = None) -> None:
+        self.config = config
+        self.engine = Engine(config)
+        self.publisher = publisher
+        self.metrics = MetricsRenderer(config)
+        self.overrides = Overrides()
+        self.faults = Faults()
+        self.faults_cleared = asyncio.Event()
+        self.rng = random.Random(config.seed)
+        self.counters = ServeCounters()
+        self.responses: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._channels: dict[str, asyncio.Queue[TokenEvent]] = {}
+        self._loop = asyncio.get_running_loop()
+        self._start = self._loop.time()
+        self._timer: asyncio.TimerHandle | None = None
+        self._next_id = 0
+
+    # ---- clock ---------------------------------------------------------------------------
+    def now(self) -> float:
+        return (self._loop.time() - self._start) * self.config.time_scale
+
+    def new_request_id(self, prefix: str) -> str:
+        self._next_id += 1
+        return f"{prefix}-{self.config.name}-{self._next_id}"
+
+    # ---- requests ------------------------------------------------------------------------
+    def submit(
+        self, request_id: str, prompt_ids: list[int], max_tokens: int | None, lora: str | None
+    ) -> asyncio.Queue[TokenEvent]:
+        """Queue a request; raises ``RequestRejected`` if it can never run."""
+        self.engine.add_request(request_id, prompt_ids, max_tokens, self.now(), lora)
+        channel: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self._channels[request_id] = channel
+        self._pump()
+        return channel
+
+    def abort(self, request_id: str) -> None:
+        """Release a request the client gave up on (no-op once it finished)."""
+        self._channels.pop(request_id, None)
+        if self.engine.abort_request(request_id):
+            self._pump()
+
+    def reset_prefix_cache(self) -> bool:
+        ok = self.engine.reset_prefix_cache()
+        self._pump()
+        return ok
+
+    # ---- responses API store -------------------------------------------------------------
+    def remember_response(self, response_id: str, messages: list[dict[str, Any]]) -> None:
+        self.responses[response_id] = messages
+        while len(self.responses) > self.config.responses_cache_size:
+            self.responses.popitem(last=False)
+
+    def recall_response(self, response_id: str) -> list[dict[str, Any]] | None:
+        messages = self.responses.get(response_id)
+        if messages is not None:
+            self.responses.move_to_end(response_id)
+        return messages
+
+    # ---- test control --------------------------------------------------------------------
+    def set_faults(self, faults: Faults) -> None:
+        self.faults = faults
+        if not faults.stall_metrics:
+            self.faults_cleared.set()
+            self.faults_cleared = asyncio.Event()
+
+    def render_metrics(self) -> str:
+        return self.metrics.render(self.engine, self.overrides, time.time())
+
+    def stats_json(self) -> dict[str, Any]:
+        e, s, c = self.engine, self.engine.stats, self.counters
+        return {
+            "pod": self.config.name,
+            "requests_received": s.requests_received,
+            "requests_served": c.requests_served,
+            "requests_failed": c.requests_failed,
+            "injected_errors": c.injected_errors,
+            "dropped_connections": c.dropped_connections,
+            "streams_cut": c.streams_cut,
+            "running": e.num_running,
+            "waiting": e.num_waiting,
+            "prompt_tokens": s.prompt_tokens,
+            "generation_tokens": s.generation_tokens,
+            "prefix_query_tokens": s.prefix_queries,
+            "prefix_hit_tokens": s.prefix_hits,
+            "evictions": e.pool.evictions,
+            "preemptions": s.preemptions,
+            "kv_used_blocks": e.pool.used_blocks,
+            "kv_cached_blocks": e.pool.cached_blocks,
+            "kv_events_published": self.publisher.sent if self.publisher else 0,
+            "virtual_time_s": self.now(),
+        }
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for request_id in list(self._channels):
+            self.abort(request_id)
+
+    # ---- engine pump ---------------------------------------------------------------------
+    def _pump(self, due: float | None = None) -> None:
+        now = self.now()
+        if due is not None and due > now:
+            now = due  # the timer fired a hair early: its step is due
+        for event in self.engine.advance(now):
+            channel = self._channels.get(event.request_id)
+            if channel is not None:
+                channel.put_nowait(event)
+                if event.finished:
+                    del self._channels[event.request_id]
+        events = self.engine.drain_kv_events()
+        if events and self.publisher is not None:
+            self.publisher.publish(events, time.time())
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        wake = self.engine.next_wakeup()
+        if wake is None:
+            return
+        when = self._start + wake / self.config.time_scale
+        self._timer = self._loop.call_at(when, self._pump, wake)

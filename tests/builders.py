@@ -1,0 +1,90 @@
+"""Small builders for plugin unit tests: endpoints, requests, cycle states and a plugin handle.
+
+Every value is deterministic: endpoint ``i`` is ``default/pod-<i>-rank-0`` at ``192.168.1.<i+1>``,
+metrics are stamped at ``NOW`` unless told otherwise, and cycles are seeded.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from epp.plugin import CycleState, Endpoint, InferenceRequest, Metrics, TypedName
+
+NOW = 1000.0
+"""The clock reading every builder uses by default (seconds)."""
+
+
+def make_endpoint(
+    i: int,
+    *,
+    queue: int = 0,
+    kv: float = 0.0,
+    running: int = 0,
+    active: Iterable[str] = (),
+    waiting: Iterable[str] = (),
+    max_lora: int = 0,
+    labels: Mapping[str, str] | None = None,
+    address: str | None = None,
+    port: int = 8000,
+    update_time: float = NOW,
+) -> Endpoint:
+    """Endpoint ``i`` with fresh metrics; use ``dataclasses.replace(ep, metrics=None)`` for none."""
+    metrics = Metrics(
+        waiting_queue_size=queue,
+        running_requests_size=running,
+        kv_cache_usage_percent=kv,
+        active_models=frozenset(active),
+        waiting_models=frozenset(waiting),
+        max_active_models=max_lora,
+        update_time=update_time,
+    )
+    return Endpoint(
+        id=f"default/pod-{i}-rank-0",
+        name=f"pod-{i}",
+        namespace="default",
+        address=address if address is not None else f"192.168.1.{i + 1}",
+        port=port,
+        labels=dict(labels or {}),
+        metrics=metrics,
+    )
+
+
+def make_request(**kw: Any) -> InferenceRequest:
+    """A request with id ``req-0`` and no headers unless overridden; other fields pass through."""
+    kw.setdefault("request_id", "req-0")
+    kw.setdefault("headers", {})
+    return InferenceRequest(**kw)
+
+
+def make_cycle(seed: int = 0, now: float = NOW) -> CycleState:
+    return CycleState(now=now, rng=random.Random(seed))
+
+
+@dataclass
+class FakeHandle:
+    """Satisfies ``epp.plugin.Handle`` with no other plugins and no endpoints."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    now: float = NOW
+
+    def clock(self) -> float:
+        return self.now
+
+    def plugin(self, name: str) -> Any:
+        raise KeyError(name)
+
+    def endpoints(self) -> Sequence[Endpoint]:
+        return ()
+
+    def logger(self, typed_name: TypedName) -> logging.Logger:
+        return logging.getLogger(str(typed_name))
+
+
+def handle() -> FakeHandle:
+    return FakeHandle()

@@ -1,0 +1,173 @@
+"""Shared fixtures: one place for EPP Apps, simulated model servers, Envoy and ext_proc clients."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import textwrap
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from google.protobuf import struct_pb2
+
+from epp.app import App
+from epp.settings import Settings
+
+os.environ.setdefault("NO_PROXY", "*")
+
+
+def endpoints_yaml(ports: Sequence[int], *, labels: dict[int, dict[str, str]] | None = None) -> str:
+    """A file-discovery document: pod i listens on 127.0.0.1:ports[i], named pod-i."""
+    lines = ["endpoints:"]
+    for i, port in enumerate(ports):
+        lines += [f"- name: pod-{i}", "  namespace: default", "  address: 127.0.0.1",
+                  f"  port: '{port}'"]
+        if labels and i in labels:
+            lines.append("  labels:")
+            lines += [f"    {k}: '{v}'" for k, v in labels[i].items()]
+    return "\n".join(lines) + "\n"
+
+
+def epp_config(endpoints_file: Path, body: str = "") -> str:
+    """An EndpointPickerConfig with file discovery; ``body`` holds plugins/profiles (YAML)."""
+    head = textwrap.dedent("""\
+        apiVersion: llm-d.ai/v1alpha1
+        kind: EndpointPickerConfig
+        """)
+    body = textwrap.dedent(body) if body else textwrap.dedent("""\
+        plugins:
+        - type: queue-scorer
+        - type: kv-cache-utilization-scorer
+        - type: prefix-cache-scorer
+        schedulingProfiles:
+        - name: default
+          plugins:
+          - pluginRef: queue-scorer
+            weight: 2
+          - pluginRef: kv-cache-utilization-scorer
+            weight: 2
+          - pluginRef: prefix-cache-scorer
+            weight: 3
+        """)
+    discovery = textwrap.dedent(f"""\
+        - type: file-discovery
+          parameters:
+            path: {endpoints_file}
+            watchFile: true
+            pollInterval: 100ms
+        """)
+    if "plugins:" in body.split("schedulingProfiles:")[0]:
+        body = body.replace("plugins:\n", "plugins:\n" + discovery, 1)
+    else:
+        body = "plugins:\n" + discovery + body
+    return head + body + "dataLayer:\n  discovery: {pluginRef: file-discovery}\n"
+
+
+def make_settings(config_text: str, **overrides: Any) -> Settings:
+    base: dict[str, Any] = {
+        "grpc_port": 0, "grpc_health_port": 0, "metrics_port": 0, "bind_address": "127.0.0.1",
+        "secure_serving": False, "drain_timeout": 0.0, "config_text": config_text, "seed": 7,
+    }
+    base.update(overrides)
+    return Settings(**base)
+
+
+@pytest.fixture
+async def start_app(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+    """``await start_app(ports, config_body=..., **settings)`` → a running, ready App."""
+    stack = contextlib.AsyncExitStack()
+
+    async def start(ports: Sequence[int], config_body: str = "", *, ready: bool = True,
+                    labels: dict[int, dict[str, str]] | None = None, **overrides: Any) -> App:
+        ep_file = tmp_path / f"endpoints-{len(stack._exit_callbacks)}.yaml"
+        ep_file.write_text(endpoints_yaml(ports, labels=labels))
+        app = App(make_settings(epp_config(ep_file, config_body), **overrides))
+        await stack.enter_async_context(app)
+        app.endpoints_file = ep_file  # type: ignore[attr-defined]
+        if ready:
+            await app.wait_ready(10)
+        return app
+
+    yield start
+    await stack.aclose()
+
+
+@pytest.fixture
+async def sim_pods() -> AsyncIterator[Callable[..., Any]]:
+    """``await sim_pods(n, **podconfig)`` → a started SimFleet of n pods on free ports."""
+    from epp.sim.config import PodConfig
+    from epp.sim.fleet import SimFleet
+
+    stack = contextlib.AsyncExitStack()
+
+    async def start(n: int, **kw: Any) -> SimFleet:
+        kw.setdefault("time_scale", 50.0)
+        fleet = SimFleet([PodConfig(name=f"pod-{i}", **kw) for i in range(n)])
+        await stack.enter_async_context(fleet)
+        return fleet
+
+    yield start
+    await stack.aclose()
+
+
+async def set_overrides(url: str, **values: Any) -> None:
+    async with aiohttp.ClientSession() as s, s.post(f"{url}/sim/overrides", json=values) as r:
+        assert r.status == 200, await r.text()
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+
+# ---- direct ext_proc client ---------------------------------------------------------------------
+
+
+def headers_msg(headers: dict[str, str], *, end_of_stream: bool = False,
+                subset: list[str] | None = None) -> pb.ProcessingRequest:
+    msg = pb.ProcessingRequest(request_headers=pb.HttpHeaders(
+        headers=base_pb2.HeaderMap(headers=[
+            base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()
+        ]),
+        end_of_stream=end_of_stream,
+    ))
+    if subset is not None:
+        st = struct_pb2.Struct()
+        st.update({"x-gateway-destination-endpoint-subset": subset})
+        msg.metadata_context.filter_metadata["envoy.lb.subset_hint"].CopyFrom(st)
+    return msg
+
+
+def body_msg(body: bytes, *, end_of_stream: bool = True) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=end_of_stream))
+
+
+async def exchange(app: App, messages: Sequence[pb.ProcessingRequest],
+                   timeout: float = 5.0) -> list[pb.ProcessingResponse]:
+    """Send ``messages`` on one ext_proc stream, half-close, collect every reply."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as ch:
+        stub = pb_grpc.ExternalProcessorStub(ch)
+
+        async def gen() -> AsyncIterator[pb.ProcessingRequest]:
+            for m in messages:
+                yield m
+
+        out = []
+        async with asyncio.timeout(timeout):
+            async for reply in stub.Process(gen()):
+                out.append(reply)
+        return out
+
+
+def set_headers_of(reply: pb.ProcessingResponse) -> dict[str, str]:
+    common = reply.request_headers.response
+    return {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
