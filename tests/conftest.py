@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import textwrap
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
 
 from epp.app import App
+from epp.localstack.envoy import Envoy
 from epp.settings import Settings
 
 os.environ.setdefault("NO_PROXY", "*")
@@ -28,8 +30,12 @@ def endpoints_yaml(ports: Sequence[int], *, labels: dict[int, dict[str, str]] | 
     """A file-discovery document: pod i listens on 127.0.0.1:ports[i], named pod-i."""
     lines = ["endpoints:"]
     for i, port in enumerate(ports):
-        lines += [f"- name: pod-{i}", "  namespace: default", "  address: 127.0.0.1",
-                  f"  port: '{port}'"]
+        lines += [
+            f"- name: pod-{i}",
+            "  namespace: default",
+            "  address: 127.0.0.1",
+            f"  port: '{port}'",
+        ]
         if labels and i in labels:
             lines.append("  labels:")
             lines += [f"    {k}: '{v}'" for k, v in labels[i].items()]
@@ -42,7 +48,10 @@ def epp_config(endpoints_file: Path, body: str = "") -> str:
         apiVersion: llm-d.ai/v1alpha1
         kind: EndpointPickerConfig
         """)
-    body = textwrap.dedent(body) if body else textwrap.dedent("""\
+    body = (
+        textwrap.dedent(body)
+        if body
+        else textwrap.dedent("""\
         plugins:
         - type: queue-scorer
         - type: kv-cache-utilization-scorer
@@ -57,6 +66,7 @@ def epp_config(endpoints_file: Path, body: str = "") -> str:
           - pluginRef: prefix-cache-scorer
             weight: 3
         """)
+    )
     discovery = textwrap.dedent(f"""\
         - type: file-discovery
           parameters:
@@ -73,8 +83,14 @@ def epp_config(endpoints_file: Path, body: str = "") -> str:
 
 def make_settings(config_text: str, **overrides: Any) -> Settings:
     base: dict[str, Any] = {
-        "grpc_port": 0, "grpc_health_port": 0, "metrics_port": 0, "bind_address": "127.0.0.1",
-        "secure_serving": False, "drain_timeout": 0.0, "config_text": config_text, "seed": 7,
+        "grpc_port": 0,
+        "grpc_health_port": 0,
+        "metrics_port": 0,
+        "bind_address": "127.0.0.1",
+        "secure_serving": False,
+        "drain_timeout": 0.0,
+        "config_text": config_text,
+        "seed": 7,
     }
     base.update(overrides)
     return Settings(**base)
@@ -85,8 +101,14 @@ async def start_app(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     """``await start_app(ports, config_body=..., **settings)`` → a running, ready App."""
     stack = contextlib.AsyncExitStack()
 
-    async def start(ports: Sequence[int], config_body: str = "", *, ready: bool = True,
-                    labels: dict[int, dict[str, str]] | None = None, **overrides: Any) -> App:
+    async def start(
+        ports: Sequence[int],
+        config_body: str = "",
+        *,
+        ready: bool = True,
+        labels: dict[int, dict[str, str]] | None = None,
+        **overrides: Any,
+    ) -> App:
         ep_file = tmp_path / f"endpoints-{len(stack._exit_callbacks)}.yaml"
         ep_file.write_text(endpoints_yaml(ports, labels=labels))
         app = App(make_settings(epp_config(ep_file, config_body), **overrides))
@@ -132,14 +154,19 @@ async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
 # ---- direct ext_proc client ---------------------------------------------------------------------
 
 
-def headers_msg(headers: dict[str, str], *, end_of_stream: bool = False,
-                subset: list[str] | None = None) -> pb.ProcessingRequest:
-    msg = pb.ProcessingRequest(request_headers=pb.HttpHeaders(
-        headers=base_pb2.HeaderMap(headers=[
-            base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()
-        ]),
-        end_of_stream=end_of_stream,
-    ))
+def headers_msg(
+    headers: dict[str, str], *, end_of_stream: bool = False, subset: list[str] | None = None
+) -> pb.ProcessingRequest:
+    msg = pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(
+            headers=base_pb2.HeaderMap(
+                headers=[
+                    base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()
+                ]
+            ),
+            end_of_stream=end_of_stream,
+        )
+    )
     if subset is not None:
         st = struct_pb2.Struct()
         st.update({"x-gateway-destination-endpoint-subset": subset})
@@ -151,8 +178,9 @@ def body_msg(body: bytes, *, end_of_stream: bool = True) -> pb.ProcessingRequest
     return pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=end_of_stream))
 
 
-async def exchange(app: App, messages: Sequence[pb.ProcessingRequest],
-                   timeout: float = 5.0) -> list[pb.ProcessingResponse]:
+async def exchange(
+    app: App, messages: Sequence[pb.ProcessingRequest], timeout: float = 5.0
+) -> list[pb.ProcessingResponse]:
     """Send ``messages`` on one ext_proc stream, half-close, collect every reply."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as ch:
         stub = pb_grpc.ExternalProcessorStub(ch)
@@ -171,3 +199,46 @@ async def exchange(app: App, messages: Sequence[pb.ProcessingRequest],
 def set_headers_of(reply: pb.ProcessingResponse) -> dict[str, str]:
     common = reply.request_headers.response
     return {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
+
+
+# ---- Envoy and HTTP helpers -------------------------------------------------------------------
+
+COMPLETION = {"model": "sim-model", "prompt": "hello there", "max_tokens": 4}
+
+
+@pytest.fixture
+def envoy() -> Iterator[Callable[..., Envoy]]:
+    started: list[Envoy] = []
+
+    def start(app: Any, config: str = "full-duplex", **kw: Any) -> Envoy:
+        e = Envoy(config, epp_port=app.grpc_port, epp_tls=app.settings.secure_serving, **kw)
+        started.append(e.start())
+        return e
+
+    yield start
+    for e in started:
+        e.stop()
+
+
+async def post(
+    url: str,
+    body: bytes | dict[str, Any],
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    hdrs = {"content-type": "application/json", **(headers or {})}
+    async with aiohttp.ClientSession() as s, s.post(url, data=data, headers=hdrs) as r:
+        return r.status, {k.lower(): v for k, v in r.headers.items()}, await r.read()
+
+
+async def settle(app: Any, pred: Callable[[dict[int, Any]], bool]) -> None:
+    """Wait until the EPP has scraped values satisfying ``pred`` (port → Metrics)."""
+    await wait_for(lambda: pred({e.port: e.metrics for e in app.store.snapshot()}), 5)
+
+
+async def metrics_text(app: Any) -> str:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(f"http://127.0.0.1:{app.metrics_port}/metrics") as r,
+    ):
+        return await r.text()

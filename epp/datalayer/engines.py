@@ -47,7 +47,9 @@ DEFAULT_CACHE_NUM_BLOCKS_LABEL: Final = "num_gpu_blocks"
 
 _SPEC: Final = re.compile(r"\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{(.*)\})?\s*", re.DOTALL)
 _MATCHER: Final = re.compile(
-    r"\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*(\"(?:[^\"\\]|\\.)*\"|[^\",}\s]+)\s*(?:,|$)", re.DOTALL
+    # An unquoted value may not start with "~" so a regex matcher ("=~") is not read as "=".
+    r"\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*(\"(?:[^\"\\]|\\.)*\"|[^\",}\s~][^\",}\s]*)\s*(?:,|$)",
+    re.DOTALL,
 )
 _UNQUOTE: Final = re.compile(r"\\(.)", re.DOTALL)
 

@@ -134,6 +134,12 @@ class ProfileHandler(Protocol):
     ) -> SchedulingResult: ...
 
 
+class ResponseState(Protocol):
+    """Incremental usage extraction for one streamed response (SSE events may span chunks)."""
+
+    def feed(self, chunk: bytes, end_of_stream: bool) -> ParsedResponse: ...
+
+
 @runtime_checkable
 class Parser(Protocol):
     """Request/response parser (``requestHandler.parsers``).
@@ -152,6 +158,8 @@ class Parser(Protocol):
     def parse_request(self, path: str, body: bytes, headers: Mapping[str, str]) -> ParseResult: ...
 
     def rewrite_model(self, body: RequestBody, target_model: str) -> bytes: ...
+
+    def new_response_state(self, headers: Mapping[str, str] | None = None) -> ResponseState: ...
 
     def parse_response(
         self, chunk: bytes, headers: Mapping[str, str], *, streaming: bool, end_of_stream: bool

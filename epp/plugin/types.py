@@ -179,16 +179,17 @@ class Usage:
     total_tokens: int = 0
 
     def merge(self, other: Usage) -> None:
-        """Upstream rule: a field is only overwritten when the new block reports it non-zero."""
+        """Upstream rule: a field is only overwritten when the new block reports it non-zero; the
+        total is the reported one when prompt and completion are both known, else their sum."""
         if other.prompt_tokens:
             self.prompt_tokens = other.prompt_tokens
         if other.completion_tokens:
             self.completion_tokens = other.completion_tokens
         if other.cached_tokens:
             self.cached_tokens = other.cached_tokens
-        if other.total_tokens:
+        if other.total_tokens and self.prompt_tokens and self.completion_tokens:
             self.total_tokens = other.total_tokens
-        elif self.prompt_tokens or self.completion_tokens:
+        else:
             self.total_tokens = self.prompt_tokens + self.completion_tokens
 
 

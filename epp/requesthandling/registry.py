@@ -4,7 +4,8 @@ The path is the first non-empty header of ``:path``, ``x-original-path``, ``x-fo
 (default ``/v1/completions``), with the query string removed. Each parser claims path suffixes;
 the longest claimed suffix that matches the path's trailing segments wins, so
 ``/v1/chat/completions`` goes to the ``chat/completions`` claim rather than ``completions``.
-Claims are compared with leading and trailing ``/`` trimmed.
+Claims are compared with leading and trailing ``/`` trimmed, and a claim matches whole segments
+only: ``/v1/xcompletions`` does not match ``completions`` (a plain string-suffix test would).
 
 Registration follows the configured order:
 

@@ -216,7 +216,7 @@ class RequestStream:
         )
         self.response = _Response(info=info)
         if streaming and self.decision is not None:
-            self.response.state = self.decision.parser.new_response_state()  # type: ignore[attr-defined]
+            self.response.state = self.decision.parser.new_response_state(headers)
         elif not streaming:
             self.response.buffer = bytearray()
         if not status.startswith("2"):

@@ -112,7 +112,7 @@ class ChatFormat(_Base):
         return [sse(chunk)]
 
     def full(self, texts: list[str], reasons: list[str]) -> dict[str, Any]:
-        message = {
+        message: dict[str, Any] = {
             "role": "assistant",
             "content": texts[0],
             "refusal": None,
@@ -150,7 +150,9 @@ class ResponsesFormat(_Base):
 
     def _message(self, status: str) -> dict[str, Any]:
         text = "".join(self.text_parts)
-        content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": None}]
+        content: list[dict[str, Any]] = [
+            {"type": "output_text", "text": text, "annotations": [], "logprobs": None}
+        ]
         return {
             "id": self.message_id,
             "type": "message",
@@ -184,8 +186,16 @@ class ResponsesFormat(_Base):
         return [
             self._event("response.created", response=self.response("in_progress")),
             self._event("response.in_progress", response=self.response("in_progress")),
-            self._event("response.output_item.added", output_index=0, item=self._message("in_progress")),  # fmt: skip
-            self._event("response.content_part.added", item_id=self.message_id, output_index=0, content_index=0, part=part),  # fmt: skip
+            self._event(
+                "response.output_item.added", output_index=0, item=self._message("in_progress")
+            ),
+            self._event(
+                "response.content_part.added",
+                item_id=self.message_id,
+                output_index=0,
+                content_index=0,
+                part=part,
+            ),
         ]
 
     def token(self, text: str, finish_reason: str | None) -> list[bytes]:
@@ -208,7 +218,9 @@ class ResponsesFormat(_Base):
         return [
             self._event("response.output_text.done", **ids, text=text, logprobs=[]),
             self._event("response.content_part.done", **ids, part=part),
-            self._event("response.output_item.done", output_index=0, item=self._message("completed")),  # fmt: skip
+            self._event(
+                "response.output_item.done", output_index=0, item=self._message("completed")
+            ),
             self._event("response.completed", response=self.response("completed")),
         ]
 

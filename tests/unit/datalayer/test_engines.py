@@ -18,12 +18,14 @@ from epp.plugin.params import ParamError, decode
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        pytest.param("vllm:num_requests_waiting", MetricSpec("vllm:num_requests_waiting"), id="name"),
+        pytest.param(
+            "vllm:num_requests_waiting", MetricSpec("vllm:num_requests_waiting"), id="name"
+        ),
         pytest.param("m{}", MetricSpec("m"), id="empty-braces"),
         pytest.param("m{a=b}", MetricSpec("m", {"a": "b"}), id="unquoted"),
         pytest.param('m{a="b"}', MetricSpec("m", {"a": "b"}), id="quoted"),
         pytest.param("m{a=b,c=d}", MetricSpec("m", {"a": "b", "c": "d"}), id="two-labels"),
-        pytest.param(" m { a = b , c=\"d\" } ", MetricSpec("m", {"a": "b", "c": "d"}), id="spaces"),
+        pytest.param(' m { a = b , c="d" } ', MetricSpec("m", {"a": "b", "c": "d"}), id="spaces"),
         pytest.param('m{a="x,y}"}', MetricSpec("m", {"a": "x,y}"}), id="quoted-punctuation"),
         pytest.param('m{a="q\\"t"}', MetricSpec("m", {"a": 'q"t'}), id="quoted-escape"),
         pytest.param("m{a=b,}", MetricSpec("m", {"a": "b"}), id="trailing-comma"),
@@ -203,7 +205,9 @@ def test_build_registry_raises_when_configs_are_inconsistent(
     [
         pytest.param({"name": "default"}, "", "reserved", id="reserved-name"),
         pytest.param({}, "", "name cannot be empty", id="no-name"),
-        pytest.param({"name": "e", "kvUsageSpec": "kv{a!=b}"}, "", "invalid metric spec", id="spec"),
+        pytest.param(
+            {"name": "e", "kvUsageSpec": "kv{a!=b}"}, "", "invalid metric spec", id="spec"
+        ),
         pytest.param(
             {"name": "e", "customMetrics": [{"metricSpec": "m"}]},
             "customMetrics[0]",

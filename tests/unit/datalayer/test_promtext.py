@@ -80,7 +80,7 @@ def test_parse_line_raises_when_line_is_malformed(line: str) -> None:
 
 
 def test_parse_counts_skipped_lines_when_payload_has_malformed_lines() -> None:
-    payload = b"# TYPE a gauge\na 1\nbroken line here\na{x=\"2\"} 2\nb{ 3\n\n"
+    payload = b'# TYPE a gauge\na 1\nbroken line here\na{x="2"} 2\nb{ 3\n\n'
     families = parse(payload)
     assert families.skipped == 2
     assert families == {"a": [Sample("a", {}, 1.0), Sample("a", {"x": "2"}, 2.0)]}

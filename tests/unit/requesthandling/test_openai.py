@@ -147,7 +147,7 @@ def test_parse_request_extracts_fields_when_body_valid(
     result = parse(path, payload)
     body = result.body
     got = (body.kind, result.model, body.stream, body.max_output_tokens, body.cache_salt)
-    assert got + (body.token_ids,) == expected
+    assert (*got, body.token_ids) == expected
     assert body.payload == payload
     assert result.skip_response_processing is False
 

@@ -1,0 +1,169 @@
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from epp.config.loader import ConfigError, LoadOptions, load_config, parse_config
+from epp.plugin import PluginConfigError, UnknownPluginType
+from epp.plugin.registry import PluginRegistry
+from tests.builders import handle
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def registry() -> PluginRegistry:
+    return PluginRegistry.from_entry_points()
+
+
+def load(text: str | None, registry: PluginRegistry, **opts: bool):
+    return load_config(
+        None if text is None else textwrap.dedent(text),
+        registry=registry,
+        handle_for=handle,
+        options=LoadOptions(**opts),
+    )
+
+
+HEAD = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
+
+
+def test_default_config_has_upstream_weights_and_defaults(registry: PluginRegistry) -> None:
+    p = load(None, registry)
+    prof = p.profiles["default"]
+    weights = {s.typed_name.type: w for s, w in prof.scorers}
+    assert weights == {
+        "queue-scorer": 2,
+        "kv-cache-utilization-scorer": 2,
+        "prefix-cache-scorer": 3,
+    }
+    assert prof.picker.typed_name.type == "max-score-picker"
+    assert p.profile_handler.typed_name.type == "single-profile-handler"
+    assert [x.typed_name.type for x in p.parsers] == [
+        "openai-parser",
+        "anthropic-parser",
+        "vllmhttp-parser",
+        "passthrough-parser",
+    ]
+    assert p.saturation_detector.typed_name.type == "utilization-detector"
+    assert [(s.typed_name.type, [e.typed_name.type for e in ex]) for s, ex in p.sources] == [
+        ("metrics-data-source", ["core-metrics-extractor"])
+    ]
+    assert p.feature_gates == {"flowControl": False, "haPopulateNonLeaderDatastore": True}
+
+
+def test_no_profiles_puts_every_scorer_in_default_profile_with_weight_one(
+    registry: PluginRegistry,
+) -> None:
+    p = load(HEAD + "plugins:\n- type: queue-scorer\n- type: load-aware-scorer\n", registry)
+    assert [(s.typed_name.type, w) for s, w in p.profiles["default"].scorers] == [
+        ("queue-scorer", 1.0),
+        ("load-aware-scorer", 1.0),
+    ]
+
+
+def test_deprecated_api_version_is_accepted(registry: PluginRegistry) -> None:
+    text = "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+    assert load(text, registry).profiles
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param(HEAD + "bogus: 1\n", "bogus: unknown field", id="unknown-top-level-key"),
+        pytest.param("apiVersion: v9\nkind: EndpointPickerConfig\n", "apiVersion", id="api"),
+        pytest.param(HEAD.replace("EndpointPickerConfig", "Foo"), "kind", id="kind"),
+        pytest.param(
+            HEAD + "featureGates: [warpDrive]\n", "unknown gate 'warpDrive'", id="unknown-gate"
+        ),
+        pytest.param(
+            HEAD + "plugins:\n- type: queue-scorer\n- type: queue-scorer\n",
+            "duplicate plugin name",
+            id="duplicate-name",
+        ),
+        pytest.param(
+            HEAD + "plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: a\n"
+            "  plugins:\n  - pluginRef: nope\n",
+            "pluginRef 'nope'",
+            id="bad-ref",
+        ),
+        pytest.param(
+            HEAD + "plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: a\n- name: b\n",
+            "profile handler",
+            id="two-profiles-no-handler",
+        ),
+        pytest.param(
+            HEAD + "plugins:\n- type: max-score-picker\n- {type: random-picker}\n"
+            "schedulingProfiles:\n- name: a\n  plugins:\n  - pluginRef: max-score-picker"
+            "\n  - pluginRef: random-picker\n",
+            "more than one picker",
+            id="two-pickers",
+        ),
+        pytest.param(
+            HEAD + "plugins:\n- type: queue-scorer\n  extra: 1\n",
+            "plugins[0].extra: unknown field",
+            id="unknown-plugin-key",
+        ),
+        pytest.param("- a\n- b\n", "must be a YAML mapping", id="not-a-mapping"),
+        pytest.param("a: [\n", "not valid YAML", id="bad-yaml"),
+    ],
+)
+def test_invalid_config_is_rejected_with_location(
+    registry: PluginRegistry, text: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load(text, registry)
+
+
+def test_bad_plugin_parameter_names_plugin_type_and_field_path(registry: PluginRegistry) -> None:
+    text = (
+        HEAD + "plugins:\n- name: la\n  type: load-aware-scorer\n  parameters:\n"
+        "    threshold: 'high'\n"
+    )
+    with pytest.raises(PluginConfigError) as info:
+        load(text, registry)
+    msg = str(info.value)
+    assert "'la'" in msg and "'load-aware-scorer'" in msg and "parameters.threshold" in msg
+
+
+def test_unknown_parameter_key_is_rejected(registry: PluginRegistry) -> None:
+    text = HEAD + "plugins:\n- type: max-score-picker\n  parameters: {maxNumOfEndpoint: 2}\n"
+    with pytest.raises(PluginConfigError, match=r"parameters\.maxNumOfEndpoint"):
+        load(text, registry)
+
+
+def test_unknown_plugin_type_lists_available_types(registry: PluginRegistry) -> None:
+    with pytest.raises(UnknownPluginType, match=r"available types: .*queue-scorer"):
+        load(HEAD + "plugins:\n- type: warp-scorer\n", registry)
+
+
+def test_feature_gate_values(registry: PluginRegistry) -> None:
+    p = load(HEAD + "featureGates: [flowControl, haPopulateNonLeaderDatastore=false]\n", registry)
+    assert p.feature_gates == {"flowControl": True, "haPopulateNonLeaderDatastore": False}
+
+
+def test_explicit_parsers_get_no_fallback(registry: PluginRegistry) -> None:
+    text = HEAD + "requestHandler:\n  parsers:\n  - pluginRef: openai-parser\n"
+    p = load(text, registry)
+    assert [x.typed_name.type for x in p.parsers] == ["openai-parser"]
+
+
+def test_inject_defaults_false_adds_no_metrics_source(registry: PluginRegistry) -> None:
+    p = load(HEAD + "dataLayer:\n  injectDefaults: false\n", registry)
+    assert p.sources == []
+
+
+def test_parse_config_keeps_profile_weights() -> None:
+    cfg = parse_config(
+        HEAD + "schedulingProfiles:\n- name: x\n  plugins:\n  - {pluginRef: a, weight: 2.5}\n"
+    )
+    assert cfg.scheduling_profiles[0].plugins[0].weight == 2.5
+
+
+@pytest.mark.parametrize(
+    "path", sorted((REPO / "deploy" / "configs").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_every_example_config_loads(registry: PluginRegistry, path: Path) -> None:
+    assert load(path.read_text(), registry).profiles
