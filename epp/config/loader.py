@@ -338,7 +338,7 @@ def _auto_producers(b: _Builder) -> None:
             data_type, _, producer = key.partition("/")
             producer_type = DEFAULT_PRODUCERS.get(data_type)
             is_default = producer_type is not None and producer in ("", producer_type)
-            if is_default and producer_type in b.registry:
+            if producer_type is not None and is_default and producer_type in b.registry:
                 if producer_type not in b.instances:
                     b.add(producer_type)
                     added = True

@@ -24,10 +24,10 @@ import logging
 import math
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Final, Protocol
+from typing import Final
 
 from epp.datalayer.store import Datastore
-from epp.plugin import DataSource, Endpoint, Metrics, TypedName
+from epp.plugin import DataSource, Endpoint, Extractor, Metrics
 
 MIN_INTERVAL: Final = 0.05
 DEFAULT_ERROR_LOG_INTERVAL: Final = 30.0
@@ -36,17 +36,7 @@ PollErrorCallback = Callable[[str, str, Exception], None]
 ExtractErrorCallback = Callable[[str, str, Exception], None]
 
 
-class TimedExtractor(Protocol):
-    """An extractor that stamps ``now`` as the update time of the metrics it returns."""
-
-    typed_name: TypedName
-
-    def extract(
-        self, payload: bytes, endpoint: Endpoint, previous: Metrics, *, now: float
-    ) -> Metrics: ...
-
-
-Pipeline = tuple[DataSource, Sequence[TimedExtractor]]
+Pipeline = tuple[DataSource, Sequence[Extractor]]
 
 
 class Collector:
@@ -172,7 +162,7 @@ class Collector:
             await asyncio.gather(*(self._run_pipeline(endpoint, s, e) for s, e in due))
 
     async def _run_pipeline(
-        self, endpoint: Endpoint, source: DataSource, extractors: Sequence[TimedExtractor]
+        self, endpoint: Endpoint, source: DataSource, extractors: Sequence[Extractor]
     ) -> None:
         source_type = source.typed_name.type
         try:

@@ -61,6 +61,7 @@ def render(
     epp_port: int,
     epp_tls: bool,
     fallback: Sequence[tuple[str, int]] = (),
+    lb_policy: str = "ROUND_ROBIN",
 ) -> str:
     template = string.Template((config_dir() / f"{name}.yaml").read_text())
     endpoints = "\n        ".join(
@@ -73,6 +74,7 @@ def render(
         EPP_PORT=epp_port,
         EPP_TLS=_TLS_BLOCK if epp_tls else "",
         FALLBACK_ENDPOINTS=endpoints or "[]",
+        LB_POLICY=lb_policy,
     )
 
 
@@ -81,9 +83,10 @@ class Envoy:
     """A running Envoy. ``start()`` returns once the listener accepts connections."""
 
     config_name: str
-    epp_port: int
+    epp_port: int = 0
     epp_tls: bool = True
     fallback: Sequence[tuple[str, int]] = ()
+    lb_policy: str = "ROUND_ROBIN"
     listen_port: int = 0
     admin_port: int = 0
     log_level: str = "warning"
@@ -101,7 +104,8 @@ class Envoy:
         cfg = Path(self._workdir) / "envoy.yaml"
         cfg.write_text(render(self.config_name, listen_port=self.listen_port,
                               admin_port=self.admin_port, epp_port=self.epp_port,
-                              epp_tls=self.epp_tls, fallback=self.fallback))
+                              epp_tls=self.epp_tls, fallback=self.fallback,
+                              lb_policy=self.lb_policy))
         log = open(Path(self._workdir) / "envoy.log", "wb")  # noqa: SIM115 - lives with the proc
         self.proc = subprocess.Popen(
             [envoy_binary(), "-c", str(cfg), "--concurrency", "1", "-l", self.log_level,
@@ -117,7 +121,7 @@ class Envoy:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"envoy exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                with urllib.request.urlopen(  # noqa: S310 - loopback admin
+                with urllib.request.urlopen(
                     f"http://127.0.0.1:{self.admin_port}/ready", timeout=1
                 ) as r:
                     ready = r.status == 200
@@ -132,7 +136,7 @@ class Envoy:
         raise TimeoutError(f"envoy not ready after {timeout}s:\n{self.log()}")
 
     def stats(self) -> dict[str, int]:
-        with urllib.request.urlopen(  # noqa: S310 - loopback admin
+        with urllib.request.urlopen(
             f"http://127.0.0.1:{self.admin_port}/stats", timeout=5
         ) as r:
             out = {}

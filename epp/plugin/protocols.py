@@ -262,11 +262,14 @@ class DataSource(Protocol):
 
 @runtime_checkable
 class Extractor(Protocol):
-    """Turns a source payload into updated ``Metrics`` for one endpoint (pure)."""
+    """Turns a source payload into updated ``Metrics`` for one endpoint (pure). ``now`` is the
+    scrape time to stamp as ``update_time`` when a value changed."""
 
     typed_name: TypedName
 
-    def extract(self, payload: bytes, endpoint: Endpoint, previous: Metrics) -> Metrics: ...
+    def extract(
+        self, payload: bytes, endpoint: Endpoint, previous: Metrics, *, now: float
+    ) -> Metrics: ...
 
 
 @runtime_checkable

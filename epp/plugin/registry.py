@@ -92,4 +92,4 @@ class PluginRegistry:
                 f"{declared!r}; the entry-point name must equal the plugin's TYPE"
             )
         self._loaded[type_name] = plugin_cls
-        return plugin_cls
+        return plugin_cls  # type: ignore[no-any-return]

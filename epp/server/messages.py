@@ -120,7 +120,7 @@ def immediate(err: InferenceError) -> pb.ProcessingResponse:
         headers[protocol.DROPPED_REASON_HEADER] = err.drop_reason
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
-            status=http_status_pb2.HttpStatus(code=err.code.http_status),  # type: ignore[arg-type]
+            status=http_status_pb2.HttpStatus(code=err.code.http_status),
             headers=mutation(headers),
             body=err.body.encode(),
             details=err.code.label,

@@ -254,7 +254,7 @@ class RequestStream:
             duplex and len(resp.buffer) + len(data) > self.ctx.max_body_bytes
         ):
             # Streaming, or a buffered response that grew past the limit: pass it through.
-            replies = []
+            replies: Replies = []
             if resp.buffer:
                 replies.extend(
                     messages.streamed_body(

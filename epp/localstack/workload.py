@@ -1,0 +1,152 @@
+"""A short, seeded mixed workload and its driver (used by ``epp stack``).
+
+Two request shapes, interleaved:
+- shared system prompts: ``groups`` long system prompts, each reused by several users who ask
+  their own short question;
+- multi-turn sessions: each session resends its whole growing conversation every turn.
+
+Every request is a streamed chat completion with ``include_usage``, so the driver can read the
+time to first token and the prefix-cache hit (``prompt_tokens_details.cached_tokens``) of each one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+_WORDS = ["cache", "token", "prefix", "router", "pool", "model", "latency", "queue", "batch", "kernel", "tensor", "shard", "replica", "gateway", "envoy", "request", "stream", "decode", "prefill", "block", "memory", "agent", "session", "tool", "context", "policy", "fairness", "priority", "budget", "schedule", "metric", "scrape", "window", "sample", "score", "pick"]
+
+
+def _text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(words))
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    session: str
+    messages: tuple[dict[str, str], ...]
+    max_tokens: int
+
+
+@dataclass
+class Result:
+    pod: str
+    status: int
+    ttft: float
+    latency: float
+    prompt_tokens: int
+    cached_tokens: int
+
+
+def mixed_workload(*, seed: int = 1, groups: int = 4, users: int = 24, sessions: int = 6,
+                   turns: int = 6, system_words: int = 1200) -> list[list[WorkItem]]:
+    """Waves of requests; requests within a wave may run concurrently, waves run in order
+    (a session's next turn needs the previous one's answer)."""
+    rng = random.Random(seed)
+    systems = [_text(rng, system_words) for _ in range(groups)]
+    waves: list[list[WorkItem]] = [[] for _ in range(turns)]
+    for u in range(users):
+        sys_prompt = systems[u % groups]
+        question = _text(rng, 30)
+        waves[u % turns].append(WorkItem(
+            f"user-{u}", ({"role": "system", "content": sys_prompt},
+                         {"role": "user", "content": question}), 16))
+    for s in range(sessions):
+        convo: list[dict[str, str]] = [{"role": "system", "content": _text(rng, 400)}]
+        for t in range(turns):
+            convo.append({"role": "user", "content": _text(rng, 60)})
+            waves[t].append(WorkItem(f"session-{s}", tuple(convo), 16))
+            convo.append({"role": "assistant", "content": _text(rng, 16)})
+    for w in waves:
+        rng.shuffle(w)
+    return waves
+
+
+async def _one(session: aiohttp.ClientSession, url: str, model: str, item: WorkItem) -> Result:
+    body = {"model": model, "messages": list(item.messages), "max_tokens": item.max_tokens,
+            "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    ttft = 0.0
+    usage: dict[str, Any] = {}
+    async with session.post(f"{url}/v1/chat/completions", json=body) as r:
+        pod = r.headers.get("x-sim-pod", "?")
+        if r.status != 200:
+            await r.read()
+            return Result(pod, r.status, 0.0, time.perf_counter() - t0, 0, 0)
+        async for line in r.content:
+            if not ttft and line.startswith(b"data: "):
+                ttft = time.perf_counter() - t0
+            if line.startswith(b"data: {") and b'"usage"' in line:
+                usage = json.loads(line[6:]).get("usage") or usage
+    details = usage.get("prompt_tokens_details") or {}
+    return Result(pod, 200, ttft, time.perf_counter() - t0, int(usage.get("prompt_tokens", 0)),
+                  int(details.get("cached_tokens", 0)))
+
+
+async def drive(url: str, waves: Sequence[Sequence[WorkItem]], *, model: str,
+                concurrency: int = 8, timeout: float = 60.0) -> list[Result]:
+    results: list[Result] = []
+    sem = asyncio.Semaphore(concurrency)
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(timeout)) as s:
+        async def run(item: WorkItem) -> None:
+            async with sem:
+                results.append(await _one(s, url, model, item))
+
+        for wave in waves:
+            await asyncio.gather(*(run(i) for i in wave))
+    return results
+
+
+@dataclass
+class Summary:
+    target: str
+    requests: int = 0
+    errors: int = 0
+    hit_ratio: float = 0.0
+    ttft_p50_ms: float = 0.0
+    ttft_p90_ms: float = 0.0
+    per_pod: dict[str, int] = field(default_factory=dict)
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summarize(target: str, results: Sequence[Result]) -> Summary:
+    ok = [r for r in results if r.status == 200]
+    prompt = sum(r.prompt_tokens for r in ok)
+    per_pod: dict[str, int] = {}
+    for r in ok:
+        per_pod[r.pod] = per_pod.get(r.pod, 0) + 1
+    ttfts = [r.ttft for r in ok]
+    return Summary(
+        target=target,
+        requests=len(results),
+        errors=len(results) - len(ok),
+        hit_ratio=sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0,
+        ttft_p50_ms=_pct(ttfts, 0.5) * 1000,
+        ttft_p90_ms=_pct(ttfts, 0.9) * 1000,
+        per_pod=dict(sorted(per_pod.items())),
+    )
+
+
+def table(rows: Sequence[Summary]) -> str:
+    head = f"{'target':<24}{'requests':>9}{'errors':>7}{'cache hit':>10}{'TTFT p50':>10}" \
+           f"{'TTFT p90':>10}  requests per pod"
+    lines = [head, "-" * len(head)]
+    for s in rows:
+        pods = " ".join(f"{k}:{v}" for k, v in s.per_pod.items())
+        lines.append(f"{s.target:<24}{s.requests:>9}{s.errors:>7}{s.hit_ratio:>9.1%} "
+                     f"{s.ttft_p50_ms:>7.1f}ms{s.ttft_p90_ms:>8.1f}ms  {pods}")
+    return "\n".join(lines)

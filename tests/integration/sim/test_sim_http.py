@@ -1,0 +1,288 @@
+"""Real HTTP against simulated pods on 127.0.0.1: the OpenAI-compatible surface."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from epp.sim.config import PodConfig
+from epp.sim.fleet import SimFleet
+
+MODEL = "sim-model"
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[SimFleet]:
+    config = PodConfig(name="pod-a", model=MODEL, time_scale=200.0, lora_adapters=("ad1",))
+    async with SimFleet([config]) as f:
+        yield f
+
+
+@pytest.fixture
+async def http(fleet: SimFleet) -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(base_url=fleet.urls[0]) as session:
+        yield session
+
+
+def sse_data(text: str) -> list[Any]:
+    out: list[Any] = []
+    for block in text.split("\n\n"):
+        for line in block.splitlines():
+            if line.startswith("data: "):
+                payload = line[len("data: ") :]
+                out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def sse_event_names(text: str) -> list[str]:
+    return [line[len("event: ") :] for line in text.splitlines() if line.startswith("event: ")]
+
+
+async def post(http: aiohttp.ClientSession, path: str, body: Any) -> tuple[int, Any, str]:
+    async with http.post(path, json=body) as resp:
+        text = await resp.text()
+        pod = resp.headers.get("x-sim-pod", "")
+        is_json = resp.content_type == "application/json"
+        return resp.status, (json.loads(text) if is_json else text), pod
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "obj"),
+    [
+        pytest.param(
+            "/v1/completions",
+            {"model": MODEL, "prompt": "Hello there, simulator!", "max_tokens": 5},
+            "text_completion",
+            id="completions",
+        ),
+        pytest.param(
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
+            "chat.completion",
+            id="chat",
+        ),
+        pytest.param(
+            "/v1/chat/completions",
+            {"model": "ad1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
+            "chat.completion",
+            id="chat-lora",
+        ),
+    ],
+)
+async def test_non_stream_answer_has_usage_when_request_succeeds(
+    http: aiohttp.ClientSession, path: str, body: dict[str, Any], obj: str
+) -> None:
+    status, data, pod = await post(http, path, body)
+    assert (status, pod) == (200, "pod-a")
+    assert data["object"] == obj
+    assert data["model"] == body["model"]
+    assert data["choices"][0]["finish_reason"] == "length"
+    usage = data["usage"]
+    assert usage["completion_tokens"] == 5
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 5
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "obj", "delta_key"),
+    [
+        pytest.param(
+            "/v1/completions",
+            {"model": MODEL, "prompt": "stream me please", "max_tokens": 4},
+            "text_completion",
+            "text",
+            id="completions",
+        ),
+        pytest.param(
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "go"}], "max_tokens": 4},
+            "chat.completion.chunk",
+            "delta",
+            id="chat",
+        ),
+    ],
+)
+async def test_stream_ends_with_usage_and_done_when_include_usage_is_set(
+    http: aiohttp.ClientSession, path: str, body: dict[str, Any], obj: str, delta_key: str
+) -> None:
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    status, text, _ = await post(http, path, body)
+    assert status == 200
+    events = sse_data(text)
+    assert events[-1] == "[DONE]"
+    usage_chunk = events[-2]
+    assert usage_chunk["choices"] == []
+    assert usage_chunk["usage"]["completion_tokens"] == 4
+    chunks = [e for e in events[:-2] if e["choices"]]
+    assert all(c["object"] == obj and c["model"] == MODEL for c in chunks)
+    assert all(delta_key in c["choices"][0] for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+async def test_stream_has_no_usage_chunk_when_include_usage_is_absent(
+    http: aiohttp.ClientSession,
+) -> None:
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 3, "stream": True}
+    _, text, _ = await post(http, "/v1/completions", body)
+    events = sse_data(text)
+    assert events[-1] == "[DONE]"
+    assert len(events) == 4
+    assert all("usage" not in e for e in events[:-1])
+
+
+async def test_repeated_prompt_reports_cached_tokens_when_prefix_is_cached(
+    http: aiohttp.ClientSession,
+) -> None:
+    body = {"model": MODEL, "prompt": "x" * 400, "max_tokens": 2}  # 100 tokens
+    first = (await post(http, "/v1/completions", body))[1]
+    second = (await post(http, "/v1/completions", body))[1]
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == 96
+
+
+async def test_responses_previous_id_prepends_history_when_chained(
+    http: aiohttp.ClientSession,
+) -> None:
+    first_body = {"model": MODEL, "input": "tell me a story " * 8, "max_output_tokens": 20}
+    status, first, _ = await post(http, "/v1/responses", first_body)
+    assert status == 200
+    assert first["object"] == "response"
+    assert first["status"] == "completed"
+    text = first["output"][0]["content"][0]["text"]
+    assert len(text) == 80  # 20 tokens of 4 bytes
+    follow = {"model": MODEL, "input": "and then?", "previous_response_id": first["id"]}
+    status, second, _ = await post(http, "/v1/responses", follow)
+    assert status == 200
+    assert second["previous_response_id"] == first["id"]
+    used = second["usage"]
+    # history (prompt + answer) is now part of the prompt and mostly served from the cache
+    assert used["input_tokens"] > first["usage"]["input_tokens"] + 20
+    assert used["input_tokens_details"]["cached_tokens"] >= first["usage"]["input_tokens"]
+
+
+async def test_responses_stream_emits_typed_events_when_stream_is_set(
+    http: aiohttp.ClientSession,
+) -> None:
+    body = {"model": MODEL, "input": "stream", "max_output_tokens": 3, "stream": True}
+    status, text, _ = await post(http, "/v1/responses", body)
+    assert status == 200
+    names = sse_event_names(text)
+    assert names[0] == "response.created"
+    assert names.count("response.output_text.delta") == 3
+    assert names[-1] == "response.completed"
+    completed = sse_data(text)[-1]["response"]
+    assert completed["usage"]["output_tokens"] == 3
+    follow = {"model": MODEL, "input": "more", "previous_response_id": completed["id"]}
+    assert (await post(http, "/v1/responses", follow))[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"),
+    [
+        pytest.param("/v1/completions", {"model": "nope", "prompt": "x"}, 404, "model", id="model"),
+        pytest.param(
+            "/v1/responses",
+            {"model": MODEL, "input": "x", "previous_response_id": "resp_missing"},
+            404,
+            "previous_response_id",
+            id="previous-response",
+        ),
+        pytest.param("/v1/chat/completions", {"model": MODEL}, 400, "messages", id="no-messages"),
+        pytest.param(
+            "/v1/completions",
+            {"model": MODEL, "prompt": "x", "max_tokens": 0},
+            400,
+            "max_tokens",
+            id="zero-max-tokens",
+        ),
+    ],
+)
+async def test_error_is_vllm_shaped_when_request_is_invalid(
+    http: aiohttp.ClientSession, path: str, body: dict[str, Any], status: int, param: str
+) -> None:
+    got_status, data, pod = await post(http, path, body)
+    assert (got_status, pod) == (status, "pod-a")
+    assert data["error"]["code"] == status
+    assert data["error"]["param"] == param
+
+
+async def test_bad_json_is_rejected_when_body_does_not_parse(http: aiohttp.ClientSession) -> None:
+    async with http.post("/v1/completions", data=b"{not json") as resp:
+        data = await resp.json()
+    assert resp.status == 400
+    assert data["error"]["type"] == "BadRequestError"
+
+
+async def test_chunked_request_body_is_accepted_when_sent_in_pieces(
+    http: aiohttp.ClientSession,
+) -> None:
+    raw = json.dumps({"model": MODEL, "prompt": "chunked " * 50, "max_tokens": 2}).encode()
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for i in range(0, len(raw), 37):
+            yield raw[i : i + 37]
+
+    async with http.post("/v1/completions", data=pieces()) as resp:
+        assert resp.request_info.headers.get("Transfer-Encoding") == "chunked"
+        data = await resp.json()
+    assert resp.status == 200
+    assert data["usage"]["prompt_tokens"] == 100
+
+
+async def test_render_endpoints_return_token_ids_when_called(http: aiohttp.ClientSession) -> None:
+    status, items, _ = await post(
+        http, "/v1/completions/render", {"model": MODEL, "prompt": ["abcd", "abcdefgh"]}
+    )
+    assert status == 200
+    assert [item["token_ids"] for item in items] == [
+        [int.from_bytes(b"abcd", "little")],
+        [int.from_bytes(b"abcd", "little"), int.from_bytes(b"efgh", "little")],
+    ]
+    assert items[0]["request_id"].startswith("cmpl-")
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    status, rendered, _ = await post(http, "/v1/chat/completions/render", chat)
+    assert status == 200
+    assert rendered["model"] == MODEL
+    assert rendered["sampling_params"]["max_tokens"] == 3
+    _, answer, _ = await post(http, "/v1/chat/completions", chat)
+    assert answer["usage"]["prompt_tokens"] == len(rendered["token_ids"])
+
+
+async def test_models_lists_base_and_adapters_when_lora_is_configured(
+    http: aiohttp.ClientSession,
+) -> None:
+    async with http.get("/v1/models") as resp:
+        data = await resp.json()
+    assert [(m["id"], m["parent"]) for m in data["data"]] == [(MODEL, None), ("ad1", MODEL)]
+
+
+@pytest.mark.parametrize(
+    ("path", "key"),
+    [
+        pytest.param("/server_info", "max_running_requests", id="server-info"),
+        pytest.param("/model_info", "model_path", id="model-info"),
+        pytest.param("/get_model_info", "is_generation", id="get-model-info"),
+    ],
+)
+async def test_peer_router_endpoints_answer_json_when_queried(
+    http: aiohttp.ClientSession, path: str, key: str
+) -> None:
+    async with http.get(path) as resp:
+        data = await resp.json()
+    assert resp.status == 200
+    assert key in data
+
+
+async def test_health_and_stats_answer_when_pod_is_up(http: aiohttp.ClientSession) -> None:
+    await post(http, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2})
+    async with http.get("/health") as resp:
+        assert (resp.status, resp.headers["x-sim-pod"]) == (200, "pod-a")
+    async with http.get("/sim/stats") as resp:
+        stats = await resp.json()
+    assert stats["pod"] == "pod-a"
+    assert stats["requests_served"] == 1
+    assert stats["generation_tokens"] == 2
