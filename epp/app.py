@@ -127,6 +127,7 @@ class App:
         self.health_port = 0
         self.metrics_port = 0
         self._stop = asyncio.Event()
+        self._force = asyncio.Event()
         self._started = asyncio.Event()
         self._discovered = False
         self._runner: asyncio.Task[None] | None = None
@@ -215,7 +216,8 @@ class App:
         self.draining = True
         if self.settings.drain_timeout > 0:
             log.info("draining for %.1fs", self.settings.drain_timeout)
-            await asyncio.sleep(self.settings.drain_timeout)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._force.wait(), self.settings.drain_timeout)
         for srv in servers[:2]:
             await srv.stop(grace=1.0)
 
@@ -251,6 +253,9 @@ class App:
             await asyncio.sleep(self.settings.refresh_prometheus_metrics_interval)
 
     def stop(self) -> None:
+        """First call: drain, then stop. A second call (a second SIGTERM) cuts the drain short."""
+        if self._stop.is_set():
+            self._force.set()
         self._stop.set()
 
     def install_signal_handlers(self) -> None:

@@ -278,12 +278,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _plugins(args: list[str]) -> int:
+    from epp.plugin import PluginError
     from epp.plugin.registry import PluginRegistry
 
     if args[:1] != ["list"]:
         print("usage: epp plugins list", file=sys.stderr)
         return 2
-    reg = PluginRegistry.from_entry_points()
+    try:
+        reg = PluginRegistry.from_entry_points()
+    except PluginError as exc:
+        print(f"epp: {exc}", file=sys.stderr)
+        return 2
     rows = [
         (t, reg.info(t).distribution, reg.info(t).version, reg.info(t).target) for t in reg.types()
     ]

@@ -42,25 +42,20 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from epp.plugin import (
+    PREFIX_MATCH_INFO,
     CycleState,
     Endpoint,
     Handle,
     InferenceRequest,
     PluginBase,
+    PrefixMatchInfo,
     ScorerCategory,
 )
 
-MATCH_INFO_KEY = "PrefixCacheMatchInfo"
+__all__ = ["MATCH_INFO_KEY", "PrefixCacheScorer", "PrefixMatchInfo"]
+
+MATCH_INFO_KEY = PREFIX_MATCH_INFO
 """Data key prefix; the full attribute key is ``PrefixCacheMatchInfo/<producer name>``."""
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixMatchInfo:
-    """How much of the request's prompt one endpoint is believed to cache, in blocks."""
-
-    match_blocks: int
-    total_blocks: int
-    block_size_tokens: int
 
 
 class PrefixCacheScorer(PluginBase):

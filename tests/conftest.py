@@ -21,7 +21,10 @@ from google.protobuf import struct_pb2
 
 from epp.app import App
 from epp.localstack.envoy import Envoy
+from epp.plugin.registry import GROUP, PluginInfo, PluginRegistry
 from epp.settings import Settings
+
+TEST_PLUGINS = Path(__file__).parent / "fixtures" / "epp-testplugins"
 
 os.environ.setdefault("NO_PROXY", "*")
 
@@ -81,6 +84,31 @@ def epp_config(endpoints_file: Path, body: str = "") -> str:
     return head + body + "dataLayer:\n  discovery: {pluginRef: file-discovery}\n"
 
 
+def registry_with_test_plugins() -> PluginRegistry:
+    """The installed plugins plus the fixture package's, without installing it."""
+    import sys
+    from importlib import metadata
+
+    if str(TEST_PLUGINS) not in sys.path:
+        sys.path.insert(0, str(TEST_PLUGINS))
+    base = PluginRegistry.from_entry_points()
+    extra = [
+        PluginInfo(
+            t,
+            f"epp_testplugins:{cls}",
+            "epp-testplugins",
+            "0.1.0",
+            metadata.EntryPoint(t, f"epp_testplugins:{cls}", GROUP),
+        )
+        for t, cls in (
+            ("test-constant-scorer", "ConstantScorer"),
+            ("test-raising-scorer", "RaisingScorer"),
+            ("test-raising-filter", "RaisingFilter"),
+        )
+    ]
+    return PluginRegistry([base.info(t) for t in base.types()] + extra)
+
+
 def make_settings(config_text: str, **overrides: Any) -> Settings:
     base: dict[str, Any] = {
         "grpc_port": 0,
@@ -107,11 +135,12 @@ async def start_app(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
         *,
         ready: bool = True,
         labels: dict[int, dict[str, str]] | None = None,
+        registry: PluginRegistry | None = None,
         **overrides: Any,
     ) -> App:
         ep_file = tmp_path / f"endpoints-{len(stack._exit_callbacks)}.yaml"
         ep_file.write_text(endpoints_yaml(ports, labels=labels))
-        app = App(make_settings(epp_config(ep_file, config_body), **overrides))
+        app = App(make_settings(epp_config(ep_file, config_body), **overrides), registry=registry)
         await stack.enter_async_context(app)
         app.endpoints_file = ep_file  # type: ignore[attr-defined]
         if ready:

@@ -40,8 +40,8 @@ from typing import Any, ClassVar, Final
 
 import yaml
 
-from epp.datalayer.durations import parse_duration
 from epp.plugin import Endpoint, Handle, PluginBase
+from epp.plugin.units import parse_duration
 
 MAX_FILE_BYTES: Final = 1 << 20
 DEFAULT_NAMESPACE: Final = "default"

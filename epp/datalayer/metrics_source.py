@@ -35,8 +35,8 @@ from typing import ClassVar, Final, Literal
 
 import aiohttp
 
-from epp.datalayer.durations import parse_duration
 from epp.plugin import Endpoint, Handle, PluginBase, PluginConfigError
+from epp.plugin.units import parse_duration
 
 # Sized for ~1000 endpoints scraped concurrently, each with its own kept-alive connection.
 _CONNECTION_LIMIT: Final = 2048

@@ -40,43 +40,12 @@ YAML::
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from epp.plugin import CycleState, Endpoint, InferenceRequest, PluginBase
-
-_UNIT_SECONDS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "\u00b5s": 1e-6,  # micro sign
-    "\u03bcs": 1e-6,  # Greek small letter mu
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
-_COMPONENT = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
-
-
-def _parse_duration(text: str) -> float:
-    """Parse a Go ``time.Duration`` string (``"1h2m3.5s"``, ``"200ms"``, ``"0"``) into seconds."""
-    sign, body = 1.0, text.strip()
-    if body[:1] in ("+", "-"):
-        sign, body = (-1.0 if body[0] == "-" else 1.0), body[1:]
-    if body == "0":
-        return 0.0
-    if not body:
-        raise ValueError(f"invalid duration {text!r}")
-    total, pos = 0.0, 0
-    while pos < len(body):  # each iteration consumes at least two characters
-        match = _COMPONENT.match(body, pos)
-        if match is None:
-            raise ValueError(f"invalid duration {text!r}")
-        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-        pos = match.end()
-    return sign * total
+from epp.plugin.units import parse_duration
 
 
 class UtilizationDetector(PluginBase):
@@ -101,7 +70,7 @@ class UtilizationDetector(PluginBase):
                 )
             if self.headroom < 0.0:
                 raise ValueError(f"headroom must be >= 0, got {self.headroom}")
-            seconds = _parse_duration(self.metrics_staleness_threshold)
+            seconds = parse_duration(self.metrics_staleness_threshold)
             if seconds <= 0.0:
                 raise ValueError(
                     "metricsStalenessThreshold must be > 0, "

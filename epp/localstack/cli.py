@@ -32,16 +32,30 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="epp stack", description=__doc__)
     p.add_argument("--pods", type=int, default=4, help="simulated model-server pods (default 4)")
     p.add_argument("--concurrency", type=int, default=8, help="client concurrency (default 8)")
-    p.add_argument("--time-scale", type=float, default=10.0,
-                   help="simulator speed-up (default 10: simulated time runs 10x faster)")
-    p.add_argument("--num-gpu-blocks", type=int, default=2000,
-                   help="KV blocks per simulated pod (default 2000 x 16 tokens)")
-    p.add_argument("--config-file", default="",
-                   help="EndpointPickerConfig for the EPP (default: the built-in default config)")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=10.0,
+        help="simulator speed-up (default 10: simulated time runs 10x faster)",
+    )
+    p.add_argument(
+        "--num-gpu-blocks",
+        type=int,
+        default=2000,
+        help="KV blocks per simulated pod (default 2000 x 16 tokens)",
+    )
+    p.add_argument(
+        "--config-file",
+        default="",
+        help="EndpointPickerConfig for the EPP (default: the built-in default config)",
+    )
     p.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
     p.add_argument("--skip-baseline", action="store_true", help="do not run the round-robin run")
-    p.add_argument("--keep-running", action="store_true",
-                   help="after the table, keep Envoy + EPP + pods up until Ctrl-C")
+    p.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="after the table, keep Envoy + EPP + pods up until Ctrl-C",
+    )
     return p
 
 
@@ -53,23 +67,40 @@ def _config_text(endpoints_file: Path, config_file: str) -> str:
     doc = yaml.safe_load(text)
     plugins = doc.setdefault("plugins", [])
     if not any(p.get("type") == "file-discovery" for p in plugins):
-        plugins.append({"type": "file-discovery",
-                        "parameters": {"path": str(endpoints_file), "watchFile": True}})
+        plugins.append(
+            {
+                "type": "file-discovery",
+                "parameters": {"path": str(endpoints_file), "watchFile": True},
+            }
+        )
         doc.setdefault("dataLayer", {})["discovery"] = {"pluginRef": "file-discovery"}
     return yaml.safe_dump(doc, sort_keys=False)
 
 
 def _endpoints_file(ports: Sequence[int], workdir: Path) -> Path:
-    doc = {"endpoints": [{"name": f"pod-{i}", "namespace": "default", "address": "127.0.0.1",
-                          "port": str(p)} for i, p in enumerate(ports)]}
+    doc = {
+        "endpoints": [
+            {"name": f"pod-{i}", "namespace": "default", "address": "127.0.0.1", "port": str(p)}
+            for i, p in enumerate(ports)
+        ]
+    }
     path = workdir / "endpoints.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
 
 
 def _fleet(args: argparse.Namespace) -> SimFleet:
-    return SimFleet([PodConfig(name=f"pod-{i}", model=MODEL, time_scale=args.time_scale,
-                               num_gpu_blocks=args.num_gpu_blocks) for i in range(args.pods)])
+    return SimFleet(
+        [
+            PodConfig(
+                name=f"pod-{i}",
+                model=MODEL,
+                time_scale=args.time_scale,
+                num_gpu_blocks=args.num_gpu_blocks,
+            )
+            for i in range(args.pods)
+        ]
+    )
 
 
 async def _first_request(url: str, fleet: SimFleet) -> None:
@@ -78,8 +109,10 @@ async def _first_request(url: str, fleet: SimFleet) -> None:
         pod = r.headers.get("x-sim-pod", "?")
         text = json.loads(await r.read())
     port = fleet.ports[int(pod.rsplit("-", 1)[1])] if pod.startswith("pod-") else "?"
-    print(f"routed: POST {url}/v1/completions -> {pod} (127.0.0.1:{port}), HTTP {r.status}, "
-          f"{text.get('usage', {}).get('completion_tokens', 0)} tokens")
+    print(
+        f"routed: POST {url}/v1/completions -> {pod} (127.0.0.1:{port}), HTTP {r.status}, "
+        f"{text.get('usage', {}).get('completion_tokens', 0)} tokens"
+    )
 
 
 async def _run_epp(args: argparse.Namespace, workdir: Path) -> tuple[Summary, SimFleet | None]:
@@ -89,18 +122,24 @@ async def _run_epp(args: argparse.Namespace, workdir: Path) -> tuple[Summary, Si
     waves = mixed_workload(seed=args.seed)
     async with _fleet(args) as fleet:
         eps = _endpoints_file(fleet.ports, workdir)
-        settings = Settings(grpc_port=free_port(), grpc_health_port=0, metrics_port=0,
-                            bind_address="127.0.0.1", drain_timeout=0.0,
-                            config_text=_config_text(eps, args.config_file))
+        settings = Settings(
+            grpc_port=free_port(),
+            grpc_health_port=0,
+            metrics_port=0,
+            bind_address="127.0.0.1",
+            drain_timeout=0.0,
+            config_text=_config_text(eps, args.config_file),
+        )
         async with App(settings) as app:
             await app.wait_ready(15)
             with Envoy("full-duplex", epp_port=app.grpc_port, epp_tls=True) as envoy:
-                print(f"stack: envoy {envoy.url} -> EPP :{app.grpc_port} (TLS) -> "
-                      f"{len(fleet.ports)} simulated vLLM pods; EPP metrics "
-                      f"http://127.0.0.1:{app.metrics_port}/metrics")
+                print(
+                    f"stack: envoy {envoy.url} -> EPP :{app.grpc_port} (TLS) -> "
+                    f"{len(fleet.ports)} simulated vLLM pods; EPP metrics "
+                    f"http://127.0.0.1:{app.metrics_port}/metrics"
+                )
                 await _first_request(envoy.url, fleet)
-                results = await drive(envoy.url, waves, model=MODEL,
-                                      concurrency=args.concurrency)
+                results = await drive(envoy.url, waves, model=MODEL, concurrency=args.concurrency)
                 summary = summarize("EPP (default config)", results)
                 if args.keep_running:
                     print(table([summary]))
@@ -124,8 +163,10 @@ async def _main(args: argparse.Namespace) -> int:
         if not args.skip_baseline:
             rows.append(await _run_baseline(args))
     print()
-    print(f"same seeded workload, fresh fleet each ({args.pods} pods, time scale "
-          f"{args.time_scale:g}x; TTFT in wall-clock ms):")
+    print(
+        f"same seeded workload, fresh fleet each ({args.pods} pods, time scale "
+        f"{args.time_scale:g}x; TTFT in wall-clock ms):"
+    )
     print(table(rows))
     return 0 if all(r.errors == 0 for r in rows) else 1
 

@@ -102,15 +102,32 @@ class Envoy:
         self.admin_port = self.admin_port or free_port()
         self._workdir = tempfile.mkdtemp(prefix="epp-envoy-")
         cfg = Path(self._workdir) / "envoy.yaml"
-        cfg.write_text(render(self.config_name, listen_port=self.listen_port,
-                              admin_port=self.admin_port, epp_port=self.epp_port,
-                              epp_tls=self.epp_tls, fallback=self.fallback,
-                              lb_policy=self.lb_policy))
+        cfg.write_text(
+            render(
+                self.config_name,
+                listen_port=self.listen_port,
+                admin_port=self.admin_port,
+                epp_port=self.epp_port,
+                epp_tls=self.epp_tls,
+                fallback=self.fallback,
+                lb_policy=self.lb_policy,
+            )
+        )
         log = open(Path(self._workdir) / "envoy.log", "wb")  # noqa: SIM115 - lives with the proc
         self.proc = subprocess.Popen(
-            [envoy_binary(), "-c", str(cfg), "--concurrency", "1", "-l", self.log_level,
-             "--disable-hot-restart"],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NO_PROXY": "*"},
+            [
+                envoy_binary(),
+                "-c",
+                str(cfg),
+                "--concurrency",
+                "1",
+                "-l",
+                self.log_level,
+                "--disable-hot-restart",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "NO_PROXY": "*"},
         )
         self._wait_ready(timeout)
         return self
@@ -136,9 +153,7 @@ class Envoy:
         raise TimeoutError(f"envoy not ready after {timeout}s:\n{self.log()}")
 
     def stats(self) -> dict[str, int]:
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{self.admin_port}/stats", timeout=5
-        ) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/stats", timeout=5) as r:
             out = {}
             for line in r.read().decode().splitlines():
                 key, _, value = line.partition(": ")

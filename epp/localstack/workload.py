@@ -21,7 +21,44 @@ from typing import Any
 
 import aiohttp
 
-_WORDS = ["cache", "token", "prefix", "router", "pool", "model", "latency", "queue", "batch", "kernel", "tensor", "shard", "replica", "gateway", "envoy", "request", "stream", "decode", "prefill", "block", "memory", "agent", "session", "tool", "context", "policy", "fairness", "priority", "budget", "schedule", "metric", "scrape", "window", "sample", "score", "pick"]
+_WORDS = [
+    "cache",
+    "token",
+    "prefix",
+    "router",
+    "pool",
+    "model",
+    "latency",
+    "queue",
+    "batch",
+    "kernel",
+    "tensor",
+    "shard",
+    "replica",
+    "gateway",
+    "envoy",
+    "request",
+    "stream",
+    "decode",
+    "prefill",
+    "block",
+    "memory",
+    "agent",
+    "session",
+    "tool",
+    "context",
+    "policy",
+    "fairness",
+    "priority",
+    "budget",
+    "schedule",
+    "metric",
+    "scrape",
+    "window",
+    "sample",
+    "score",
+    "pick",
+]
 
 
 def _text(rng: random.Random, words: int) -> str:
@@ -45,8 +82,15 @@ class Result:
     cached_tokens: int
 
 
-def mixed_workload(*, seed: int = 1, groups: int = 4, users: int = 24, sessions: int = 6,
-                   turns: int = 6, system_words: int = 1200) -> list[list[WorkItem]]:
+def mixed_workload(
+    *,
+    seed: int = 1,
+    groups: int = 4,
+    users: int = 24,
+    sessions: int = 6,
+    turns: int = 6,
+    system_words: int = 1200,
+) -> list[list[WorkItem]]:
     """Waves of requests; requests within a wave may run concurrently, waves run in order
     (a session's next turn needs the previous one's answer)."""
     rng = random.Random(seed)
@@ -55,9 +99,13 @@ def mixed_workload(*, seed: int = 1, groups: int = 4, users: int = 24, sessions:
     for u in range(users):
         sys_prompt = systems[u % groups]
         question = _text(rng, 30)
-        waves[u % turns].append(WorkItem(
-            f"user-{u}", ({"role": "system", "content": sys_prompt},
-                         {"role": "user", "content": question}), 16))
+        waves[u % turns].append(
+            WorkItem(
+                f"user-{u}",
+                ({"role": "system", "content": sys_prompt}, {"role": "user", "content": question}),
+                16,
+            )
+        )
     for s in range(sessions):
         convo: list[dict[str, str]] = [{"role": "system", "content": _text(rng, 400)}]
         for t in range(turns):
@@ -70,8 +118,13 @@ def mixed_workload(*, seed: int = 1, groups: int = 4, users: int = 24, sessions:
 
 
 async def _one(session: aiohttp.ClientSession, url: str, model: str, item: WorkItem) -> Result:
-    body = {"model": model, "messages": list(item.messages), "max_tokens": item.max_tokens,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "messages": list(item.messages),
+        "max_tokens": item.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter()
     ttft = 0.0
     usage: dict[str, Any] = {}
@@ -86,16 +139,29 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, item: WorkI
             if line.startswith(b"data: {") and b'"usage"' in line:
                 usage = json.loads(line[6:]).get("usage") or usage
     details = usage.get("prompt_tokens_details") or {}
-    return Result(pod, 200, ttft, time.perf_counter() - t0, int(usage.get("prompt_tokens", 0)),
-                  int(details.get("cached_tokens", 0)))
+    return Result(
+        pod,
+        200,
+        ttft,
+        time.perf_counter() - t0,
+        int(usage.get("prompt_tokens", 0)),
+        int(details.get("cached_tokens", 0)),
+    )
 
 
-async def drive(url: str, waves: Sequence[Sequence[WorkItem]], *, model: str,
-                concurrency: int = 8, timeout: float = 60.0) -> list[Result]:
+async def drive(
+    url: str,
+    waves: Sequence[Sequence[WorkItem]],
+    *,
+    model: str,
+    concurrency: int = 8,
+    timeout: float = 60.0,
+) -> list[Result]:
     results: list[Result] = []
     sem = asyncio.Semaphore(concurrency)
     conn = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(timeout)) as s:
+
         async def run(item: WorkItem) -> None:
             async with sem:
                 results.append(await _one(s, url, model, item))
@@ -142,11 +208,15 @@ def summarize(target: str, results: Sequence[Result]) -> Summary:
 
 
 def table(rows: Sequence[Summary]) -> str:
-    head = f"{'target':<24}{'requests':>9}{'errors':>7}{'cache hit':>10}{'TTFT p50':>10}" \
-           f"{'TTFT p90':>10}  requests per pod"
+    head = (
+        f"{'target':<24}{'requests':>9}{'errors':>7}{'cache hit':>10}{'TTFT p50':>10}"
+        f"{'TTFT p90':>10}  requests per pod"
+    )
     lines = [head, "-" * len(head)]
     for s in rows:
         pods = " ".join(f"{k}:{v}" for k, v in s.per_pod.items())
-        lines.append(f"{s.target:<24}{s.requests:>9}{s.errors:>7}{s.hit_ratio:>9.1%} "
-                     f"{s.ttft_p50_ms:>7.1f}ms{s.ttft_p90_ms:>8.1f}ms  {pods}")
+        lines.append(
+            f"{s.target:<24}{s.requests:>9}{s.errors:>7}{s.hit_ratio:>9.1%} "
+            f"{s.ttft_p50_ms:>7.1f}ms{s.ttft_p90_ms:>8.1f}ms  {pods}"
+        )
     return "\n".join(lines)

@@ -9,6 +9,13 @@ from epp.plugin.errors import (
     PluginLoadError,
     UnknownPluginType,
 )
+from epp.plugin.prefix import (
+    PREFIX_MATCH_INFO,
+    TOKENIZED_PROMPT,
+    PrefixMatchInfo,
+    TokenizedPrompt,
+    data_key,
+)
 from epp.plugin.protocols import (
     Admitter,
     Consumer,
@@ -58,6 +65,8 @@ from epp.plugin.types import (
 
 __all__ = [
     "DEFAULT_FAIRNESS_ID",
+    "PREFIX_MATCH_INFO",
+    "TOKENIZED_PROMPT",
     "Admitter",
     "Consumer",
     "CycleState",
@@ -86,6 +95,7 @@ __all__ = [
     "PluginError",
     "PluginLoadError",
     "PreRequest",
+    "PrefixMatchInfo",
     "Profile",
     "ProfileHandler",
     "ProfileResult",
@@ -103,7 +113,9 @@ __all__ = [
     "Stability",
     "StateDumper",
     "TerminationCause",
+    "TokenizedPrompt",
     "TypedName",
     "UnknownPluginType",
     "Usage",
+    "data_key",
 ]

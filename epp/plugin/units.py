@@ -48,14 +48,14 @@ _QUANTITY: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 def parse_duration(text: str) -> float:
     """Seconds from a Go duration string; ``"0"`` is zero. Raises ValueError with the input."""
     s = text.strip()
-    if s in ("0", ""):
-        if s == "":
-            raise ValueError("empty duration")
-        return 0.0
     sign = 1.0
-    if s[0] in "+-":
+    if s[:1] in ("+", "-"):
         sign = -1.0 if s[0] == "-" else 1.0
         s = s[1:]
+    if s == "0":
+        return 0.0
+    if not s:
+        raise ValueError(f"invalid duration {text!r} (examples: 50ms, 30s, 1m30s)")
     pos = 0
     total = 0.0
     while pos < len(s):

@@ -22,7 +22,6 @@ tenth of the wall-clock time (the engine's virtual clock runs 10x faster than th
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -99,9 +98,6 @@ class PodConfig:
     def kv_events_topic(self) -> str:
         """vLLM's topic layout as the llm-d indexer expects it: ``kv@<pod>@<model>``."""
         return f"kv@{self.name}@{self.model}"
-
-    def replace(self, **changes: object) -> PodConfig:
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
 def endpoint_binds(endpoint: str) -> bool:

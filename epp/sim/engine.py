@@ -36,7 +36,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from epp.sim.config import PodConfig
-from epp.sim.kvcache import BlockPool, KVEvent, chain_hashes, hash_block
+from epp.sim.kvcache import BlockPool, KVEvent, chain_hashes
 from epp.sim.stats import EngineStats
 from epp.sim.tokenizer import output_seed, output_token
 
@@ -338,6 +338,3 @@ class Engine:
             block_hash, parent, req.tokens[idx * bs : (idx + 1) * bs], req.lora_id, req.lora
         )
         req.blocks[idx] = block_hash
-
-
-__all__ = ["Engine", "RequestRejected", "TokenEvent", "hash_block"]

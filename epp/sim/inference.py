@@ -8,6 +8,7 @@ if the client goes away the request is aborted so its KV blocks are released.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from epp.sim.tokenizer import detokenize
 from epp.sim.wire import DONE, Format, ResponsesFormat, formatter
 
 RUNTIME = web.AppKey("runtime", PodRuntime)
+BODY_SHA256 = web.RequestKey("sim_body_sha256", str)  # hex SHA-256 of the raw body
 
 
 class _CutStream(Exception):
@@ -39,6 +41,8 @@ def json_response(data: Any, status: int = 200) -> web.Response:
 
 async def read_json(request: web.Request) -> dict[str, Any]:
     raw = await request.read()
+    # lets proxy tests check that the body arrived byte-identical (echoed as a header)
+    request[BODY_SHA256] = hashlib.sha256(raw).hexdigest()
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

@@ -13,7 +13,10 @@ Routes (vLLM-compatible unless noted):
 * simulator control (ours): ``GET|POST /sim/overrides``, ``GET|POST /sim/faults``,
   ``GET /sim/stats``.
 
-Every response carries ``x-sim-pod: <pod name>``.
+Every response carries ``x-sim-pod: <pod name>``. Diagnostics for proxy tests: a response to a
+request with a JSON body carries ``x-sim-request-sha256`` (hex SHA-256 of the body bytes as
+received), and a request that arrived with ``x-prefiller-host-port`` gets its value back as
+``x-sim-saw-prefiller``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from aiohttp import web
 
 from epp.sim.control import Faults, Overrides
 from epp.sim.inference import (
+    BODY_SHA256,
     RUNTIME,
     error_response,
     handle_generate,
@@ -226,6 +230,11 @@ def build_app(runtime: PodRuntime, port: int) -> web.Application:
 
     async def tag(request: web.Request, response: web.StreamResponse) -> None:
         response.headers["x-sim-pod"] = pod
+        if BODY_SHA256 in request:
+            response.headers["x-sim-request-sha256"] = request[BODY_SHA256]
+        prefiller = request.headers.get("x-prefiller-host-port")
+        if prefiller is not None:
+            response.headers["x-sim-saw-prefiller"] = prefiller
 
     app.on_response_prepare.append(tag)
     r = app.router

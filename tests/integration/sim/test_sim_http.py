@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -286,3 +288,34 @@ async def test_health_and_stats_answer_when_pod_is_up(http: aiohttp.ClientSessio
     assert stats["pod"] == "pod-a"
     assert stats["requests_served"] == 1
     assert stats["generation_tokens"] == 2
+
+
+async def test_client_disconnect_aborts_request_when_stream_is_abandoned() -> None:
+    config = PodConfig(name="slow", model=MODEL, time_scale=1.0)  # ~6 ms per token
+    async with SimFleet([config]) as fleet, aiohttp.ClientSession() as http:
+        body = {"model": MODEL, "prompt": "long answer", "max_tokens": 5000, "stream": True}
+        async with http.post(f"{fleet.urls[0]}/v1/completions", json=body) as resp:
+            await resp.content.readline()
+            resp.close()  # hang up after the first chunk
+        engine = fleet.runtime(0).engine
+        for _ in range(200):
+            if engine.num_running == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.num_running == 0
+        assert engine.stats.finished["abort"] == 1
+        assert engine.pool.used_blocks == 0
+
+
+async def test_diagnostic_headers_echo_body_hash_and_prefiller_when_present(
+    http: aiohttp.ClientSession,
+) -> None:
+    raw = json.dumps({"model": MODEL, "prompt": "hash me", "max_tokens": 1}).encode()
+    headers = {"x-prefiller-host-port": "10.0.0.9:8000", "Content-Type": "application/json"}
+    async with http.post("/v1/completions", data=raw, headers=headers) as resp:
+        assert resp.status == 200
+        assert resp.headers["x-sim-request-sha256"] == hashlib.sha256(raw).hexdigest()
+        assert resp.headers["x-sim-saw-prefiller"] == "10.0.0.9:8000"
+    async with http.get("/health") as resp:
+        assert "x-sim-request-sha256" not in resp.headers
+        assert "x-sim-saw-prefiller" not in resp.headers

@@ -5,9 +5,10 @@ from typing import Any
 
 import pytest
 
-from epp.flowcontrol.utilization import UtilizationDetector, _parse_duration
+from epp.flowcontrol.utilization import UtilizationDetector
 from epp.plugin import Endpoint, Filter, SaturationDetector
 from epp.plugin.params import ParamError, decode
+from epp.plugin.units import parse_duration as _parse_duration
 from tests.builders import NOW, handle, make_cycle, make_endpoint, make_request
 
 

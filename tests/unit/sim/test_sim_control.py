@@ -41,9 +41,7 @@ def test_faults_parse_rejects_when_body_is_invalid(body: Any) -> None:
 def test_empty_body_clears_when_parsed() -> None:
     assert Overrides.parse({}) == Overrides()
     assert Faults.parse({}) == Faults()
-    assert Overrides.parse({"waiting_lora_adapters": []}).as_json() == {
-        "waiting_lora_adapters": []
-    }
+    assert Overrides.parse({"waiting_lora_adapters": []}).as_json() == {"waiting_lora_adapters": []}
 
 
 @pytest.mark.parametrize(

@@ -56,8 +56,8 @@ def test_second_identical_prompt_hits_prefix_cache_when_first_finished() -> None
     ("first", "second", "lora", "expected"),
     [
         pytest.param(prompt(8), prompt(8), None, 4, id="full-match-recomputes-last-block"),
-        pytest.param(prompt(12), prompt(8) + [99, 98, 97, 96], None, 8, id="shared-prefix"),
-        pytest.param(prompt(12), [0] + prompt(11), None, 0, id="different-first-block"),
+        pytest.param(prompt(12), [*prompt(8), 99, 98, 97, 96], None, 8, id="shared-prefix"),
+        pytest.param(prompt(12), [0, *prompt(11)], None, 0, id="different-first-block"),
         pytest.param(prompt(12), prompt(12), "a", 0, id="other-lora-does-not-share"),
     ],
 )

@@ -107,7 +107,7 @@ def test_lora_info_keeps_older_label_sets_when_state_changes() -> None:
     engine.add_request("r", [1, 2, 3], 5, 0.0, lora="a")
     engine.advance(0.0)
     text = renderer.render(engine, Overrides(), 20.0)
-    series = [(l["running_lora_adapters"], v) for n, l, v in parse_text(text) if "lora" in n]
+    series = [(lab["running_lora_adapters"], v) for n, lab, v in parse_text(text) if "lora" in n]
     assert series == [("", 10.0), ("a", 20.0)]
 
 

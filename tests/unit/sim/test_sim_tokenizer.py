@@ -14,7 +14,9 @@ from epp.sim.tokenizer import detokenize, output_seed, output_token, render_chat
         pytest.param("é", [int.from_bytes("é".encode(), "little")], id="utf8-bytes"),
     ],
 )
-def test_tokenize_reads_four_bytes_per_token_when_given_text(text: str, expected: list[int]) -> None:
+def test_tokenize_reads_four_bytes_per_token_when_given_text(
+    text: str, expected: list[int]
+) -> None:
     assert tokenize(text) == expected
 
 

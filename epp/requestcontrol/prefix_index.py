@@ -1,0 +1,198 @@
+"""Prefix block hashing and the approximate prefix index (pure, synchronous, bounded).
+
+Hashing (spec §4.8). A prompt's token ids, packed as little-endian ``uint32`` bytes, are cut into
+blocks of ``block_size`` tokens (the last block may be partial)::
+
+    seed      = xxh64(target_model bytes ‖ cache_salt bytes)
+    content_i = xxh64(block_i bytes)
+    hash_i    = xxh64(LE64(content_i) ‖ LE64(hash_{i-1}))      with hash_{-1} = seed
+
+so a block's hash identifies the whole prefix up to and including it: two prompts that differ in
+their first block share no hash at all, and different models or cache salts never collide.
+
+Index. ``hash → endpoints holding it`` plus one LRU of hashes per endpoint, bounded by that
+endpoint's capacity (in blocks). Evicting a hash from an endpoint's LRU removes the endpoint from
+the hash's owners, so memory is at most ``sum(capacities)`` entries (``approx_bytes`` estimates
+it); endpoints that left the pool are dropped with ``retain``. ``match`` costs O(matched blocks):
+it walks the request's hashes in order and stops at the first block no endpoint holds.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+from typing import Final
+
+from xxhash import xxh64_intdigest
+
+BYTES_PER_BLOCK: Final = 210
+"""Estimated memory of one (endpoint, block) entry. Measured with ``tracemalloc`` on CPython 3.11:
+about 205 bytes for a block held by one endpoint (LRU node, owners-map slot, hash int, owner
+tuple) and about 115 for each further endpoint holding it, so the estimate errs high."""
+
+_PACK_PAIR = struct.Struct("<QQ").pack
+
+
+def seed_hash(target_model: str, cache_salt: str = "") -> int:
+    """The chain's starting value: different models or salts never share a block hash."""
+    return xxh64_intdigest(target_model.encode() + cache_salt.encode())
+
+
+def block_hashes(tokens: bytes, block_bytes: int, seed: int, max_blocks: int | None) -> list[int]:
+    """Chained hashes of ``tokens`` cut into ``block_bytes``-byte blocks, at most ``max_blocks``
+    (``None`` = no cap).
+
+    Two passes keep the loops tight (about 0.8 ms for 800 KB in 256-byte blocks): the content
+    hashes in one comprehension over byte slices, then the chain over 16-byte packed pairs.
+    """
+    end = len(tokens)
+    if max_blocks is not None:
+        end = min(end, max_blocks * block_bytes)
+    if end <= 0 or block_bytes <= 0:
+        return []
+    h = xxh64_intdigest
+    contents = [h(tokens[i : i + block_bytes]) for i in range(0, end, block_bytes)]
+    out: list[int] = []
+    append = out.append
+    prev = seed
+    pack = _PACK_PAIR
+    for content in contents:
+        prev = h(pack(content, prev))
+        append(prev)
+    return out
+
+
+class PrefixIndex:
+    """Which endpoints are believed to hold which prefix blocks; see the module docstring.
+
+    Owners are stored as tuples: most blocks live on one endpoint, and a one-element tuple costs
+    a fifth of a set.
+    """
+
+    def __init__(self, default_capacity: int) -> None:
+        if default_capacity <= 0:
+            raise ValueError(f"default_capacity must be > 0, got {default_capacity}")
+        self.default_capacity = default_capacity
+        self._owners: dict[int, tuple[str, ...]] = {}
+        self._lrus: dict[str, OrderedDict[int, None]] = {}
+        self._capacity: dict[str, int] = {}
+        self._size = 0
+
+    @property
+    def size(self) -> int:
+        """Number of (endpoint, block) entries."""
+        return self._size
+
+    def approx_bytes(self) -> int:
+        return self._size * BYTES_PER_BLOCK
+
+    def __len__(self) -> int:
+        """Number of distinct block hashes held by at least one endpoint."""
+        return len(self._owners)
+
+    def endpoints(self) -> list[str]:
+        return list(self._lrus)
+
+    def block_counts(self) -> dict[str, int]:
+        return {ep: len(lru) for ep, lru in self._lrus.items()}
+
+    def capacity(self, endpoint: str) -> int:
+        return self._capacity.get(endpoint, self.default_capacity)
+
+    def owners(self, block_hash: int) -> tuple[str, ...]:
+        return self._owners.get(block_hash, ())
+
+    def add(self, endpoint: str, hashes: Sequence[int], capacity: int | None = None) -> None:
+        """Record that ``endpoint`` now holds ``hashes`` (a request's chain, in prompt order).
+
+        ``capacity`` (blocks, > 0) sets the endpoint's LRU bound; ``None`` keeps the current one
+        (the default for a new endpoint). The chain is touched last-block-first so the leading
+        blocks end up most recently used: under pressure the tail goes first, and a tail block is
+        worthless once its prefix is gone. A chain longer than the capacity keeps its head.
+        """
+        lru = self._lrus.get(endpoint)
+        if lru is None:
+            lru = self._lrus[endpoint] = OrderedDict()
+        if capacity is not None and capacity > 0:
+            self._capacity[endpoint] = capacity
+        cap = self._capacity.get(endpoint, self.default_capacity)
+        while len(lru) > cap:  # capacity shrank
+            self._evict_oldest(endpoint, lru)
+        owners = self._owners
+        for h in reversed(hashes[:cap]):
+            if h in lru:
+                lru.move_to_end(h)
+                continue
+            lru[h] = None
+            held = owners.get(h)
+            owners[h] = (endpoint,) if held is None else (*held, endpoint)
+            self._size += 1
+            if len(lru) > cap:
+                self._evict_oldest(endpoint, lru)
+
+    def match(self, hashes: Sequence[int]) -> dict[str, int]:
+        """Endpoint → number of leading blocks of ``hashes`` it holds consecutively.
+
+        Stops at the first block nobody holds (or once every endpoint has dropped out), so the
+        cost follows the match length, not the prompt length. Endpoints with no leading block
+        are absent.
+        """
+        owners = self._owners
+        result: dict[str, int] = {}
+        alive: set[str] = set()
+        previous: tuple[str, ...] = ()
+        depth = 0
+        for h in hashes:
+            held = owners.get(h)
+            if held is None:
+                break
+            # Consecutive blocks of one prompt usually have the same owners: one tuple
+            # comparison then replaces the set work.
+            if held != previous:
+                if depth == 0:
+                    alive.update(held)
+                else:
+                    dropped = alive.difference(held)
+                    if dropped:
+                        for ep in dropped:
+                            result[ep] = depth
+                        alive -= dropped
+                        if not alive:
+                            break
+                previous = held
+            depth += 1
+        for ep in alive:
+            result[ep] = depth
+        return result
+
+    def remove_endpoint(self, endpoint: str) -> None:
+        lru = self._lrus.pop(endpoint, None)
+        self._capacity.pop(endpoint, None)
+        if lru is None:
+            return
+        for h in lru:
+            self._drop_owner(h, endpoint)
+        self._size -= len(lru)
+
+    def retain(self, live: Collection[str]) -> list[str]:
+        """Drop every endpoint not in ``live``; returns the dropped ids."""
+        gone = [ep for ep in self._lrus if ep not in live]
+        for ep in gone:
+            self.remove_endpoint(ep)
+        return gone
+
+    def _evict_oldest(self, endpoint: str, lru: OrderedDict[int, None]) -> None:
+        h, _ = lru.popitem(last=False)
+        self._drop_owner(h, endpoint)
+        self._size -= 1
+
+    def _drop_owner(self, h: int, endpoint: str) -> None:
+        held = self._owners.get(h)
+        if held is None:
+            return
+        rest = tuple(ep for ep in held if ep != endpoint)
+        if rest:
+            self._owners[h] = rest
+        else:
+            del self._owners[h]
