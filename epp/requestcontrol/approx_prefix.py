@@ -82,22 +82,7 @@ TOKEN_PRODUCER: Final = "token-producer"
 MAX_DUMPED_ENDPOINTS: Final = 100
 
 _RATIO_BUCKETS: Final[tuple[float, ...]] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-_BYTES_BUCKETS: Final[tuple[float, ...]] = (
-    0,
-    16,
-    32,
-    64,
-    128,
-    256,
-    512,
-    1024,
-    2048,
-    4096,
-    8192,
-    16384,
-    32768,
-    65536,
-)
+_BYTES_BUCKETS: Final[tuple[float, ...]] = (0, *(16 * 2**i for i in range(13)))  # 16 .. 65536
 _LABELS: Final = ("plugin_name", "plugin_type")
 _FAMILIES: Final[dict[str, tuple[type[Gauge] | type[Histogram], str, tuple[float, ...]]]] = {
     "size": (Gauge, "Size of the prefix indexer.", ()),
@@ -166,13 +151,14 @@ class ApproxPrefixCacheProducer(PluginBase):
             self._log.warning("parameter blockSize is deprecated; use blockSizeTokens")
         self._block_size_tokens = p.effective_block_size_tokens
         if 0 < self._block_size_tokens < MIN_BLOCK_SIZE_TOKENS:
-            self._log.warning(
+            # Info, not warning: the default (16, the engines' usual size) always lands here.
+            self._log.info(
                 "blockSizeTokens %d is below the minimum; %d is used",
                 self._block_size_tokens,
                 MIN_BLOCK_SIZE_TOKENS,
             )
         self._key = data_key(PREFIX_MATCH_INFO, self.typed_name.name)
-        self._state_key = f"{self._key}#hashes"
+        self._state_key = f"{self.TYPE}:{self.typed_name.name}:hashes"  # private scratch
         self._input_key = data_key(TOKENIZED_PROMPT, TOKEN_PRODUCER)
         self._default_capacity = p.lru_capacity_per_server or DEFAULT_LRU_CAPACITY
         self.index = PrefixIndex(self._default_capacity)

@@ -1,0 +1,158 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from epp.plugin import (
+    Consumer,
+    Endpoint,
+    PrefixMatchInfo,
+    PreRequest,
+    ProfileResult,
+    SchedulingResult,
+    Scorer,
+    ScorerCategory,
+)
+from epp.plugin.params import ParamError, decode
+from scorers.no_hit_lru import NoHitLRUScorer
+from tests.builders import handle, make_cycle, make_endpoint, make_request
+
+KEY = "PrefixCacheMatchInfo/approx-prefix-cache-producer"
+
+
+def _scorer(**params: Any) -> NoHitLRUScorer:
+    return NoHitLRUScorer(name="", params=decode(NoHitLRUScorer.Params, params), handle=handle())
+
+
+def _cold(endpoints: list[Endpoint]) -> Any:
+    return make_request(attributes={KEY: {ep.id: PrefixMatchInfo(0, 4, 64) for ep in endpoints}})
+
+
+def _result(target: Endpoint, prefill: Endpoint | None = None) -> SchedulingResult:
+    results = {"decode": ProfileResult(targets=(target,))}
+    if prefill is not None:
+        results["prefill"] = ProfileResult(targets=(prefill,))
+    return SchedulingResult(profile_results=results, primary_profile="decode")
+
+
+def _scores(scorer: NoHitLRUScorer, request: Any, endpoints: list[Endpoint]) -> list[float]:
+    scores = scorer.score(make_cycle(), request, endpoints)
+    return [scores[ep.id] for ep in endpoints]
+
+
+def test_score_is_neutral_when_any_endpoint_has_a_hit() -> None:
+    endpoints = [make_endpoint(i) for i in range(3)]
+    infos = {ep.id: PrefixMatchInfo(0, 4, 64) for ep in endpoints}
+    infos[endpoints[2].id] = PrefixMatchInfo(1, 4, 64)
+    request = make_request(attributes={KEY: infos})
+    assert _scores(_scorer(), request, endpoints) == [0.5, 0.5, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("n", "expected"),
+    [
+        pytest.param(1, [1.0], id="single"),
+        pytest.param(2, [1.0, 0.0], id="two"),
+        pytest.param(3, [1.0, 0.5, 0.0], id="three"),
+        pytest.param(5, [1.0, 0.75, 0.5, 0.25, 0.0], id="five"),
+    ],
+)
+def test_score_ranks_never_used_in_order_when_request_cold(n: int, expected: list[float]) -> None:
+    endpoints = [make_endpoint(i) for i in range(n)]
+    assert _scores(_scorer(), _cold(endpoints), endpoints) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "request_attributes",
+    [pytest.param({}, id="no-attribute"), pytest.param({KEY: {}}, id="empty-attribute")],
+)
+def test_score_treats_request_as_cold_when_match_info_missing(
+    request_attributes: dict[str, Any],
+) -> None:
+    endpoints = [make_endpoint(i) for i in range(3)]
+    request = make_request(attributes=request_attributes)
+    assert _scores(_scorer(), request, endpoints) == [1.0, 0.5, 0.0]
+
+
+def test_score_puts_recently_used_last_when_cold_requests_were_routed() -> None:
+    scorer = _scorer()
+    endpoints = [make_endpoint(i) for i in range(3)]
+    scorer.pre_request(_cold(endpoints), _result(endpoints[0]))
+    assert _scores(scorer, _cold(endpoints), endpoints) == [0.0, 1.0, 0.5]
+    scorer.pre_request(_cold(endpoints), _result(endpoints[1]))
+    # never used: pod-2 (1.0); then pod-0 (LRU position 0) and pod-1 (position 1)
+    assert _scores(scorer, _cold(endpoints), endpoints) == [0.5, 0.0, 1.0]
+
+
+def test_score_clamps_to_zero_when_lru_holds_non_candidates() -> None:
+    scorer = _scorer()
+    pool = [make_endpoint(i) for i in range(4)]
+    for ep in pool:
+        scorer.pre_request(_cold(pool), _result(ep))
+    candidates = [pool[0], pool[3]]
+    # ranks 0 and 3 over N - 1 = 1
+    assert _scores(scorer, _cold(candidates), candidates) == [1.0, 0.0]
+
+
+def test_pre_request_ignores_warm_request_when_scheduled() -> None:
+    scorer = _scorer()
+    endpoints = [make_endpoint(i) for i in range(2)]
+    warm = make_request(attributes={KEY: {endpoints[1].id: PrefixMatchInfo(2, 4, 64)}})
+    scorer.pre_request(warm, _result(endpoints[0]))
+    assert scorer.dump_state()["leastRecentlyUsedFirst"] == []
+
+
+def test_pre_request_records_prefill_target_when_prefill_profile_present() -> None:
+    scorer = _scorer()
+    endpoints = [make_endpoint(i) for i in range(3)]
+    scorer.pre_request(_cold(endpoints), _result(endpoints[2], prefill=endpoints[0]))
+    assert scorer.dump_state()["leastRecentlyUsedFirst"] == [endpoints[2].id, endpoints[0].id]
+
+
+def test_lru_forgets_oldest_when_size_exceeded() -> None:
+    scorer = _scorer(lruSize=2)
+    endpoints = [make_endpoint(i) for i in range(3)]
+    for ep in endpoints:
+        scorer.pre_request(_cold(endpoints), _result(ep))
+    assert scorer.dump_state()["leastRecentlyUsedFirst"] == [endpoints[1].id, endpoints[2].id]
+    assert _scores(scorer, _cold(endpoints), endpoints) == [1.0, 0.5, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("params", "key"),
+    [
+        pytest.param({}, KEY, id="default-producer"),
+        pytest.param({"prefixMatchInfoProducerName": ""}, KEY, id="empty-means-default"),
+        pytest.param(
+            {"prefixMatchInfoProducerName": "precise"},
+            "PrefixCacheMatchInfo/precise",
+            id="custom-producer",
+        ),
+        pytest.param(
+            {"prefixPluginType": "prefix-cache-scorer", "prefixPluginName": "p"},
+            KEY,
+            id="deprecated-params-ignored",
+        ),
+    ],
+)
+def test_consumes_producer_key_when_configured(params: dict[str, Any], key: str) -> None:
+    scorer = _scorer(**params)
+    assert isinstance(scorer, Scorer)
+    assert isinstance(scorer, PreRequest)
+    assert isinstance(scorer, Consumer)
+    assert scorer.category is ScorerCategory.DISTRIBUTION
+    assert scorer.consumes() == frozenset({key})
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        pytest.param({"lruSize": -1}, id="negative-size"),
+        pytest.param({"lruSize": "big"}, id="wrong-type"),
+        pytest.param({"other": 1}, id="unknown-field"),
+    ],
+)
+def test_params_rejected_when_invalid(params: dict[str, Any]) -> None:
+    with pytest.raises(ParamError):
+        decode(NoHitLRUScorer.Params, params)
