@@ -294,3 +294,18 @@ async def test_not_ready_before_discovery_and_first_scrape(start_app, tmp_path) 
     app = await start_app(DEAD, ready=False)
     await app.wait_ready(5)
     assert app.ready()
+
+
+async def test_legacy_admission_sheds_only_sheddable_requests_when_saturated(start_app) -> None:
+    # Closed ports never yield metrics, so utilization-detector reports saturation 1.0.
+    app = await start_app(DEAD)
+    app.objectives.replace({"batch": -1, "interactive": 5})
+    shed = {**H, "x-llm-d-inference-objective": "batch"}
+    (reply,) = await exchange(app, [headers_msg(shed), body_msg(json.dumps(CHAT).encode())])
+    assert reply.immediate_response.status.code == 429
+    assert reply.immediate_response.body == (
+        b"inference error: ResourceExhausted - system saturated, sheddable request dropped"
+    )
+    kept = {**H, "x-llm-d-inference-objective": "interactive"}
+    replies = await exchange(app, [headers_msg(kept), body_msg(json.dumps(CHAT).encode())])
+    assert replies[0].WhichOneof("response") == "request_headers"
