@@ -9,8 +9,14 @@ Wire format (what vLLM's ``ZmqEventPublisher`` sends): a PUB socket emits 3-fram
 * ``payload``: msgpack array ``[ts, events, data_parallel_rank]`` where ``ts`` is a float unix
   time, ``events`` a list of maps tagged by ``"type"``:
   ``{"type": "BlockStored", "block_hashes", "parent_block_hash", "token_ids", "block_size",
-  "lora_id", "medium"[, "lora_name"]}``, ``{"type": "BlockRemoved", "block_hashes", "medium"}``,
+  "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"}``,
+  ``{"type": "BlockRemoved", "block_hashes", "medium", "group_idx"}``,
   ``{"type": "AllBlocksCleared"}``.
+
+  As in vLLM 0.32 (msgspec structs with ``omit_defaults``), ``lora_id`` / ``lora_name`` are
+  always present (nil without LoRA); ``extra_keys`` has one entry per block: ``[lora_name]`` for a
+  LoRA block, nil otherwise; ``group_idx`` is 0 (one KV-cache group) and ``kv_cache_spec_kind``
+  ``"full_attention"``. ``tests/vllm/test_real_vllm.py`` checks this against a real vLLM server.
 
 Socket rule (vLLM's): bind when the endpoint contains ``*`` or ``::`` or is ``ipc://`` /
 ``inproc://``; otherwise connect (the subscriber binds, llm-d's centralised layout). Messages sent
@@ -28,10 +34,18 @@ import zmq
 from epp.sim.config import endpoint_binds
 from epp.sim.kvcache import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
+_GROUP_IDX = 0  # a plain decoder-only model has one KV-cache group
+_SPEC_KIND = "full_attention"
+
+
+def _extra_key(lora_name: str | None) -> list[str] | None:
+    """The extra hash inputs of one block; the simulator has only the LoRA name."""
+    return None if lora_name is None else [lora_name]
+
 
 def event_map(event: KVEvent) -> dict[str, Any]:
     if isinstance(event, BlockStored):
-        out: dict[str, Any] = {
+        return {
             "type": "BlockStored",
             "block_hashes": event.block_hashes,
             "parent_block_hash": event.parent_block_hash,
@@ -39,12 +53,18 @@ def event_map(event: KVEvent) -> dict[str, Any]:
             "block_size": event.block_size,
             "lora_id": event.lora_id,
             "medium": event.medium,
+            "lora_name": event.lora_name,
+            "extra_keys": [_extra_key(event.lora_name)] * len(event.block_hashes),
+            "group_idx": _GROUP_IDX,
+            "kv_cache_spec_kind": _SPEC_KIND,
         }
-        if event.lora_name is not None:
-            out["lora_name"] = event.lora_name
-        return out
     if isinstance(event, BlockRemoved):
-        return {"type": "BlockRemoved", "block_hashes": event.block_hashes, "medium": event.medium}
+        return {
+            "type": "BlockRemoved",
+            "block_hashes": event.block_hashes,
+            "medium": event.medium,
+            "group_idx": _GROUP_IDX,
+        }
     if isinstance(event, AllBlocksCleared):
         return {"type": "AllBlocksCleared"}
     raise TypeError(f"not a KV event: {event!r}")

@@ -8,6 +8,13 @@ is a unix timestamp. Like vLLM, label sets seen earlier stay in the output with 
 timestamp, so a reader must take the series with the largest value. That family is only present
 when LoRA adapters are configured.
 
+vLLM exports through ``prometheus_client``, so every counter and histogram is followed by a
+``<name>_created`` gauge family (same labels, the creation time as value; a counter's TYPE line
+keeps its ``_total`` suffix), ``vllm:request_success_total`` lists all five finish reasons from the
+start (``abort`` stays 0: vLLM does not count aborted requests there), and
+``vllm:cache_config_info`` carries the full label set of vLLM 0.32's ``CacheConfig``. The test
+``tests/vllm/test_real_vllm.py`` compares all of this with a real vLLM server.
+
 The text is rendered directly (no prometheus_client registry): it is cheap and keeps pods
 independent. Overrides from ``/sim/overrides`` replace the engine's live values.
 """
@@ -47,6 +54,8 @@ class EngineMetricNames:
     prefix_hits: str | None
     preemptions: str | None
     lora_info: str | None
+    waiting_by_reason: str | None
+    created_series: bool  # prometheus_client's ``_created`` companions of counters/histograms
     base_labels: tuple[tuple[str, str], ...]  # (label, "model"|literal) pairs; see _base_labels
 
 
@@ -67,6 +76,8 @@ VLLM_NAMES = EngineMetricNames(
     prefix_hits="vllm:prefix_cache_hits_total",
     preemptions="vllm:num_preemptions_total",
     lora_info="vllm:lora_requests_info",
+    waiting_by_reason="vllm:num_requests_waiting_by_reason",
+    created_series=True,
     base_labels=(("engine", "0"), ("model_name", "{model}")),
 )
 
@@ -87,6 +98,8 @@ SGLANG_NAMES = EngineMetricNames(
     prefix_hits=None,
     preemptions=None,
     lora_info=None,
+    waiting_by_reason=None,
+    created_series=False,
     base_labels=(("model_name", "{model}"),),
 )
 
@@ -105,6 +118,51 @@ _SCALARS: tuple[tuple[str, str, str], ...] = (
     ("generation_tokens", "counter", "Number of generation tokens processed."),
 )
 _CACHE_INFO_HELP = "Information of the LLMEngine CacheConfig"
+_WAITING_BY_REASON_HELP = (
+    "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling "
+    "capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked "
+    "status). Sum of all reasons equals vllm:num_requests_waiting."
+)
+# vLLM 0.32's finish reasons, all exported from start-up.
+_VLLM_FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error", "repetition")
+_UNCOUNTED_FINISH_REASONS = frozenset({"abort"})
+# Fixed labels of vllm:cache_config_info (vLLM 0.32 defaults on a GPU); the ones that depend on
+# the pod's configuration are filled in by MetricsRenderer._cache_labels.
+_VLLM_CACHE_INFO_FIXED: tuple[tuple[str, str], ...] = (
+    ("_block_size_resolved", "True"),
+    ("cache_dtype", "auto"),
+    ("cache_hit_alignment_tokens", "None"),
+    ("enable_mamba_shared_prefix_checkpoint", "False"),
+    ("enable_prefix_caching", "True"),
+    ("engine", "0"),
+    ("gpu_memory_utilization", "0.92"),
+    ("hash_block_size", "None"),
+    ("is_attention_free", "False"),
+    ("kv_cache_dtype_skip_layers", "[]"),
+    ("kv_cache_layout", "None"),
+    ("kv_offloading_backend", "native"),
+    ("kv_offloading_size", "None"),
+    ("kv_sharing_fast_prefill", "False"),
+    ("mamba_block_size", "None"),
+    ("mamba_cache_dtype", "auto"),
+    ("mamba_cache_mode", "none"),
+    ("mamba_page_size_padded", "None"),
+    ("mamba_ssm_cache_dtype", "auto"),
+    ("num_cpu_blocks", "None"),
+    ("num_gpu_blocks_override", "None"),
+    ("prefix_cache_retention_interval", "0"),
+    ("prefix_caching_hash_algo", "sha256"),
+    ("prefix_match_unit", "None"),
+    ("replayssm_buffer_len", "16"),
+    ("skip_page_size_padded", "None"),
+    ("sliding_window", "None"),
+    ("swa_bounded_replay", "True"),
+    ("use_kda_recoverssm", "False"),
+    ("use_replayssm", "False"),
+    ("user_specified_block_size", "True"),
+)
+# KV bytes per token of the modelled 8B model: 2 (K,V) x 32 layers x 8 heads x 128 dims x 2 bytes.
+_KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2
 
 
 def _fmt(value: float) -> str:
@@ -124,9 +182,14 @@ def _labels(labels: Mapping[str, str]) -> str:
     return "{" + inner + "}"
 
 
+def _created_name(name: str) -> str:
+    return name.removesuffix("_total") + "_created"
+
+
 class _Writer:
-    def __init__(self) -> None:
+    def __init__(self, created: float | None = None) -> None:
         self.lines: list[str] = []
+        self.created = created  # None: no ``_created`` companions (not prometheus_client)
 
     def family(self, name: str, kind: str, help_text: str) -> None:
         self.lines.append(f"# HELP {name} {help_text}")
@@ -140,6 +203,18 @@ class _Writer:
     ) -> None:
         self.family(name, kind, help_text)
         self.sample(name, labels, value)
+        if kind == "counter":
+            self.created_family(name, help_text, [labels])
+
+    def created_family(
+        self, name: str, help_text: str, label_sets: Iterable[Mapping[str, str]]
+    ) -> None:
+        if self.created is None:
+            return
+        created = _created_name(name)
+        self.family(created, "gauge", help_text)
+        for labels in label_sets:
+            self.sample(created, labels, self.created)
 
     def histogram(
         self, name: str, help_text: str, labels: Mapping[str, str], hist: Histogram
@@ -150,6 +225,7 @@ class _Writer:
         self.sample(f"{name}_bucket", {**labels, "le": "+Inf"}, hist.count)
         self.sample(f"{name}_count", labels, hist.count)
         self.sample(f"{name}_sum", labels, hist.total)
+        self.created_family(name, help_text, [labels])
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
@@ -162,6 +238,7 @@ class MetricsRenderer:
         self.config = config
         self.names = NAMES_BY_ENGINE[config.engine]
         self._lora_seen: OrderedDict[tuple[str, str, str], float] = OrderedDict()
+        self._created: float | None = None  # wall time of the first render
 
     def _base_labels(self) -> dict[str, str]:
         return {k: v.format(model=self.config.model) for k, v in self.names.base_labels}
@@ -178,23 +255,44 @@ class MetricsRenderer:
             "prompt_tokens": stats.prompt_tokens,
             "generation_tokens": stats.generation_tokens,
         }
-        w = _Writer()
+        if self._created is None:
+            self._created = wall_time
+        w = _Writer(self._created if names.created_series else None)
         for field, kind, help_text in _SCALARS:
             name = getattr(names, field)
             if name:
                 w.scalar(name, kind, help_text, base, values[field])
+            if field == "waiting" and names.waiting_by_reason:
+                self._waiting_by_reason(w, names.waiting_by_reason, base, values["waiting"])
         w.scalar(names.cache_info, "gauge", _CACHE_INFO_HELP, self._cache_labels(), 1.0)
         if names.lora_info and self.config.lora_enabled:
             self._lora_info(w, names.lora_info, engine, overrides, wall_time)
         if names.request_success:
-            w.family(names.request_success, "counter", "Count of successfully processed requests.")
-            for reason, count in stats.finished.items():
-                if reason != "abort":
-                    w.sample(names.request_success, {**base, "finished_reason": reason}, count)
+            self._request_success(w, names.request_success, base, stats.finished)
         w.histogram(names.ttft, "Histogram of time to first token in seconds.", base, stats.ttft)
         w.histogram(names.itl, "Histogram of inter-token latency in seconds.", base, stats.itl)
         w.histogram(names.e2e, "Histogram of e2e request latency in seconds.", base, stats.e2e)
         return w.text()
+
+    @staticmethod
+    def _waiting_by_reason(w: _Writer, name: str, base: Mapping[str, str], waiting: float) -> None:
+        # The simulator defers nothing: every waiting request waits for capacity.
+        w.family(name, "gauge", _WAITING_BY_REASON_HELP)
+        w.sample(name, {**base, "reason": "capacity"}, waiting)
+        w.sample(name, {**base, "reason": "deferred"}, 0.0)
+
+    @staticmethod
+    def _request_success(
+        w: _Writer, name: str, base: Mapping[str, str], finished: Mapping[str, int]
+    ) -> None:
+        help_text = "Count of successfully processed requests."
+        label_sets = [{**base, "finished_reason": r} for r in _VLLM_FINISH_REASONS]
+        w.family(name, "counter", help_text)
+        for labels in label_sets:
+            reason = labels["finished_reason"]
+            count = 0 if reason in _UNCOUNTED_FINISH_REASONS else finished.get(reason, 0)
+            w.sample(name, labels, count)
+        w.created_family(name, help_text, label_sets)
 
     def _cache_labels(self) -> dict[str, str]:
         cfg, names = self.config, self.names
@@ -203,14 +301,13 @@ class MetricsRenderer:
             names.cache_num_blocks_label: str(cfg.num_gpu_blocks),
         }
         if cfg.engine == "vllm":
+            tokens = cfg.block_size * cfg.num_gpu_blocks
+            labels.update(_VLLM_CACHE_INFO_FIXED)
             labels.update(
-                engine="0",
-                cache_dtype="auto",
-                enable_prefix_caching="True",
-                gpu_memory_utilization="0.9",
-                num_cpu_blocks="None",
-                prefix_caching_hash_algo="sha256",
-                kv_cache_size_tokens=str(cfg.block_size * cfg.num_gpu_blocks),
+                effective_attention_block_size=str(cfg.block_size),
+                kv_cache_size_tokens=str(tokens),
+                kv_cache_memory_bytes=str(tokens * _KV_BYTES_PER_TOKEN),
+                kv_cache_max_concurrency=_fmt(tokens / cfg.max_model_len),
             )
         else:
             labels["model_name"] = cfg.model

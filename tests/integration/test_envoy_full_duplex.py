@@ -232,3 +232,11 @@ async def test_get_without_body_is_routed(start_app, sim_pods, envoy) -> None:
     async with aiohttp.ClientSession() as s, s.get(f"{proxy.url}/v1/models") as r:
         assert r.status == 200
         assert (await r.json())["data"][0]["id"] == "sim-model"
+
+
+async def test_default_tls_serving_works_behind_envoy(start_app, sim_pods, envoy) -> None:
+    fleet = await sim_pods(2)
+    app = await start_app(fleet.ports, secure_serving=True)  # self-signed certificate
+    proxy = envoy(app)
+    status, headers, _ = await post(f"{proxy.url}/v1/completions", COMPLETION)
+    assert status == 200 and headers["x-sim-pod"] in {"pod-0", "pod-1"}

@@ -309,3 +309,22 @@ async def test_legacy_admission_sheds_only_sheddable_requests_when_saturated(sta
     kept = {**H, "x-llm-d-inference-objective": "interactive"}
     replies = await exchange(app, [headers_msg(kept), body_msg(json.dumps(CHAT).encode())])
     assert replies[0].WhichOneof("response") == "request_headers"
+
+
+async def test_picker_with_several_endpoints_gives_an_ordered_fallback_list(start_app) -> None:
+    app = await start_app(
+        DEAD,
+        """\
+        plugins:
+        - type: test-constant-scorer
+          parameters: {value: 1.0, ports: [3]}
+        - type: max-score-picker
+          parameters: {maxNumOfEndpoints: 2}
+        """,
+        registry=registry_with_test_plugins(),
+    )
+    replies = await exchange(app, [headers_msg(H), body_msg(json.dumps(CHAT).encode())])
+    dest = set_headers_of(replies[0])["x-gateway-destination-endpoint"]
+    first, second = dest.split(",")
+    assert first == "127.0.0.1:3" and second in {"127.0.0.1:1", "127.0.0.1:2"}
+    assert lb(replies[0])["x-gateway-destination-endpoint"] == dest

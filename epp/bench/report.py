@@ -1,0 +1,173 @@
+"""The report of a benchmark run: ``results.json``, ``report.md`` (Markdown tables) and plots.
+
+The JSON holds everything (run settings, per workload: fleet, shape, oracle, and per target
+every ``TargetResult`` field including the raw TTFT samples); the Markdown and the PNGs are
+rendered from it alone, so ``render_markdown(json.load(...))`` reproduces a report.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from epp.bench.workloads import OBJECTIVES
+
+NOTES: tuple[str, ...] = (
+    "hit = the pods' prefix-cache hit tokens / prompt tokens (simulator counters); "
+    "% of oracle = hit / the workload's achievable reuse (longest block-aligned prefix each "
+    "request shares with what earlier requests left in an unbounded cache, see "
+    "epp/bench/oracle.py).",
+    "TTFT and ITL are wall-clock ms measured by the client on keep-alive connections; the "
+    "simulator runs faster than real time (time scale per workload), so model-server time is "
+    "compressed while router overhead is not. 'probe fresh / reused' is the TTFT p50 of a "
+    "separate probe (10 sequential small requests, each on a new connection, then 10 on one "
+    "reused connection): sglang-router 0.3 adds ~40 ms to streamed responses on reused "
+    "connections (no TCP_NODELAY on client sockets), which also shows as a near-zero ITL "
+    "(the delayed chunks arrive together) and inflates its keep-alive TTFT.",
+    "imbalance = requests on the busiest pod / mean per pod. CPU ms/req = utime+stime of the "
+    "target's processes (EPP + Envoy, Envoy alone, or the router) during the measured phase "
+    "per successful request; peak RSS = VmHWM.",
+    "vs best peer = value / the best among sglang-router and vllm-router (the Envoy baselines "
+    "if neither ran); > 1 is better for hit and tok/s, < 1 is better for TTFT.",
+    "Workload (d) sends x-llm-d-inference-objective; the EPP does not map objectives to "
+    "priorities yet, so all its requests run at priority 0.",
+)
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.1f}%"
+
+
+def _num(x: float, digits: int = 1) -> str:
+    return f"{x:,.{digits}f}"
+
+
+def _ratios(r: Mapping[str, Any]) -> str:
+    v = r.get("vs_best_peer") or {}
+    keys = ("oracle_share", "ttft_p90_ms", "out_tok_per_s")
+    if not any(k in v for k in keys):
+        return "-"
+    return " · ".join(f"{v[k]:.2f}" if k in v else "-" for k in keys)
+
+
+_HEAD = (
+    "| target | ok / err | hit | % of oracle | TTFT p50 | p90 | p99 | probe fresh / reused "
+    "| ITL p50 "
+    "| req/s | out tok/s | imbalance | CPU ms/req | peak RSS MB | vs best peer (hit · p90 · tok/s) |"
+)
+
+
+def _row(r: Mapping[str, Any]) -> str:
+    rss = sum((r.get("peak_rss_mb") or {}).values())
+    cells = [
+        r["label"],
+        f"{r['ok']} / {r['errors']}",
+        _pct(r["hit_ratio"]),
+        _pct(r["oracle_share"]),
+        _num(r["ttft_p50_ms"]),
+        _num(r["ttft_p90_ms"]),
+        _num(r["ttft_p99_ms"]),
+        f"{_num(r['ttft_fresh_p50_ms'])} / {_num(r['ttft_reused_p50_ms'])}",
+        _num(r["itl_p50_ms"], 2),
+        _num(r["req_per_s"]),
+        _num(r["out_tok_per_s"], 0),
+        f"{r['imbalance']:.2f}",
+        _num(r["cpu_ms_per_req"], 2),
+        _num(rss, 0),
+        _ratios(r),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _objective_table(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    present = {n for r in results for n in (r.get("per_objective") or {})}
+    names = [n for n, _ in OBJECTIVES if n in present] + sorted(
+        present - {n for n, _ in OBJECTIVES}
+    )
+    if not names:
+        return []
+    head = "| target | " + " | ".join(f"{n} p50 / p90 (err)" for n in names) + " |"
+    lines = ["", "TTFT per objective (ms):", "", head, "|" + "---|" * (len(names) + 1)]
+    for r in results:
+        objectives = r.get("per_objective") or {}
+        cells = []
+        for n in names:
+            o = objectives.get(n)
+            cells.append(
+                f"{o['ttft_p50_ms']:.0f} / {o['ttft_p90_ms']:.0f} ({o['errors']:.0f})" if o else "-"
+            )
+        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _epp_line(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    for r in results:
+        if r["target"] == "epp" and r["ok"]:
+            cpu = r["cpu_s"].get("epp", 0.0) * 1000.0 / r["ok"]
+            envoy = r["cpu_s"].get("envoy", 0.0) * 1000.0 / r["ok"]
+            rss = r["peak_rss_mb"].get("epp", 0.0)
+            return [
+                "",
+                f"EPP process alone: {cpu:.2f} ms CPU per request, peak RSS {rss:.0f} MB "
+                f"(its Envoy: {envoy:.2f} ms CPU per request).",
+            ]
+    return []
+
+
+def render_workload(w: Mapping[str, Any]) -> list[str]:
+    fleet, oracle = w["fleet"], w["oracle"]
+    lines = [
+        f"## ({w['name']}) {w['title']}",
+        "",
+        f"{w['description']}. {w['requests']} requests, in-flight cap {w['concurrency']}; "
+        f"fleet {fleet['pods']} pods x {fleet['kv_tokens_per_pod']:,} KV tokens, "
+        f"time scale {fleet['time_scale']:g}; oracle's achievable reuse "
+        f"**{_pct(oracle['achievable_reuse'])}**.",
+    ]
+    shape = w.get("shape") or {}
+    if "median_input_tokens" in shape:
+        lines.append(
+            f"Shape: median input {shape['median_input_tokens']:,.0f} tokens, median output "
+            f"{shape['median_output_tokens']:.0f}, "
+            f"{_pct(shape['share_turns_reuse_ge_90'])} of turns reuse >= 90% "
+            f"(median reuse {_pct(shape['median_reuse'])})."
+        )
+    ran = [r for r in w["results"] if r["status"] == "ok"]
+    lines += ["", _HEAD, "|" + "---|" * 15]
+    lines += [_row(r) for r in ran]
+    for r in w["results"]:
+        if r["status"] != "ok":
+            lines.append(f"\n{r['label']}: {r['status']} ({r['reason']})")
+    lines += _epp_line(ran)
+    lines += _objective_table(ran)
+    return lines
+
+
+def render_markdown(report: Mapping[str, Any]) -> str:
+    run = report["run"]
+    lines = [
+        "# epp bench",
+        "",
+        f"{run['started']}; scale `{run['scale']}`, seed {run['seed']}, {run['cpus']} CPUs, "
+        f"targets {', '.join(run['targets'])}.",
+        "",
+    ]
+    for w in report["workloads"]:
+        lines += render_workload(w)
+        lines.append("")
+    lines += ["## Notes", ""] + [f"- {n}" for n in NOTES]
+    return "\n".join(lines) + "\n"
+
+
+def write(report: Mapping[str, Any], out: Path) -> list[Path]:
+    """Write ``results.json``, ``report.md`` and the plots; return the written paths."""
+    from epp.bench.plots import draw_all
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "results.json", out / "report.md"]
+    paths[0].write_text(json.dumps(report, indent=1))
+    paths[1].write_text(render_markdown(report))
+    paths += draw_all(report, out)
+    return paths

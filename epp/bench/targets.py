@@ -1,0 +1,140 @@
+"""The routers under test. Each starts in front of a running simulated fleet and gives a URL.
+
+==========  ===================================================================================
+key         what runs
+==========  ===================================================================================
+``epp``     Envoy (``full-duplex`` config) + this EPP as its own process (``epp --config-file
+            ... --secure-serving=false``): the built-in default config (queue 2, kv-cache 2,
+            prefix 3) with file discovery of the pods, plus the workload's extra scorers
+``rr``      Envoy alone, ``ROUND_ROBIN`` over the pods
+``lr``      Envoy alone, ``LEAST_REQUEST`` over the pods
+``sglang``  sglang-router ``cache_aware`` (see ``epp.bench.peers``)
+``vllm``    vllm-router ``cache_aware``
+==========  ===================================================================================
+
+``Running.processes`` names the PIDs whose CPU time and peak RSS the report shows (the EPP and
+its Envoy, Envoy alone, or the peer router).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from epp.bench.fleet import SimProcess
+from epp.bench.peers import SGLANG, VLLM, PeerSpec, ensure_installed, no_egress_env, repo_root
+from epp.bench.procs import Proc, wait_http
+from epp.bench.spec import Workload
+from epp.localstack.envoy import Envoy, free_port
+
+TARGETS: dict[str, str] = {
+    "epp": "EPP (default config) via Envoy",
+    "rr": "Envoy round robin",
+    "lr": "Envoy least request",
+    "sglang": SGLANG.label,
+    "vllm": VLLM.label,
+}
+PEERS: dict[str, PeerSpec] = {"sglang": SGLANG, "vllm": VLLM}
+
+
+@dataclass
+class Running:
+    url: str
+    processes: dict[str, int]
+    stops: list[Callable[[], None]] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for stop in reversed(self.stops):
+            stop()
+        self.stops.clear()
+
+
+def epp_config_text(endpoints_file: Path, extra_scorers: tuple[tuple[str, int], ...]) -> str:
+    """The built-in default config with file discovery and the workload's extra scorers."""
+    from epp.config.schema import DEFAULT_CONFIG_TEXT
+
+    doc = yaml.safe_load(DEFAULT_CONFIG_TEXT)
+    doc["plugins"].append(
+        {"type": "file-discovery", "parameters": {"path": str(endpoints_file), "watchFile": False}}
+    )
+    doc["dataLayer"]["discovery"] = {"pluginRef": "file-discovery"}
+    for scorer, weight in extra_scorers:
+        doc["plugins"].append({"type": scorer})
+        doc["schedulingProfiles"][0]["plugins"].append({"pluginRef": scorer, "weight": weight})
+    return str(yaml.safe_dump(doc, sort_keys=False))
+
+
+def _endpoints_yaml(fleet: SimProcess) -> str:
+    endpoints = [
+        {"name": name, "namespace": "default", "address": host, "port": str(port)}
+        for name, (host, port) in zip(fleet.pods, fleet.hostports, strict=True)
+    ]
+    return str(yaml.safe_dump({"endpoints": endpoints}))
+
+
+def _start_epp(fleet: SimProcess, workload: Workload, workdir: Path) -> Running:
+    eps = workdir / "endpoints.yaml"
+    eps.write_text(_endpoints_yaml(fleet))
+    cfg = workdir / "epp-config.yaml"
+    cfg.write_text(epp_config_text(eps, workload.epp_extra_scorers))
+    grpc_port, metrics_port = free_port(), free_port()
+    argv = [
+        sys.executable, "-m", "epp", "--config-file", str(cfg), "--secure-serving=false",
+        "--grpc-port", str(grpc_port), "--grpc-health-port", str(free_port()),
+        "--metrics-port", str(metrics_port), "--bind-address", "127.0.0.1",
+        "--drain-timeout", "0s", "--seed", "1",
+    ]  # fmt: skip
+    epp = Proc("epp", argv, workdir / "epp.log").start()
+    running = Running("", {"epp": epp.pid}, [epp.stop])
+    try:
+        wait_http(f"http://127.0.0.1:{metrics_port}/metrics", epp, timeout=30)
+        envoy = Envoy("full-duplex", epp_port=grpc_port, epp_tls=False).start()
+        running.stops.append(envoy.stop)
+        running.url = envoy.url
+        running.processes["envoy"] = envoy.proc.pid if envoy.proc else 0
+    except BaseException:
+        running.stop()
+        raise
+    return running
+
+
+def _start_envoy(fleet: SimProcess, lb_policy: str) -> Running:
+    envoy = Envoy("round-robin", fallback=fleet.hostports, lb_policy=lb_policy).start()
+    return Running(envoy.url, {"envoy": envoy.proc.pid if envoy.proc else 0}, [envoy.stop])
+
+
+def _start_peer(spec: PeerSpec, fleet: SimProcess, workdir: Path) -> Running:
+    root = repo_root()
+    port = free_port()
+    argv = spec.argv(root, port, free_port(), fleet.urls)
+    proc = Proc(spec.key, argv, workdir / f"{spec.key}.log", env=no_egress_env()).start()
+    running = Running(f"http://127.0.0.1:{port}", {spec.key: proc.pid}, [proc.stop])
+    try:
+        wait_http(f"{running.url}/health", proc, timeout=60)
+    except BaseException:
+        running.stop()
+        raise
+    return running
+
+
+def prepare(key: str) -> None:
+    """Install what the target needs (peers: their venv); raises ``PeerUnavailable``."""
+    if key in PEERS:
+        ensure_installed(PEERS[key], repo_root())
+
+
+def start(key: str, fleet: SimProcess, workload: Workload, workdir: Path) -> Running:
+    workdir.mkdir(parents=True, exist_ok=True)
+    if key == "epp":
+        return _start_epp(fleet, workload, workdir)
+    if key == "rr":
+        return _start_envoy(fleet, "ROUND_ROBIN")
+    if key == "lr":
+        return _start_envoy(fleet, "LEAST_REQUEST")
+    if key in PEERS:
+        return _start_peer(PEERS[key], fleet, workdir)
+    raise ValueError(f"unknown target {key!r} (known: {', '.join(TARGETS)})")

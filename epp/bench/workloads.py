@@ -1,0 +1,226 @@
+"""The benchmark workloads, seeded and reproducible, each at a ``default`` and a ``full`` scale.
+
+(a) ``shared-prefix``: ``groups`` long system prompts, each shared by ``users`` users who ask their
+    own question (one request each, in a seeded random order, closed loop). The fleet holds
+    about half of the prompts per pod: a router that keeps each group on one pod hits, one that
+    spreads every group over every pod evicts.
+(b) ``agentic``: coding-agent sessions, see ``epp.bench.agentic``.
+(c) ``multi-lora``: ``adapters`` LoRA adapters with Zipf-distributed popularity, each with a few
+    system prompts of its own; every pod serves every adapter but only ``max_loras`` at a time
+    in a batch (requests for a third adapter wait for a slot). Prefix blocks never match across
+    adapters. The EPP adds ``lora-affinity-scorer`` (weight 2) to its default profile.
+(d) ``overload``: open-loop Poisson arrivals at about twice what the fleet can serve, for
+    ``duration`` simulated seconds, with a mix of InferenceObjectives sent in the
+    ``x-llm-d-inference-objective`` header (``critical`` 20%, ``standard`` 50%, ``sheddable``
+    30%). The EPP reads the header but objectives are not wired to priorities yet, so every
+    request has priority 0 and nothing is shed; the report shows latency per objective so the
+    difference is visible once they are. The simulator runs in real time here (time scale 1).
+
+Arrival times and think times are in simulated seconds: ``--time-scale`` speeds them up with the
+simulator, so the offered load relative to the fleet stays the same.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from epp.bench.agentic import AGENTIC_SHAPES, build_agentic
+from epp.bench.spec import MODEL, BenchRequest, FleetSpec, Message, Workload
+from epp.bench.text import words
+
+SCALES = ("default", "full")
+WORKLOADS: dict[str, str] = {
+    "a": "shared-prefix",
+    "b": "agentic",
+    "c": "multi-lora",
+    "d": "overload",
+}
+OBJECTIVES: tuple[tuple[str, float], ...] = (
+    ("critical", 0.2),
+    ("standard", 0.5),
+    ("sheddable", 0.3),
+)
+
+
+@dataclass(frozen=True)
+class PromptMix:
+    """Requests made of a shared system prompt and a private question."""
+
+    prompts: int
+    system_tokens: int
+    question_median: int
+    output_tokens: int
+    requests: int
+
+
+def _question(rng: random.Random, median: int) -> str:
+    n = max(4, round(rng.lognormvariate(math.log(median), 0.4)))
+    return words(rng, n)
+
+
+def _zipf_weights(n: int) -> list[float]:
+    return [1.0 / (k + 1) for k in range(n)]
+
+
+def shared_prefix(scale: str, seed: int) -> Workload:
+    full = scale == "full"
+    groups, users = (48, 10) if full else (16, 24)
+    system, question, out = (9500, 500, 256) if full else (3000, 150, 32)
+    rng = random.Random(seed)
+    prompts = [words(rng, system) for _ in range(groups)]
+    requests: list[BenchRequest] = []
+    for g in range(groups):
+        for u in range(users):
+            messages: tuple[Message, ...] = (
+                {"role": "system", "content": prompts[g]},
+                {"role": "user", "content": _question(rng, question)},
+            )
+            requests.append(BenchRequest(f"g{g}-u{u}", 0, MODEL, messages, out))
+    rng.shuffle(requests)
+    demand = groups * (system + question)
+    fleet = FleetSpec(pods=4, num_gpu_blocks=2 * demand // 4 // 16, max_model_len=32768)
+    return Workload(
+        name="a",
+        title="shared system prompts",
+        description=(
+            f"{groups} system prompts of {system} tokens, each shared by {users} users asking "
+            f"a ~{question}-token question; {out} output tokens; closed loop"
+        ),
+        requests=requests,
+        fleet=fleet,
+        concurrency=32 if full else 16,
+        shape={"groups": groups, "users_per_group": users, "system_tokens": system},
+    )
+
+
+def agentic(scale: str, seed: int) -> Workload:
+    shape = AGENTIC_SHAPES[scale]
+    full = scale == "full"
+    # about twice a pod's share of the sessions' final contexts: affinity fits, scattering evicts
+    final_context = 300_000 if full else 36_000
+    blocks = 2 * shape.sessions * final_context // 4 // 16
+    fleet = FleetSpec(
+        pods=4, num_gpu_blocks=blocks, max_model_len=524_288 if full else 131_072
+    )
+    return build_agentic(shape, seed, fleet, concurrency=shape.sessions)
+
+
+def multi_lora(scale: str, seed: int) -> Workload:
+    full = scale == "full"
+    adapters = [f"lora-{i}" for i in range(16 if full else 8)]
+    mix = PromptMix(
+        prompts=2,
+        system_tokens=6000 if full else 2000,
+        question_median=300 if full else 100,
+        output_tokens=128 if full else 32,
+        requests=640 if full else 320,
+    )
+    rng = random.Random(seed)
+    systems = {a: [words(rng, mix.system_tokens) for _ in range(mix.prompts)] for a in adapters}
+    weights = _zipf_weights(len(adapters))
+    requests: list[BenchRequest] = []
+    for i in range(mix.requests):
+        adapter = rng.choices(adapters, weights)[0]
+        messages: tuple[Message, ...] = (
+            {"role": "system", "content": rng.choice(systems[adapter])},
+            {"role": "user", "content": _question(rng, mix.question_median)},
+        )
+        requests.append(BenchRequest(f"r{i}", 0, adapter, messages, mix.output_tokens))
+    demand = len(adapters) * mix.prompts * mix.system_tokens
+    fleet = FleetSpec(
+        pods=4,
+        num_gpu_blocks=2 * demand // 4 // 16,
+        max_model_len=32768,
+        lora_adapters=tuple(adapters),
+        max_loras=2,
+    )
+    return Workload(
+        name="c",
+        title="multi-LoRA",
+        description=(
+            f"{len(adapters)} LoRA adapters (Zipf popularity, 2 slots per pod), "
+            f"{mix.prompts} system prompts of {mix.system_tokens} tokens per adapter; "
+            f"{mix.output_tokens} output tokens; closed loop"
+        ),
+        requests=requests,
+        fleet=fleet,
+        concurrency=32 if full else 16,
+        epp_extra_scorers=(("lora-affinity-scorer", 2),),
+        shape={"adapters": len(adapters), "max_loras": 2},
+    )
+
+
+def overload(scale: str, seed: int) -> Workload:
+    full = scale == "full"
+    duration, rate = (60.0, 20.0) if full else (12.0, 20.0)
+    systems_n, system, question, out = 8, 1000, 800, 48
+    rng = random.Random(seed)
+    systems = [words(rng, system) for _ in range(systems_n)]
+    names = [name for name, _ in OBJECTIVES]
+    shares = [share for _, share in OBJECTIVES]
+    requests: list[BenchRequest] = []
+    t = 0.0
+    for i in range(100_000):  # bounded; the loop ends at ``duration``
+        t += rng.expovariate(rate)
+        if t >= duration:
+            break
+        messages: tuple[Message, ...] = (
+            {"role": "system", "content": rng.choice(systems)},
+            {"role": "user", "content": _question(rng, question)},
+        )
+        objective = rng.choices(names, shares)[0]
+        requests.append(BenchRequest(f"r{i}", 0, MODEL, messages, out, at=t, objective=objective))
+    fleet = FleetSpec(
+        pods=4,
+        num_gpu_blocks=2000,
+        max_num_seqs=8,
+        max_model_len=16384,
+        prefill_tokens_per_s=4000.0,
+        time_scale=1.0,
+    )
+    return Workload(
+        name="d",
+        title="overload, mixed priorities",
+        description=(
+            f"open-loop Poisson arrivals at {rate:g}/s for {duration:g} s (about 2x the "
+            f"fleet's capacity: 4 pods x 8 sequences, prefill 4000 tokens/s); {systems_n} "
+            f"shared system prompts of {system} tokens + ~{question}-token questions, {out} "
+            "output tokens; objectives critical 20% / standard 50% / sheddable 30% in "
+            "x-llm-d-inference-objective (not wired to priorities in the EPP yet)"
+        ),
+        requests=requests,
+        fleet=fleet,
+        concurrency=512,
+        shape={"rate_per_s": rate, "duration_s": duration},
+    )
+
+
+_BUILDERS: dict[str, Callable[[str, int], Workload]] = {
+    "a": shared_prefix,
+    "b": agentic,
+    "c": multi_lora,
+    "d": overload,
+}
+
+
+def resolve(name: str) -> str:
+    """Workload key (``a``..``d``) from a key or a long name."""
+    key = name.strip().lower()
+    for k, long_name in WORKLOADS.items():
+        if key in (k, long_name):
+            return k
+    known = ", ".join(f"{k} ({v})" for k, v in WORKLOADS.items())
+    raise ValueError(f"unknown workload {name!r} (known: {known})")
+
+
+def build(name: str, *, scale: str = "default", seed: int = 1, time_scale: float = 0.0) -> Workload:
+    """Workload ``name`` at ``scale``; ``time_scale`` > 0 overrides the fleet's own."""
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r} (known: {', '.join(SCALES)})")
+    workload = _BUILDERS[resolve(name)](scale, seed)
+    if time_scale > 0:
+        workload.fleet = replace(workload.fleet, time_scale=time_scale)
+    return workload
