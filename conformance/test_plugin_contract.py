@@ -1,0 +1,60 @@
+"""The plugin contract, checked over every plugin installed under the ``epp.plugins`` group:
+built-in ones and any third-party package in the environment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from epp.plugin import Filter, Picker, Scorer
+from epp.plugin.params import decode
+from epp.plugin.registry import PluginRegistry
+from epp.plugin.testing import (
+    check_filter,
+    check_picker,
+    check_plugin_class,
+    check_scorer,
+    sample_endpoints,
+    sample_request,
+)
+from tests.builders import handle
+
+REGISTRY = PluginRegistry.from_entry_points()
+TYPES = REGISTRY.types()
+
+# Plugins whose parameters have required fields get a minimal valid set here.
+REQUIRED_PARAMS: dict[str, dict[str, Any]] = {
+    "file-discovery": {"path": "/nonexistent/endpoints.yaml"},
+}
+
+
+def build(type_name: str) -> Any:
+    cls = REGISTRY.load(type_name)
+    params = decode(cls.Params, REQUIRED_PARAMS.get(type_name))
+    return cls(name=type_name, params=params, handle=handle())
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_class_contract(type_name: str) -> None:
+    check_plugin_class(REGISTRY.load(type_name), type_name)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_role_contract(type_name: str) -> None:
+    plugin = build(type_name)
+    checked = False
+    for n in (0, 1, 7, 50):
+        eps = sample_endpoints(n, seed=n)
+        request = sample_request(headers={"test-epp-endpoint-selection": "127.0.0.2,127.0.0.3"})
+        if isinstance(plugin, Scorer):
+            check_scorer(plugin, eps, request)
+            checked = True
+        if isinstance(plugin, Filter):
+            check_filter(plugin, eps, request)
+            checked = True
+        if isinstance(plugin, Picker):
+            check_picker(plugin, eps)
+            checked = True
+    if not checked:
+        pytest.skip(f"{type_name} is not a filter, scorer or picker")
