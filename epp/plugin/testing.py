@@ -76,11 +76,11 @@ def _cycle(seed: int = 0) -> CycleState:
 def check_plugin_class(cls: type[Any], type_name: str) -> None:
     """``TYPE`` matches the registered name; ``Params`` is a frozen dataclass decoded strictly."""
     assert getattr(cls, "TYPE", None) == type_name, f"{cls.__name__}.TYPE != {type_name!r}"
-    params = getattr(cls, "Params", None)
-    assert params is not None and dataclasses.is_dataclass(params), (
+    params: Any = getattr(cls, "Params", None)
+    assert isinstance(params, type) and dataclasses.is_dataclass(params), (
         f"{type_name}: Params must be a dataclass"
     )
-    assert params.__dataclass_params__.frozen, f"{type_name}: Params must be frozen"  # type: ignore[attr-defined]
+    assert params.__dataclass_params__.frozen, f"{type_name}: Params must be frozen"
     try:
         decode(params, {"__notAField__": 1})
     except ParamError:
