@@ -80,7 +80,7 @@ def check_plugin_class(cls: type[Any], type_name: str) -> None:
     assert isinstance(params, type) and dataclasses.is_dataclass(params), (
         f"{type_name}: Params must be a dataclass"
     )
-    assert getattr(params, "__dataclass_params__").frozen, f"{type_name}: Params must be frozen"
+    assert vars(params)["__dataclass_params__"].frozen, f"{type_name}: Params must be frozen"
     try:
         decode(params, {"__notAField__": 1})
     except ParamError:
