@@ -16,7 +16,7 @@ from epp.datalayer.store import Datastore
 from epp.plugin import Metrics
 from epp.plugin.params import decode
 from tests.builders import handle
-from tests.unit.datalayer.conftest import ServerFactory
+from tests.conftest import ServerFactory
 
 PAYLOAD = b"vllm:num_requests_waiting 3\nvllm:kv_cache_usage_perc 0.5\n"
 INTERVAL = 0.05

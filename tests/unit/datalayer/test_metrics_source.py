@@ -8,7 +8,7 @@ from epp.datalayer.metrics_source import MetricsDataSource
 from epp.plugin import DataSource, Endpoint, Lifecycle, PluginConfigError
 from epp.plugin.params import ParamError, decode
 from tests.builders import handle
-from tests.unit.datalayer.conftest import ServerFactory
+from tests.conftest import ServerFactory
 
 PAYLOAD = b"vllm:num_requests_waiting 3\n"
 
