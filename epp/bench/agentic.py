@@ -114,7 +114,8 @@ def plan_sessions(shape: AgenticShape, seed: int) -> list[list[TurnPlan]]:
         context = _lognormal(rng, shape.context_median, shape.context_sigma, 1, shape.context_max)
         prev_input = prev_out = 0
         for t in range(shape.turns):
-            new = context if t == 0 else _lognormal(rng, shape.tool_median, shape.tool_sigma, 1, shape.tool_max)
+            tool = _lognormal(rng, shape.tool_median, shape.tool_sigma, 1, shape.tool_max)
+            new = context if t == 0 else tool
             out = _lognormal(rng, shape.output_median, shape.output_sigma, 8, shape.output_max)
             if t == 0:
                 input_tokens = prompt_tokens([("system", shape.system_tokens), ("user", new)])

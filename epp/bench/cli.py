@@ -12,7 +12,11 @@ Workloads: ``a`` shared system prompts, ``b`` agentic multi-turn sessions, ``c``
 ``d`` overload with mixed priorities (``epp/bench/workloads.py``). Targets: ``epp`` (this EPP
 behind Envoy), ``rr`` / ``lr`` (Envoy round robin / least request), ``sglang`` / ``vllm`` (the
 PyPI routers, installed into ``.venv-sglang-router`` / ``.venv-vllm-router`` on first use).
-The default run takes about 10 minutes on 2 cores.
+The default run takes about 4 minutes on an idle 2-core machine (the first run also installs
+the two routers, ~20 s each). TTFT is wall-clock time: compare targets within one run.
+
+``epp bench micro [--runs N]`` prints the median time of each hot-path step (body parse, prefix
+hashing, scheduling at 10/100/1000 endpoints), see ``epp/bench/micro.py``.
 """
 
 from __future__ import annotations

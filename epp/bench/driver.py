@@ -93,7 +93,7 @@ async def send(
                 await _read_stream(r, t0, out)
             else:
                 out.error = (await r.read())[:200].decode(errors="replace")
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except Exception as exc:  # a broken response is a failed request, not a failed run
         out.error = f"{type(exc).__name__}: {exc}"[:200]
     out.latency = time.perf_counter() - t0
     return out

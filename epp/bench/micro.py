@@ -26,6 +26,7 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import orjson
@@ -36,6 +37,9 @@ from epp.plugin import CycleState, Endpoint, InferenceRequest, Metrics, TypedNam
 
 MODEL = "sim-model"
 ENDPOINT_COUNTS = (10, 100, 1000)
+_CHAT_PATH = "/v1/chat/completions"
+_PARSE = "openai-parser parse_request"
+_SCHEDULE = "Scheduler.schedule (default profile)"
 
 
 @dataclass
@@ -141,7 +145,7 @@ class HotPath:
         )
 
     def request(self, body: bytes) -> InferenceRequest:
-        path = "/v1/chat/completions"
+        path = _CHAT_PATH
         parsed = self.parser.parse_request(path, body, {})
         return InferenceRequest(
             request_id="micro",
@@ -175,9 +179,8 @@ async def _producers(hot: HotPath, runs: int) -> list[Row]:
             await p.produce(request, eps)
 
         us = await amedian_us(step, runs)
-        rows.append(
-            Row(producer.typed_name.type, f"{tokens // 1000}K tokens", us, us * 1000 / tokens, "ns/token")
-        )
+        size = f"{tokens // 1000}K tokens"
+        rows.append(Row(producer.typed_name.type, size, us, us * 1000 / tokens, "ns/token"))
     return rows
 
 
@@ -185,8 +188,9 @@ def _parse_rows(hot: HotPath, runs: int) -> list[Row]:
     rows = []
     for kb in (10, 800):
         body = chat_body(kb * 1024 // 4)
-        us = median_us(lambda b=body: hot.parser.parse_request("/v1/chat/completions", b, {}), runs)
-        rows.append(Row("openai-parser parse_request", f"{len(body) // 1024} KB body", us, us / (len(body) / 1024), "µs/KB"))
+        us = median_us(partial(hot.parser.parse_request, _CHAT_PATH, body, {}), runs)
+        size_kb = len(body) / 1024
+        rows.append(Row(_PARSE, f"{size_kb:.0f} KB body", us, us / size_kb, "µs/KB"))
     return rows
 
 
@@ -206,8 +210,8 @@ async def _schedule_rows(hot: HotPath, runs: int) -> list[Row]:
         request = hot.request(body)
         await hot.produce(request, eps)
         cycle = CycleState(time.monotonic(), rng)
-        us = median_us(lambda r=request, e=eps: hot.scheduler.schedule(cycle, r, e), runs)
-        rows.append(Row("Scheduler.schedule (default profile)", f"{n} endpoints", us, us / n, "µs/endpoint"))
+        us = median_us(partial(hot.scheduler.schedule, cycle, request, eps), runs)
+        rows.append(Row(_SCHEDULE, f"{n} endpoints", us, us / n, "µs/endpoint"))
     return rows
 
 
@@ -228,8 +232,11 @@ def table(rows: Sequence[Row], runs: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="epp bench micro", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="epp bench micro",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--runs", type=int, default=30, help="runs per step (default 30)")
     args = p.parse_args(argv)
     if args.runs < 1:

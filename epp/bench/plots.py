@@ -11,17 +11,22 @@ runner says so.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 
-def _panels(count: int) -> tuple[Any, list[Any]]:
-    import matplotlib
-
+def _pyplot() -> Any:
+    # imported by name: matplotlib is optional, and the type checker must not require it
+    matplotlib = importlib.import_module("matplotlib")
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    return importlib.import_module("matplotlib.pyplot")
 
+
+def _panels(count: int) -> tuple[Any, list[Any]]:
+    plt = _pyplot()
     cols = min(2, count)
     rows = -(-count // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6.0 * cols, 4.2 * rows), squeeze=False)
@@ -36,8 +41,7 @@ def _ran(w: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -97,9 +101,7 @@ def draw_all(report: Mapping[str, Any], out: Path) -> list[Path]:
     workloads = [w for w in report["workloads"] if _ran(w)]
     if not workloads:
         return []
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("matplotlib") is None:
         print("bench: matplotlib is not installed: no plots (pip install matplotlib)")
         return []
     return [

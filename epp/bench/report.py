@@ -54,8 +54,8 @@ def _ratios(r: Mapping[str, Any]) -> str:
 
 _HEAD = (
     "| target | ok / err | hit | % of oracle | TTFT p50 | p90 | p99 | probe fresh / reused "
-    "| ITL p50 "
-    "| req/s | out tok/s | imbalance | CPU ms/req | peak RSS MB | vs best peer (hit · p90 · tok/s) |"
+    "| ITL p50 | req/s | out tok/s | imbalance | CPU ms/req | peak RSS MB "
+    "| vs best peer (hit · p90 · tok/s) |"
 )
 
 

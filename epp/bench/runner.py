@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -121,9 +121,7 @@ def _describe(r: TargetResult, seconds: float) -> str:
     )
 
 
-async def run_workload(
-    name: str, opts: Options, unavailable: dict[str, str]
-) -> dict[str, Any]:
+async def run_workload(name: str, opts: Options, unavailable: dict[str, str]) -> dict[str, Any]:
     workload = build(name, scale=opts.scale, seed=opts.seed, time_scale=opts.time_scale)
     workload.requests = limit_requests(workload.requests, opts.requests)
     t0 = time.monotonic()
@@ -158,7 +156,7 @@ async def run_workload(
 
 
 async def run(opts: Options) -> dict[str, Any]:
-    started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     unavailable = _prepare_targets(opts.targets)
     workloads = [await run_workload(name, opts, unavailable) for name in opts.workloads]
     return {

@@ -9,14 +9,14 @@
     system prompts of its own; every pod serves every adapter but only ``max_loras`` at a time
     in a batch (requests for a third adapter wait for a slot). Prefix blocks never match across
     adapters. The EPP adds ``lora-affinity-scorer`` (weight 2) to its default profile.
-(d) ``overload``: open-loop Poisson arrivals at about twice what the fleet can serve, for
+(d) ``overload``: open-loop Poisson arrivals at about 1.5x what the fleet can serve, for
     ``duration`` simulated seconds, with a mix of InferenceObjectives sent in the
     ``x-llm-d-inference-objective`` header (``critical`` 20%, ``standard`` 50%, ``sheddable``
     30%). The EPP reads the header but objectives are not wired to priorities yet, so every
     request has priority 0 and nothing is shed; the report shows latency per objective so the
     difference is visible once they are. The simulator runs in real time here (time scale 1).
 
-Arrival times and think times are in simulated seconds: ``--time-scale`` speeds them up with the
+Arrival times are in simulated seconds: ``--time-scale`` speeds them up together with the
 simulator, so the offered load relative to the fleet stays the same.
 """
 
@@ -102,9 +102,7 @@ def agentic(scale: str, seed: int) -> Workload:
     # about twice a pod's share of the sessions' final contexts: affinity fits, scattering evicts
     final_context = 300_000 if full else 36_000
     blocks = 2 * shape.sessions * final_context // 4 // 16
-    fleet = FleetSpec(
-        pods=4, num_gpu_blocks=blocks, max_model_len=524_288 if full else 131_072
-    )
+    fleet = FleetSpec(pods=4, num_gpu_blocks=blocks, max_model_len=524_288 if full else 131_072)
     return build_agentic(shape, seed, fleet, concurrency=shape.sessions)
 
 
@@ -185,7 +183,7 @@ def overload(scale: str, seed: int) -> Workload:
         name="d",
         title="overload, mixed priorities",
         description=(
-            f"open-loop Poisson arrivals at {rate:g}/s for {duration:g} s (about 2x the "
+            f"open-loop Poisson arrivals at {rate:g}/s for {duration:g} s (about 1.5x the "
             f"fleet's capacity: 4 pods x 8 sequences, prefill 4000 tokens/s); {systems_n} "
             f"shared system prompts of {system} tokens + ~{question}-token questions, {out} "
             "output tokens; objectives critical 20% / standard 50% / sheddable 30% in "
