@@ -1,9 +1,9 @@
 """``metrics-data-source``: HTTP(S) GET of a model server's Prometheus ``/metrics``.
 
-URL: ``<scheme>://<endpoint address>:<port or endpoint port><path>``. One ``aiohttp`` session per
-source instance, created inside the running loop on first use (or by ``start``) and closed by
-``stop``; its connector keeps connections alive between scrapes, so a 50 ms tick reuses one TCP
-(and TLS) connection per endpoint instead of reconnecting. A response other than 200 raises.
+URL: ``<scheme>://<endpoint address>:<port or endpoint port><path>``. Scrapes go through a
+minimal HTTP/1.1 keep-alive client (``epp.datalayer.scrapeclient``): one connection per endpoint
+reused every tick (TCP or TLS), no per-request objects, so a 50 ms tick over many endpoints stays
+cheap. A response other than 200 raises; the next scrape reconnects.
 
 Parameters:
 
@@ -33,17 +33,10 @@ import ssl
 from dataclasses import dataclass
 from typing import ClassVar, Final, Literal
 
-import aiohttp
-
+from epp.datalayer.scrapeclient import KeepAliveClient, ScrapeError
 from epp.plugin import Endpoint, Handle, PluginBase, PluginConfigError
 from epp.plugin.units import parse_duration
 
-# Sized for ~1000 endpoints scraped concurrently, each with its own kept-alive connection.
-_CONNECTION_LIMIT: Final = 2048
-_CONNECTIONS_PER_HOST: Final = 4
-_KEEPALIVE_SECONDS: Final = 30.0
-# Upstream's HTTP client timeout; the collector bounds each poll more tightly.
-_CLIENT_TIMEOUT_SECONDS: Final = 10.0
 # A /metrics page is tens to hundreds of KB; anything this large is not a metrics page.
 MAX_PAYLOAD_BYTES: Final = 32 * 1024 * 1024
 
@@ -78,7 +71,7 @@ class MetricsDataSource(PluginBase):
         super().__init__(name=name, params=params, handle=handle)
         self.interval_seconds = parse_duration(params.interval) if params.interval else 0.0
         self._ssl = self._ssl_option(params)
-        self._session: aiohttp.ClientSession | None = None
+        self._client: KeepAliveClient | None = None
 
     def _ssl_option(self, params: Params) -> ssl.SSLContext | bool:
         """TLS settings, built now so a bad certificate path fails at startup."""
@@ -102,38 +95,25 @@ class MetricsDataSource(PluginBase):
         host = f"[{endpoint.address}]" if ":" in endpoint.address else endpoint.address
         return f"{self.params.scheme}://{host}:{port}{self.params.path}"
 
-    def _ensure_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(
-                limit=_CONNECTION_LIMIT,
-                limit_per_host=_CONNECTIONS_PER_HOST,
-                keepalive_timeout=_KEEPALIVE_SECONDS,
-                ssl=self._ssl,
+    def _ensure_client(self) -> KeepAliveClient:
+        if self._client is None:
+            self._client = KeepAliveClient(
+                ssl_context=self._ssl if isinstance(self._ssl, ssl.SSLContext) else None,
+                max_body_bytes=MAX_PAYLOAD_BYTES,
             )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=_CLIENT_TIMEOUT_SECONDS),
-                # Scrapes carry no cookies; skip the jar bookkeeping on every response.
-                cookie_jar=aiohttp.DummyCookieJar(),
-            )
-        return self._session
+        return self._client
 
     async def start(self) -> None:
-        self._ensure_session()
+        self._ensure_client()
 
     async def stop(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
 
     async def poll(self, endpoint: Endpoint) -> bytes:
-        url = self.url(endpoint)
-        async with self._ensure_session().get(url) as response:
-            if response.status != 200:
-                raise RuntimeError(f"GET {url}: HTTP {response.status}")
-            if (response.content_length or 0) > MAX_PAYLOAD_BYTES:
-                raise RuntimeError(f"GET {url}: payload larger than {MAX_PAYLOAD_BYTES} bytes")
-            body = await response.read()
-        if len(body) > MAX_PAYLOAD_BYTES:
-            raise RuntimeError(f"GET {url}: payload larger than {MAX_PAYLOAD_BYTES} bytes")
-        return body
+        port = self.params.port or endpoint.port
+        try:
+            return await self._ensure_client().get(endpoint.address, port, self.params.path)
+        except ScrapeError as exc:
+            raise RuntimeError(f"GET {self.url(endpoint)}: {exc}") from None
