@@ -26,7 +26,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from epp.bench.targets import TARGETS
+from epp.bench.targets import TARGETS, is_known
 from epp.bench.workloads import SCALES, WORKLOADS, resolve
 
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         workloads = [resolve(w) for w in _csv(args.workloads)]
     except ValueError as exc:
         parser.error(str(exc))
-    unknown = [t for t in _csv(args.targets) if t not in TARGETS]
+    unknown = [t for t in _csv(args.targets) if not is_known(t)]
     if unknown:
         parser.error(f"unknown target(s) {', '.join(unknown)} (known: {', '.join(TARGETS)})")
     if args.time_scale < 0 or args.requests < 0 or args.probe < 0 or args.deadline <= 0:

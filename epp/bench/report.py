@@ -104,7 +104,7 @@ def _objective_table(results: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def _epp_line(results: Sequence[Mapping[str, Any]]) -> list[str]:
     for r in results:
-        if r["target"] == "epp" and r["ok"]:
+        if r["target"].startswith("epp") and r["ok"]:
             cpu = r["cpu_s"].get("epp", 0.0) * 1000.0 / r["ok"]
             envoy = r["cpu_s"].get("envoy", 0.0) * 1000.0 / r["ok"]
             rss = r["peak_rss_mb"].get("epp", 0.0)

@@ -67,7 +67,7 @@ async def warm_up(url: str) -> None:
 async def run_target(
     key: str, workload: Workload, oracle_ratio: float, opts: Options, workdir: Path
 ) -> TargetResult:
-    result = TargetResult(key, targets.TARGETS[key])
+    result = TargetResult(key, targets.label(key))
     sim = SimProcess(workload.fleet, workdir)
     running: targets.Running | None = None
     try:
@@ -133,7 +133,7 @@ async def run_workload(name: str, opts: Options, unavailable: dict[str, str]) ->
     results: list[TargetResult] = []
     for key in opts.targets:
         if key in unavailable:
-            results.append(TargetResult(key, targets.TARGETS[key], "skipped", unavailable[key]))
+            results.append(TargetResult(key, targets.label(key), "skipped", unavailable[key]))
             continue
         t1 = time.monotonic()
         workdir = opts.out / "work" / workload.name / key

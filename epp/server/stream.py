@@ -98,10 +98,12 @@ class RequestStream:
         return []
 
     def _header_only(self) -> Replies:
-        self.done = True
+        # The stream stays open: Envoy still sends the response phase (closing here races with
+        # Envoy's FULL_DUPLEX response streaming and can drop the response body).
         try:
             endpoint = self.ctx.director.pick_random(self.metadata)
         except InferenceError as err:
+            self.done = True
             return [self._fail(err)]
         dest = endpoint.hostport
         return [

@@ -30,8 +30,28 @@ def load(text: str | None, registry: PluginRegistry, **opts: bool):
 HEAD = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
 
 
-def test_default_config_has_upstream_weights_and_defaults(registry: PluginRegistry) -> None:
+def test_builtin_default_config_weights_and_auto_producers(registry: PluginRegistry) -> None:
     p = load(None, registry)
+    weights = {s.typed_name.type: w for s, w in p.profiles["default"].scorers}
+    assert weights == {
+        "kv-cache-utilization-scorer": 1,
+        "prefix-cache-scorer": 4,
+        "active-request-scorer": 2,
+        "no-hit-lru-scorer": 1,
+    }
+    assert sorted(x.typed_name.type for x in p.producers) == [
+        "approx-prefix-cache-producer",
+        "inflight-load-producer",
+        "token-producer",
+    ]
+
+
+def test_upstream_default_config_has_upstream_weights_and_defaults(
+    registry: PluginRegistry,
+) -> None:
+    from epp.config.schema import UPSTREAM_DEFAULT_CONFIG_TEXT
+
+    p = load(UPSTREAM_DEFAULT_CONFIG_TEXT, registry)
     prof = p.profiles["default"]
     weights = {s.typed_name.type: w for s, w in prof.scorers}
     assert weights == {
