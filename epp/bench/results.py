@@ -146,7 +146,9 @@ def summarize(
 def add_peer_ratios(results: Sequence[TargetResult], routers: Sequence[str]) -> None:
     """Set ``vs_best_peer`` / ``best_peer`` of every target that ran (see the module doc)."""
     ran = [r for r in results if r.status == "ok" and r.ok]
-    peers = [r for r in ran if r.target in routers] or [r for r in ran if not r.target.startswith("epp")]
+    peers = [r for r in ran if r.target in routers] or [
+        r for r in ran if not r.target.startswith("epp")
+    ]
     for r in ran:
         others = [p for p in peers if p is not r]
         r.vs_best_peer, r.best_peer = {}, {}
