@@ -4,6 +4,8 @@
 - ``/debug/config``: the effective configuration after defaulting.
 - ``/debug/endpoints``: the endpoints with their last scraped metrics and scrape age.
 - ``/debug/plugins/state``: what ``StateDumper`` plugins report (upstream's path).
+- ``/debug/decisions[?limit=N]`` and ``/debug/decisions/<request id>``: the explain view of
+  recent routing decisions (``epp.observability.decisions``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class MetricsServer:
         web_app.router.add_get("/debug/config", self._config)
         web_app.router.add_get("/debug/endpoints", self._endpoints)
         web_app.router.add_get("/debug/plugins/state", self._state)
+        web_app.router.add_get("/debug/decisions", self._decisions)
+        web_app.router.add_get("/debug/decisions/{request_id}", self._decision)
         self._runner = web.AppRunner(web_app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
@@ -62,6 +66,21 @@ class MetricsServer:
                 item["metrics"] = m
             out.append(item)
         return web.json_response({"endpoints": out})
+
+    async def _decisions(self, request: web.Request) -> web.Response:
+        try:
+            limit = int(request.query.get("limit", "50"))
+        except ValueError:
+            return web.json_response({"error": "limit must be an integer"}, status=400)
+        return web.json_response({"decisions": self._app.context.decisions.latest(limit)})
+
+    async def _decision(self, request: web.Request) -> web.Response:
+        entry = self._app.context.decisions.get(request.match_info["request_id"])
+        if entry is None:
+            return web.json_response(
+                {"error": "no decision recorded for that request id"}, status=404
+            )
+        return web.json_response(entry)
 
     async def _state(self, _: web.Request) -> web.Response:
         state = {str(p.typed_name): dict(p.dump_state()) for p in self._app.pipeline.dumpers}

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from epp.observability.decisions import EXPLAIN_HEADER, EXPLAIN_KEY
 from epp.plugin import (
     CycleState,
     Endpoint,
@@ -43,7 +44,9 @@ class Scheduler:
         handler: ProfileHandler,
         observe: Observer,
         count_error: ErrorCounter,
+        breakdown_limit: int = 64,
     ) -> None:
+        self._breakdown_limit = breakdown_limit
         self._profiles = dict(profiles)
         self._handler = handler
         self._observe = observe
@@ -53,6 +56,12 @@ class Scheduler:
         self, cycle: CycleState, request: InferenceRequest, candidates: Sequence[Endpoint]
     ) -> SchedulingResult:
         results: dict[str, ProfileResult | None] = {}
+        if (
+            len(candidates) <= self._breakdown_limit
+            or request.headers.get(EXPLAIN_HEADER) == "true"
+        ):
+            # Per-scorer scores for the explain view (bounded cost: few candidates, or asked for).
+            cycle.data["explain"] = request.attributes[EXPLAIN_KEY] = {}
         for _ in range(len(self._profiles) + 1):  # a handler never needs more rounds than profiles
             chosen = self._handler.pick_profiles(cycle, request, self._profiles, results)
             if not chosen:

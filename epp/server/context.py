@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epp.config.pipeline import Pipeline
+from epp.observability.decisions import DecisionLog
 from epp.observability.recorder import RequestStats
 from epp.requestcontrol.director import Director
 
@@ -16,3 +17,4 @@ class ServerContext:
     stats: RequestStats
     max_body_bytes: int = 64 << 20
     emit_scores: bool = False
+    decisions: DecisionLog = field(default_factory=DecisionLog)

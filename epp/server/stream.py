@@ -148,6 +148,7 @@ class RequestStream:
     async def _decide(self) -> Replies:
         assert self.request is not None
         ctx = self.ctx
+        t0 = time.perf_counter()
         try:
             decision = await ctx.director.decide(self.request, bytes(self.body), self.metadata)
         except InferenceError as err:
@@ -167,6 +168,9 @@ class RequestStream:
         self.decision = decision
         self.body = bytearray()  # the decision holds the body to forward
         ctx.stats.on_scheduled(decision)
+        ctx.decisions.record(
+            decision.request, decision.result, decision.candidates, time.perf_counter() - t0
+        )
         dest = decision.destination
         lb: dict[str, Any] = {protocol.DESTINATION_HEADER: dest}
         if ctx.emit_scores:
@@ -194,6 +198,9 @@ class RequestStream:
 
     def _fail(self, err: InferenceError) -> pb.ProcessingResponse:
         self.ctx.stats.on_error(self.request, err.code.label)
+        self.ctx.decisions.record_error(
+            self.request, err.code.http_status, err.body, err.drop_reason
+        )
         if err.code.http_status >= 500:
             log.warning("request %s failed: %s", self.request and self.request.request_id, err)
         return messages.immediate(err)

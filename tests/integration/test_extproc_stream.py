@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import aiohttp
 import grpc
 import pytest
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -328,3 +329,44 @@ async def test_picker_with_several_endpoints_gives_an_ordered_fallback_list(star
     first, second = dest.split(",")
     assert first == "127.0.0.1:3" and second in {"127.0.0.1:1", "127.0.0.1:2"}
     assert lb(replies[0])["x-gateway-destination-endpoint"] == dest
+
+
+async def test_explain_view_shows_each_scorer_and_the_rejections(start_app) -> None:
+    app = await start_app(
+        DEAD,
+        """\
+        plugins:
+        - type: test-constant-scorer
+          parameters: {value: 0.5, ports: [3]}
+        - type: queue-scorer
+        schedulingProfiles:
+        - name: default
+          plugins:
+          - {pluginRef: test-constant-scorer, weight: 4}
+          - {pluginRef: queue-scorer, weight: 1}
+        """,
+        registry=registry_with_test_plugins(),
+    )
+    await exchange(
+        app, [headers_msg({**H, "x-request-id": "explain-me"}), body_msg(json.dumps(CHAT).encode())]
+    )
+    await exchange(app, [headers_msg({**H, "x-request-id": "bad-one"}), body_msg(b"{")])
+    async with aiohttp.ClientSession() as s:
+        base = f"http://127.0.0.1:{app.metrics_port}/debug/decisions"
+        async with s.get(f"{base}/explain-me") as r:
+            entry = await r.json()
+        async with s.get(f"{base}?limit=5") as r:
+            latest = (await r.json())["decisions"]
+        async with s.get(f"{base}/nope") as r:
+            assert r.status == 404
+    prof = entry["profiles"]["default"]
+    assert prof["targets"] == ["127.0.0.1:3"]
+    best = prof["scores"][0]
+    assert best["endpoint"] == "127.0.0.1:3" and best["total"] == 2.0  # 0.5·4 + 0 (no metrics)
+    assert best["scorers"] == {
+        "test-constant-scorer/test-constant-scorer": 0.5,
+        "queue-scorer/queue-scorer": 0.0,
+    }
+    assert entry["candidates"] == 3 and entry["model"] == "m"
+    assert [d["requestId"] for d in latest] == ["bad-one", "explain-me"]
+    assert latest[0]["status"] == 400 and latest[0]["outcome"] == "rejected"

@@ -1,0 +1,115 @@
+"""The explain view: a bounded log of recent routing decisions and why they were made.
+
+Every request that reaches scheduling leaves one entry: the request (id, path, models, objective,
+priority, fairness id), the candidates, each profile's targets, every candidate's weighted total
+and, when the scheduler captured it, each scorer's clamped score per candidate; or the error the
+request got. Entries are kept in a ring buffer (``capacity``, default 512), so memory is bounded
+whatever the traffic. Served on the metrics port:
+
+- ``GET /debug/decisions?limit=N`` — the newest N entries, newest first;
+- ``GET /debug/decisions/<request id>`` — one entry.
+
+The scheduler captures per-scorer scores for every request with at most ``breakdown_limit``
+candidates (default 64), and for any request carrying the header ``x-epp-explain: true``;
+totals are always recorded.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from epp.plugin import Endpoint, InferenceRequest, SchedulingResult
+
+EXPLAIN_KEY: Final = "epp.explain"
+"""``InferenceRequest.attributes`` key where the scheduler leaves per-scorer scores."""
+EXPLAIN_HEADER: Final = "x-epp-explain"
+_TOP: Final = 16
+
+
+class DecisionLog:
+    def __init__(self, capacity: int = 512) -> None:
+        self._capacity = capacity
+        self._entries: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+    def _put(self, request_id: str, entry: dict[str, Any]) -> None:
+        self._entries.pop(request_id, None)
+        self._entries[request_id] = entry
+        while len(self._entries) > self._capacity:
+            self._entries.popitem(last=False)
+
+    def record(
+        self,
+        request: InferenceRequest,
+        result: SchedulingResult,
+        candidates: Sequence[Endpoint],
+        seconds: float,
+    ) -> None:
+        by_id = {e.id: e for e in candidates}
+        breakdown: Mapping[str, Mapping[str, float]] = request.attributes.get(EXPLAIN_KEY) or {}
+        profiles = {}
+        for name, res in result.profile_results.items():
+            ranked = sorted(res.scores.items(), key=lambda kv: kv[1], reverse=True)[:_TOP]
+            profiles[name] = {
+                "targets": [e.hostport for e in res.targets],
+                "scores": [
+                    {
+                        "endpoint": by_id[eid].hostport if eid in by_id else eid,
+                        "id": eid,
+                        "total": round(total, 6),
+                        **({"scorers": dict(breakdown[eid])} if eid in breakdown else {}),
+                    }
+                    for eid, total in ranked
+                ],
+            }
+        self._put(
+            request.request_id,
+            {
+                **_request_fields(request),
+                "candidates": len(candidates),
+                "primaryProfile": result.primary_profile,
+                "profiles": profiles,
+                "schedulingSeconds": round(seconds, 6),
+                "outcome": "scheduled",
+            },
+        )
+
+    def record_error(
+        self, request: InferenceRequest | None, status: int, message: str, drop_reason: str | None
+    ) -> None:
+        if request is None:
+            return
+        self._put(
+            request.request_id,
+            {
+                **_request_fields(request),
+                "outcome": "rejected",
+                "status": status,
+                "error": message,
+                **({"dropReason": drop_reason} if drop_reason else {}),
+            },
+        )
+
+    def get(self, request_id: str) -> dict[str, Any] | None:
+        return self._entries.get(request_id)
+
+    def latest(self, limit: int) -> list[dict[str, Any]]:
+        items = list(self._entries.values())[-max(0, limit) :]
+        items.reverse()
+        return items
+
+
+def _request_fields(request: InferenceRequest) -> dict[str, Any]:
+    return {
+        "requestId": request.request_id,
+        "time": time.time(),
+        "path": request.path,
+        "model": request.incoming_model,
+        "targetModel": request.target_model,
+        "objective": request.objective,
+        "priority": request.priority,
+        "fairnessId": request.fairness_id,
+        "bodyBytes": request.size_bytes,
+    }
