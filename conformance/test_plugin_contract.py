@@ -26,6 +26,7 @@ TYPES = REGISTRY.types()
 # Plugins whose parameters have required fields get a minimal valid set here.
 REQUIRED_PARAMS: dict[str, dict[str, Any]] = {
     "file-discovery": {"path": "/nonexistent/endpoints.yaml"},
+    "priority-holdback-policy": {"minCeiling": 0.5},
 }
 
 

@@ -26,6 +26,7 @@ from epp.config.schema import (
     ProfilePluginRef,
     SchedulingProfileSpec,
 )
+from epp.flowcontrol.controller import ensure_flow_defaults
 from epp.plugin import (
     DataProducer,
     DataSource,
@@ -178,6 +179,7 @@ def load_config(
     handler = _profile_handler(b, profiles)
     parsers = _parsers(b, cfg)
     detector = _saturation_detector(b, cfg)
+    ensure_flow_defaults(b.add, b.instances)  # spec §3.3.5, whether or not the gate is on
     sources, discovery = _data_layer(b, cfg)
     _auto_producers(b)
     return Pipeline.assemble(

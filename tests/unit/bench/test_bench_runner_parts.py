@@ -24,6 +24,7 @@ from epp.bench.runner import Options, run
 from epp.bench.spec import FleetSpec
 from epp.bench.targets import epp_config_text
 from epp.config.loader import parse_config
+from epp.config.schema import DEFAULT_CONFIG_TEXT
 
 
 def test_proc_readings_come_from_proc_when_the_process_exists() -> None:
@@ -77,14 +78,18 @@ def test_fleet_args_carry_the_workload_fleet_when_rendered() -> None:
     assert args[args.index("--port") + 1] == "0"
 
 
+DEFAULT_WEIGHTS = {
+    p["pluginRef"]: p["weight"]
+    for p in yaml.safe_load(DEFAULT_CONFIG_TEXT)["schedulingProfiles"][0]["plugins"]
+}
+
+
 @pytest.mark.parametrize(
     ("extra", "weights"),
     [
-        pytest.param((), {"queue-scorer": 2, "kv-cache-utilization-scorer": 2,
-                          "prefix-cache-scorer": 3}, id="default"),
-        pytest.param((("lora-affinity-scorer", 2),), {"queue-scorer": 2,
-                     "kv-cache-utilization-scorer": 2, "prefix-cache-scorer": 3,
-                     "lora-affinity-scorer": 2}, id="lora"),
+        pytest.param((), DEFAULT_WEIGHTS, id="default"),
+        pytest.param((("lora-affinity-scorer", 2),),
+                     {**DEFAULT_WEIGHTS, "lora-affinity-scorer": 2}, id="lora"),
     ],
 )  # fmt: skip
 def test_epp_config_is_the_default_plus_discovery_when_rendered(
