@@ -35,6 +35,7 @@ MAX_MODEL_LEN = 2048
 MAX_NUM_SEQS = 2
 
 _STOP_TIMEOUT_S = 30.0
+_CHILD_EXIT_TIMEOUT_S = 15.0
 _POLL_S = 0.5
 
 
@@ -175,10 +176,22 @@ class VllmServer:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
-        # Children left behind after a clean API-server exit would keep ports and RAM.
         if proc is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            _reap_group(proc.pid)
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+def _reap_group(pgid: int) -> None:
+    """Give the EngineCore and Worker children (same process group) a moment to finish their
+    own shutdown, then kill whatever is left: they would keep ports and gigabytes of RAM."""
+    deadline = time.monotonic() + _CHILD_EXIT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
-VENV=${VLLM_VENV:-$ROOT/.venv-vllm}
+VENV=${EPP_VLLM_VENV:-$ROOT/.venv-vllm}  # the tests read the same variable
 MODEL_DIR=$VENV/tiny-llama
 VLLM_VERSION=0.32.0
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1

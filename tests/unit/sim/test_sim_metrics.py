@@ -132,3 +132,94 @@ def test_histogram_buckets_are_cumulative_when_observations_exist() -> None:
     assert buckets[-1] == ("+Inf", 2.0)
     values = [v for _, v in buckets]
     assert values == sorted(values)
+
+
+@pytest.mark.parametrize(
+    ("family", "companion"),
+    [
+        pytest.param("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits_created", id="total"),
+        pytest.param("vllm:request_success_total", "vllm:request_success_created", id="labelled"),
+        pytest.param(
+            "vllm:e2e_request_latency_seconds",
+            "vllm:e2e_request_latency_seconds_created",
+            id="histogram",
+        ),
+    ],
+)
+def test_created_gauge_follows_family_when_vllm(family: str, companion: str) -> None:
+    text = render(PodConfig(), now=50.0)
+    types = dict(TYPE_LINE.findall(text))
+    assert types[companion] == "gauge"
+    names = list(types)
+    assert names.index(companion) == names.index(family) + 1
+    created = [(lab, v) for n, lab, v in parse_text(text) if n == companion]
+    assert {v for _, v in created} == {50.0}  # the first render's wall time
+    assert "finished_reason" not in created[0][0] or len(created) == 5
+
+
+def test_created_gauges_are_absent_when_sglang() -> None:
+    text = render(PodConfig(engine="sglang"))
+    assert "_created" not in text
+
+
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [
+        pytest.param("stop", 0.0, id="stop"),
+        pytest.param("length", 1.0, id="length"),
+        pytest.param("abort", 0.0, id="abort-never-counted"),
+        pytest.param("error", 0.0, id="error"),
+        pytest.param("repetition", 0.0, id="repetition"),
+    ],
+)
+def test_request_success_lists_every_vllm_reason_when_rendered(
+    reason: str, expected: float
+) -> None:
+    config = PodConfig(decode_base_ms=1.0)
+    engine = Engine(config)
+    engine.add_request("done", [1, 2, 3], 1, 0.0)
+    engine.add_request("gone", [4, 5, 6], 50, 0.0)
+    engine.abort_request("gone")
+    engine.advance(0.0)
+    for _ in range(20):  # bounded: a 1-token request finishes in a couple of steps
+        wake = engine.next_wakeup()
+        if wake is None:
+            break
+        engine.advance(wake)
+    text = MetricsRenderer(config).render(engine, Overrides(), 0.0)
+    values = {
+        lab["finished_reason"]: v
+        for n, lab, v in parse_text(text)
+        if n == "vllm:request_success_total"
+    }
+    assert values[reason] == expected
+
+
+@pytest.mark.parametrize(
+    ("label", "expected"),
+    [
+        pytest.param("block_size", "32", id="block-size"),
+        pytest.param("effective_attention_block_size", "32", id="effective-block-size"),
+        pytest.param("num_gpu_blocks", "1000", id="blocks"),
+        pytest.param("kv_cache_size_tokens", "32000", id="tokens"),
+        pytest.param("kv_cache_memory_bytes", str(32000 * 131072), id="bytes"),
+        pytest.param("kv_cache_max_concurrency", "15.625", id="concurrency"),
+        pytest.param("num_gpu_blocks_override", "None", id="fixed-label"),
+    ],
+)
+def test_cache_config_info_derives_labels_from_pod_when_vllm(label: str, expected: str) -> None:
+    config = PodConfig(block_size=32, num_gpu_blocks=1000, max_model_len=2048)
+    info = next(lab for n, lab, _ in parse_text(render(config)) if n == "vllm:cache_config_info")
+    assert len(info) == 37  # vLLM 0.32's CacheConfig label set
+    assert info[label] == expected
+
+
+def test_waiting_by_reason_reports_capacity_when_requests_wait() -> None:
+    overrides = Overrides.parse({"num_requests_waiting": 4})
+    text = render(PodConfig(), overrides)
+    series = {
+        lab["reason"]: v
+        for n, lab, v in parse_text(text)
+        if n == "vllm:num_requests_waiting_by_reason"
+    }
+    assert series == {"capacity": 4.0, "deferred": 0.0}
