@@ -27,29 +27,43 @@ size in tokens: 225 for an image (a 640x360 picture at 1024 pixels per token), 4
 (10 s sampled at 2 fps), ``14 + 12.5 * seconds`` for audio (seconds from the base64 payload at
 16 kB/s, 10 s when it has none).
 
-Backend ``vllm`` (engine-side tokenization) is not available yet: selecting it fails startup.
+The simulator (``epp.sim``) tokenizes with the same 4-bytes-per-token rule, so against it the
+estimate is exact for completions (chat differs: the simulator renders a chat template).
+
+Backend ``vllm`` asks a vLLM server for the engine's real token ids
+(``epp.requestcontrol.precise_render``: ``/v1/completions/render`` and
+``/v1/chat/completions/render``, with ``model`` set to ``modelName``), which precise prefix
+matching needs. Other APIs, and any render failure (connection, timeout, non-200, bad answer),
+fall back to the estimate; failures are logged at debug level and counted in
+``llm_d_epp_token_producer_fallbacks_total{plugin_name, reason}``. The director bounds every
+producer with its own timeout (0.4 s), which a slower render also hits.
 
 Parameters:
 
 - ``backend`` (``estimate`` | ``vllm``, default ``estimate``).
-- ``modelName`` (string, default ""): model whose tokenizer a real backend would use.
+- ``modelName`` (string, default ""; required with ``vllm``): the model the render asks for.
+- ``vllm``: ``url`` (default ``http://localhost:8000``), ``timeout`` (``5s``), ``mmTimeout``
+  (``30s``, for requests with media).
 
 YAML::
 
     plugins:
       - type: token-producer
         parameters:
-          backend: estimate
+          backend: vllm
+          modelName: meta-llama/Llama-3.1-8B-Instruct
+          vllm: {url: "http://127.0.0.1:8000", timeout: 2s}
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Literal
 
 import orjson
+from prometheus_client import Counter
 from xxhash import xxh64_intdigest
 
 from epp.plugin import (
@@ -63,6 +77,8 @@ from epp.plugin import (
     data_key,
 )
 from epp.plugin.prefix import TOKEN_BYTES, pack_token_ids
+from epp.plugin.units import parse_duration
+from epp.requestcontrol.precise_render import RenderClient, RenderError
 
 IMAGE_PLACEHOLDERS: Final = 640 * 360 // 1024
 VIDEO_PLACEHOLDERS: Final = 10 * 2 * IMAGE_PLACEHOLDERS
@@ -73,6 +89,23 @@ AUDIO_DEFAULT_SECONDS: Final = 10.0
 ANTHROPIC_BILLING_PREFIX: Final = "x-anthropic-billing-header"
 
 
+FALLBACKS_METRIC: Final = "llm_d_epp_token_producer_fallbacks"
+
+
+@dataclass(frozen=True)
+class VllmBackendConfig:
+    url: str = "http://localhost:8000"
+    timeout: str = "5s"
+    mm_timeout: str = "30s"
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"vllm.url must be an http(s) URL, got {self.url!r}")
+        for key, value in (("timeout", self.timeout), ("mmTimeout", self.mm_timeout)):
+            if parse_duration(value) <= 0:
+                raise ValueError(f"vllm.{key} must be > 0, got {value!r}")
+
+
 class TokenProducer(PluginBase):
     TYPE: ClassVar[str] = "token-producer"
 
@@ -80,31 +113,75 @@ class TokenProducer(PluginBase):
     class Params:
         backend: Literal["estimate", "vllm"] = "estimate"
         model_name: str = ""
+        vllm: VllmBackendConfig = field(default_factory=VllmBackendConfig)
+
+        def __post_init__(self) -> None:
+            if self.backend == "vllm" and not self.model_name:
+                raise ValueError("modelName is required with backend 'vllm'")
 
     params: Params
 
     def __init__(self, *, name: str, params: Any, handle: Handle) -> None:
         super().__init__(name=name, params=params, handle=handle)
-        if self.params.backend != "estimate":
-            raise ValueError(
-                f"backend {self.params.backend!r} is not implemented yet; use backend 'estimate'"
-            )
         self._key = data_key(TOKENIZED_PROMPT, self.typed_name.name)
         self._log = handle.logger(self.typed_name)
+        self._render: RenderClient | None = None
+        if self.params.backend == "vllm":
+            cfg = self.params.vllm
+            self._render = RenderClient(
+                url=cfg.url,
+                model=self.params.model_name,
+                timeout=parse_duration(cfg.timeout),
+                mm_timeout=parse_duration(cfg.mm_timeout),
+            )
+            self._fallbacks = _counter(handle, FALLBACKS_METRIC)
 
     def produces(self) -> frozenset[str]:
         return frozenset({self._key})
 
+    def produce_timeout(self) -> float:
+        """How long this producer may take (upstream's ``ProduceTimeout``)."""
+        render = self._render
+        return max(render.timeout, render.mm_timeout) if render is not None else 0.4
+
+    async def start(self) -> None:
+        """Nothing to start: the render client opens its session on first use."""
+
+    async def stop(self) -> None:
+        if self._render is not None:
+            await self._render.close()
+
     async def produce(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
-        if request.body is None:
+        body = request.body
+        if body is None:
             return
-        prompt = estimate(request.body)
+        prompt: TokenizedPrompt | None = None
+        if self._render is not None and self._render.supports(body):
+            try:
+                prompt = await self._render.render(body)
+            except RenderError as exc:
+                self._fallbacks.labels(self.typed_name.name, exc.reason).inc()
+                self._log.debug("request %s: render failed (%s)", request.request_id, exc)
+        if prompt is None:
+            prompt = estimate(body)
         if prompt is not None:
             request.attributes[self._key] = prompt
         elif self._log.isEnabledFor(logging.DEBUG):
-            self._log.debug(
-                "request %s (%s): nothing to tokenize", request.request_id, request.body.kind
-            )
+            self._log.debug("request %s (%s): nothing to tokenize", request.request_id, body.kind)
+
+
+def _counter(handle: Handle, name: str) -> Any:
+    """The fallback counter on the App registry (shared by every token-producer instance)."""
+    registry = handle.registry
+    existing = registry._names_to_collectors.get(name)  # no public lookup exists
+    if existing is not None:
+        return existing
+    return Counter(
+        name,
+        "Requests the vllm backend could not tokenize (estimated instead), by reason.",
+        ("plugin_name", "reason"),
+        registry=registry,
+    )
 
 
 def estimate(body: RequestBody) -> TokenizedPrompt | None:

@@ -234,16 +234,11 @@ def test_produces_names_its_key_when_constructed(name: str, key: str) -> None:
     assert producer.produces() == frozenset({key})
 
 
-def test_constructor_fails_when_backend_not_implemented() -> None:
-    with pytest.raises(ValueError, match="'vllm' is not implemented"):
-        _producer(backend="vllm", modelName="m")
-
-
 @pytest.mark.parametrize(
     "params",
     [
         pytest.param({"backend": "tiktoken"}, id="unknown-backend"),
-        pytest.param({"vllm": {}}, id="unknown-field"),
+        pytest.param({"vllm": {"port": 1}}, id="unknown-field"),
     ],
 )
 def test_params_rejected_when_invalid(params: dict[str, Any]) -> None:
