@@ -1,8 +1,16 @@
 """``App``: owns one EPP's lifecycle, state and servers. No globals: two Apps can share a process.
 
 Start order: config → plugins → discovery and scrapers → gRPC (ext_proc + health) and metrics
-servers. Stop: draining (readiness NOT_SERVING) → keep serving for the drain window → stop the
-servers → cancel the background tasks → stop plugins.
+servers. Stop: draining (readiness NOT_SERVING; leader election stops and the lease is released)
+→ keep serving for the drain window → stop the servers → cancel the background tasks → stop
+plugins.
+
+Endpoints come from the config's ``dataLayer.discovery`` plugin, or, with ``--pool-name`` /
+``--endpoint-selector``, from Kubernetes (``epp.k8s.source``; the ``kubernetes`` client is only
+imported then). InferenceObjective / InferenceModelRewrite objects come from the cluster and from
+``--objectives-file`` files in any mode. Readiness: discovery synced, first scrape cycle done,
+plugins ready, not draining; in Kubernetes mode every watch synced and the pool present; with
+leader election, holding the lease.
 """
 
 from __future__ import annotations
@@ -28,10 +36,11 @@ from epp.datalayer.store import Datastore
 from epp.observability.http import MetricsServer
 from epp.observability.metrics import EppMetrics
 from epp.observability.recorder import RequestStats
-from epp.plugin import Endpoint, TypedName
+from epp.plugin import Discovery, Endpoint, TypedName
 from epp.plugin.registry import PluginRegistry
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.objectives import ObjectiveStore
+from epp.requestcontrol.rewrites import RewriteStore
 from epp.scheduling.scheduler import Scheduler
 from epp.server import health
 from epp.server.context import ServerContext
@@ -67,15 +76,11 @@ class AppHandle:
 
 class App:
     def __init__(self, settings: Settings, *, registry: PluginRegistry | None = None) -> None:
-        if settings.pool_name or settings.endpoint_selector:
-            raise ConfigError(
-                "Kubernetes mode not available yet: --pool-name / --endpoint-selector are "
-                "accepted but not implemented; use dataLayer.discovery (file-discovery)"
-            )
         self.settings = settings
         self.metrics = EppMetrics()
         self.store = Datastore(time.monotonic)
         self.objectives = ObjectiveStore()
+        self.rewrites = RewriteStore()
         self._instances: dict[str, Any] = {}
         self.pipeline: Pipeline = load_config(
             settings.config_text,
@@ -84,11 +89,11 @@ class App:
             options=LoadOptions(allow_experimental=settings.allow_experimental_plugins),
         )
         self._instances = self.pipeline.instances
-        if self.pipeline.discovery is None:
-            raise ConfigError(
-                "no endpoint discovery configured: set dataLayer.discovery (for example "
-                "{pluginRef: file-discovery}) or use Kubernetes mode"
-            )
+        self.kube: Any = None
+        """The ``KubernetesSource`` in Kubernetes mode."""
+        self.elector: Any = None
+        """The ``LeaderElector`` with --ha-enable-leader-election."""
+        self._wire_sources()
         m = self.metrics
         self.scheduler = Scheduler(
             profiles=self.pipeline.profiles,
@@ -105,6 +110,10 @@ class App:
             rng=random.Random(settings.seed),
             subset_filter=not settings.disable_endpoint_subset_filter,
             on_scheduled=lambda s: m.scheduler_e2e.observe((), (), s),
+            rewrites=self.rewrites,
+            on_rewrite=lambda name, model, target: m.model_rewrites.inc(
+                (name, *m.models(model, target)), (name, *m.models(model, target))
+            ),
         )
         self.collector = Collector(
             store=self.store,
@@ -121,7 +130,9 @@ class App:
             max_body_bytes=settings.max_request_body_bytes,
             emit_scores=settings.emit_endpoint_scores,
         )
-        self.health = health.HealthServicer(self.ready)
+        self.health = health.HealthServicer(
+            self.ready, leader_election=settings.ha_enable_leader_election
+        )
         self.draining = False
         self.grpc_port = 0
         self.health_port = 0
@@ -131,6 +142,101 @@ class App:
         self._started = asyncio.Event()
         self._discovered = False
         self._runner: asyncio.Task[None] | None = None
+        self._election: asyncio.Task[None] | None = None
+
+    def _wire_sources(self) -> None:
+        """Endpoint discovery (config plugin or Kubernetes), objects files, leader election."""
+        s = self.settings
+        from epp.k8s.files import ObjectFiles, ObjectsFileError
+        from epp.k8s.sink import ObjectSink
+
+        kube_mode = bool(s.pool_name or s.endpoint_selector)
+        self._sink = ObjectSink(
+            self.objectives,
+            self.rewrites,
+            pool_name=s.pool_name,
+            pool_group=s.pool_group,
+        )
+        if kube_mode:
+            if self.pipeline.discovery is not None:
+                raise ConfigError(
+                    "dataLayer.discovery and --pool-name/--endpoint-selector are mutually "
+                    "exclusive: endpoints come either from the config's discovery plugin or from "
+                    "Kubernetes"
+                )
+            self._wire_kubernetes()
+        else:
+            if self.pipeline.discovery is None:
+                raise ConfigError(
+                    "no endpoint discovery configured: set dataLayer.discovery (for example "
+                    "{pluginRef: file-discovery}) or use Kubernetes mode (--pool-name or "
+                    "--endpoint-selector)"
+                )
+            if s.ha_enable_leader_election:
+                raise ConfigError("--ha-enable-leader-election needs Kubernetes mode")
+        self.object_files: ObjectFiles | None = None
+        if s.objectives_files:
+            self.object_files = ObjectFiles(
+                s.objectives_files, self._sink.set_files, poll_interval=s.objectives_poll_interval
+            )
+            try:
+                self.object_files.load()
+            except ObjectsFileError as exc:
+                raise ConfigError(f"--objectives-file: {exc}") from None
+
+    def _wire_kubernetes(self) -> None:
+        from epp.k8s.client import KubeConfigError, KubeLeases, load_api_client
+        from epp.k8s.leader import ElectionConfig, LeaderElector, default_identity, lease_name
+        from epp.k8s.selector import parse_selector
+        from epp.k8s.source import KubernetesSource, PoolMode, StandaloneMode, standalone_pool
+
+        s = self.settings
+        namespace = s.pool_namespace or "default"
+        mode: PoolMode | StandaloneMode
+        if s.pool_name:
+            if s.pool_group != "inference.networking.k8s.io":
+                raise ConfigError(
+                    f"--pool-group {s.pool_group!r}: only inference.networking.k8s.io (v1) is "
+                    "supported"
+                )
+            mode = PoolMode(name=s.pool_name, namespace=namespace, group=s.pool_group)
+            pool_name = s.pool_name
+        else:
+            try:
+                selector = parse_selector(s.endpoint_selector)
+            except ValueError as exc:
+                raise ConfigError(f"--endpoint-selector: {exc}") from None
+            if not s.endpoint_target_ports:
+                raise ConfigError("--endpoint-selector needs --endpoint-target-ports")
+            pool = standalone_pool(selector, s.endpoint_target_ports, namespace, s.pod_name)
+            mode = StandaloneMode(pool)
+            pool_name = pool.name
+        try:
+            api = load_api_client(s.kubeconfig)
+        except KubeConfigError as exc:
+            raise ConfigError(str(exc)) from None
+        self.kube = KubernetesSource(
+            api,
+            mode,
+            publish=self._publish,
+            sink=self._sink,
+            watch_timeout=s.kube_watch_timeout,
+            logger=logging.getLogger("epp.k8s"),
+        )
+        if s.ha_enable_leader_election:
+            try:
+                cfg = ElectionConfig(
+                    lease_name=lease_name(namespace, pool_name),
+                    namespace=namespace,
+                    identity=default_identity(),
+                    lease_duration=s.ha_lease_duration,
+                    renew_deadline=s.ha_renew_deadline,
+                    retry_period=s.ha_retry_period,
+                )
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            leases = KubeLeases(api, namespace, timeout=s.ha_renew_deadline)
+            self.elector = LeaderElector(leases, cfg, logger=logging.getLogger("epp.k8s.leader"))
 
     # ---- state --------------------------------------------------------------------------------
 
@@ -143,7 +249,13 @@ class App:
             and self._discovered
             and self.collector.first_cycle_done()
             and all(p.is_ready() for p in self.pipeline.readiness)
+            and (self.kube is None or self.kube.ready())
+            and (self.elector is None or self.elector.is_leader())
         )
+
+    def _discovery(self) -> Discovery:
+        assert self.pipeline.discovery is not None, "checked in __init__"
+        return self.pipeline.discovery
 
     def _publish(self, endpoints: Sequence[Endpoint]) -> None:
         self.store.set_endpoints(endpoints)
@@ -161,11 +273,17 @@ class App:
             await p.start()
         try:
             async with asyncio.TaskGroup() as tg:
+                source = self.kube.run() if self.kube else self._discovery().run(self._publish)
                 tasks = [
-                    tg.create_task(self.pipeline.discovery.run(self._publish)),  # type: ignore[union-attr]
+                    tg.create_task(source),
                     tg.create_task(self.collector.run()),
                     tg.create_task(self._pool_gauges()),
                 ]
+                if self.object_files is not None:
+                    tasks.append(tg.create_task(self.object_files.run()))
+                if self.elector is not None:
+                    self._election = tg.create_task(self.elector.run())
+                    tasks.append(self._election)
                 self._started.set()
                 await self._stop.wait()
                 await self._drain(servers)
@@ -214,12 +332,25 @@ class App:
 
     async def _drain(self, servers: list[Any]) -> None:
         self.draining = True
+        await self._resign()
         if self.settings.drain_timeout > 0:
             log.info("draining for %.1fs", self.settings.drain_timeout)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._force.wait(), self.settings.drain_timeout)
         for srv in servers[:2]:
             await srv.stop(grace=1.0)
+
+    async def _resign(self) -> None:
+        """Stop competing for the lease and release it, so a follower takes over at once."""
+        if self.elector is None or self._election is None:
+            return
+        self._election.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._election
+        try:
+            await asyncio.to_thread(self.elector.release)
+        except Exception as exc:  # the lease then expires by itself
+            log.warning("could not release the lease: %r", exc)
 
     async def _pool_gauges(self) -> None:
         m = self.metrics

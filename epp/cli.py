@@ -54,6 +54,8 @@ def _quantity(text: str) -> int:
 
 def _ports(text: str) -> tuple[int, ...]:
     ports = tuple(dict.fromkeys(int(p) for p in text.split(",") if p.strip()))
+    if not all(1 <= p <= 65535 for p in ports):
+        raise argparse.ArgumentTypeError("--endpoint-target-ports: ports are 1..65535")
     if not 1 <= len(ports) <= 8:
         raise argparse.ArgumentTypeError("--endpoint-target-ports takes 1 to 8 ports")
     return ports
@@ -100,6 +102,44 @@ def build_parser() -> argparse.ArgumentParser:
         type=_ports,
         default=(),
         help="standalone mode: comma-separated target ports (1-8)",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default="",
+        help="kubeconfig file (default: $KUBECONFIG, in-cluster, ~/.kube/config)",
+    )
+    p.add_argument(
+        "--objectives-file",
+        action="append",
+        default=[],
+        metavar="PATH[,PATH]",
+        help="YAML file(s) of InferenceObjective / InferenceModelRewrite objects, reloaded "
+        "when changed (repeatable or comma-separated; any mode)",
+    )
+    p.add_argument(
+        "--objectives-poll-interval",
+        type=_duration,
+        default=1.0,
+        help="how often --objectives-file files are checked for changes (default 1s)",
+    )
+    p.add_argument(
+        "--ha-lease-duration",
+        type=_duration,
+        default=15.0,
+        help="leader election: lease duration (default 15s)",
+    )
+    p.add_argument(
+        "--ha-renew-deadline",
+        type=_duration,
+        default=10.0,
+        help="leader election: the leader steps down when it could not renew for this long "
+        "(default 10s)",
+    )
+    p.add_argument(
+        "--ha-retry-period",
+        type=_duration,
+        default=2.0,
+        help="leader election: interval between acquire/renew attempts (default 2s)",
     )
     p.add_argument("--config-file", default="", help="EndpointPickerConfig YAML file")
     p.add_argument("--config-text", default="", help="EndpointPickerConfig YAML text")
@@ -209,8 +249,7 @@ def settings_from_args(argv: Sequence[str]) -> Settings:
                 config_text = f.read()
         except OSError as exc:
             parser.error(f"--config-file: {exc}")
-    if a.ha_enable_leader_election:
-        parser.error("--ha-enable-leader-election: Kubernetes mode not available yet")
+    _check_kubernetes_flags(parser, a)
     return Settings(
         grpc_port=a.grpc_port,
         grpc_health_port=a.grpc_health_port,
@@ -222,6 +261,16 @@ def settings_from_args(argv: Sequence[str]) -> Settings:
         pool_group=a.pool_group,
         endpoint_selector=a.endpoint_selector,
         endpoint_target_ports=a.endpoint_target_ports,
+        pod_name=os.environ.get("POD_NAME", ""),
+        kubeconfig=a.kubeconfig,
+        objectives_files=tuple(
+            p.strip() for arg in a.objectives_file for p in arg.split(",") if p.strip()
+        ),
+        objectives_poll_interval=a.objectives_poll_interval,
+        ha_enable_leader_election=a.ha_enable_leader_election,
+        ha_lease_duration=a.ha_lease_duration,
+        ha_renew_deadline=a.ha_renew_deadline,
+        ha_retry_period=a.ha_retry_period,
         secure_serving=a.secure_serving,
         cert_path=a.cert_path,
         refresh_metrics_interval=max(a.refresh_metrics_interval, 0.05),
@@ -239,6 +288,35 @@ def settings_from_args(argv: Sequence[str]) -> Settings:
         log_json=a.zap_encoder == "json",
         seed=a.seed,
     )
+
+
+def _check_kubernetes_flags(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Mode flags (spec §2): at most one of --pool-name / --endpoint-selector; standalone needs
+    target ports; leader election needs a Kubernetes mode."""
+    if a.pool_name and a.endpoint_selector:
+        parser.error("--pool-name and --endpoint-selector are mutually exclusive")
+    if a.endpoint_selector:
+        from epp.k8s.selector import parse_selector
+
+        try:
+            parse_selector(a.endpoint_selector)
+        except ValueError as exc:
+            parser.error(f"--endpoint-selector: {exc}")
+        if not a.endpoint_target_ports:
+            parser.error("--endpoint-selector needs --endpoint-target-ports")
+    elif a.endpoint_target_ports:
+        parser.error("--endpoint-target-ports is only used with --endpoint-selector")
+    if a.ha_enable_leader_election:
+        if not (a.pool_name or a.endpoint_selector):
+            parser.error(
+                "--ha-enable-leader-election needs Kubernetes mode "
+                "(--pool-name or --endpoint-selector)"
+            )
+        if not 0 < a.ha_retry_period < a.ha_renew_deadline < a.ha_lease_duration:
+            parser.error(
+                "leader election needs 0 < --ha-retry-period < --ha-renew-deadline < "
+                "--ha-lease-duration"
+            )
 
 
 def _setup_logging(settings: Settings) -> None:
@@ -311,4 +389,10 @@ def _stack(args: list[str]) -> int:
     return stack_main(args)
 
 
-_SUBCOMMANDS = {"plugins": _plugins, "sim": _sim, "stack": _stack}
+def _bench(args: list[str]) -> int:
+    from epp.bench.cli import main as bench_main
+
+    return bench_main(args)
+
+
+_SUBCOMMANDS = {"plugins": _plugins, "sim": _sim, "stack": _stack, "bench": _bench}

@@ -20,6 +20,22 @@ class Settings:
     pool_group: str = "inference.networking.k8s.io"
     endpoint_selector: str = ""
     endpoint_target_ports: tuple[int, ...] = ()
+    pod_name: str = ""
+    """``$POD_NAME``: in standalone mode the pool is named after this pod's Deployment."""
+    kubeconfig: str = ""
+    """``--kubeconfig`` (controller-runtime's flag); empty = $KUBECONFIG, in-cluster, ~/.kube."""
+    kube_watch_timeout: int = 300
+    """Our addition: server-side timeout of each Kubernetes watch call, in seconds."""
+    objectives_files: tuple[str, ...] = ()
+    """Our addition (``--objectives-file``): YAML files of InferenceObjective and
+    InferenceModelRewrite objects, in every mode."""
+    objectives_poll_interval: float = 1.0
+    """Our addition: how often the objectives files are checked for changes."""
+    ha_enable_leader_election: bool = False
+    ha_lease_duration: float = 15.0
+    """Our addition (``--ha-lease-duration``); upstream's fixed controller-runtime default."""
+    ha_renew_deadline: float = 10.0
+    ha_retry_period: float = 2.0
     secure_serving: bool = True
     cert_path: str = ""
     refresh_metrics_interval: float = 0.05

@@ -345,6 +345,21 @@ class EppMetrics:
         self.info = Gauge(
             "llm_d_epp_info", "Build information", ("commit", "build_ref"), registry=r
         )
+        rewrite = ("model_rewrite_name", "model_name", "target_model")
+        self.model_rewrites = _Twin(
+            Counter(
+                "llm_d_epp_model_rewrite_decisions_total",
+                "Requests whose model an InferenceModelRewrite rule rewrote",
+                rewrite,
+                registry=r,
+            ),
+            Counter(
+                "inference_extension_model_rewrite_decisions_total",
+                "Deprecated: llm_d_epp_model_rewrite_decisions_total",
+                rewrite,
+                registry=r,
+            ),
+        )
 
     def _hist(self, name: str, twin: str, doc: str, buckets: Sequence[float]) -> _Twin:
         return _Twin(

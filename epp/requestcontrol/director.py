@@ -1,8 +1,14 @@
 """The director: from a complete request (headers + body) to a scheduling decision.
 
-Order (spec §5.3): parse → target model (rewrite header) → objective/priority → legacy admission
-→ candidates (pool ∩ subset hint) → data producers → admitters → scheduler → pre-request hooks.
-Every failure is an ``InferenceError`` carrying its wire status.
+Order (spec §5.3): parse → target model → objective/priority → legacy admission → candidates
+(pool ∩ subset hint) → data producers → admitters → scheduler → pre-request hooks. Every failure
+is an ``InferenceError`` carrying its wire status.
+
+Target model (spec §1.7): the ``x-llm-d-model-name-rewrite`` header if present, else the body's
+model; then an InferenceModelRewrite rule matching the *incoming* (body) model overrides it (a
+generic rule also catches a missing model, for parsers that can rewrite the body), the target
+drawn by weight from the director's random source; each such decision is reported to
+``on_rewrite(rewrite_name, incoming_model, target_model)``.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from epp.plugin import (
     SchedulingResult,
 )
 from epp.requestcontrol.objectives import ObjectiveStore
+from epp.requestcontrol.rewrites import RewriteStore
 from epp.requesthandling.registry import ParserRouter
 from epp.scheduling.scheduler import Scheduler
 
@@ -65,6 +72,8 @@ class Director:
         rng: random.Random | None = None,
         subset_filter: bool = True,
         on_scheduled: Callable[[float], None] | None = None,
+        rewrites: RewriteStore | None = None,
+        on_rewrite: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self._pipeline = pipeline
         self._scheduler = scheduler
@@ -75,6 +84,8 @@ class Director:
         self._subset_filter = subset_filter
         self._router = ParserRouter(pipeline.parsers)
         self._on_scheduled = on_scheduled or (lambda _: None)
+        self._rewrites = rewrites if rewrites is not None else RewriteStore()
+        self._on_rewrite = on_rewrite or (lambda _n, _m, _t: None)
 
     def new_request(self, headers: Mapping[str, str]) -> InferenceRequest:
         request_id = headers.get("x-request-id") or str(uuid.uuid4())
@@ -120,6 +131,11 @@ class Director:
         request.incoming_model = parsed.model
         target = protocol.first_header(request.headers, protocol.MODEL_REWRITE_HEADERS)
         request.target_model = target or parsed.model
+        if len(self._rewrites) and (parsed.model or parser.supports_model_rewrite):
+            decision = self._rewrites.resolve(parsed.model, self._rng)
+            if decision is not None:
+                request.target_model = decision.target_model
+                self._on_rewrite(decision.rewrite_name, parsed.model, decision.target_model)
         out_body = body
         if parser.supports_model_rewrite and parsed.body.payload is not None:
             if not request.target_model:

@@ -4,6 +4,10 @@ Without leader election every service name, known or not, answers by the readine
 SERVING once discovery and the first scrape are done, every readiness-checking plugin is ready and
 the server is not draining. ``liveness`` answers SERVING while the process is up, draining or not,
 so a drain never gets the pod killed early. ``Watch`` is not implemented, as upstream.
+
+With leader election only ``liveness`` (always SERVING), ``readiness``, ``""`` and the ext_proc
+service name are known (readiness then also requires holding the lease, which the ``ready``
+callable includes); any other name answers SERVICE_UNKNOWN.
 """
 
 from __future__ import annotations
@@ -18,15 +22,20 @@ READINESS = "readiness"
 EXTPROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+_KNOWN = frozenset({"", LIVENESS, READINESS, EXTPROC_SERVICE})
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
-    def __init__(self, ready: Callable[[], bool]) -> None:
+    def __init__(self, ready: Callable[[], bool], *, leader_election: bool = False) -> None:
         self._ready = ready
+        self._leader_election = leader_election
 
     def status(self, service: str) -> int:
         if service == LIVENESS:
             return _SERVING  # type: ignore[no-any-return]
+        if self._leader_election and service not in _KNOWN:
+            return _UNKNOWN  # type: ignore[no-any-return]
         return _SERVING if self._ready() else _NOT_SERVING  # type: ignore[no-any-return]
 
     async def Check(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -84,7 +85,10 @@ def test_bad_config_exits_2_with_the_reason(tmp_path: Path) -> None:
     assert "apiVersion: unsupported 'x'" in out.stderr
 
 
-def test_kubernetes_mode_is_not_available_yet() -> None:
-    out = subprocess.run([EPP, "--pool-name", "p"], capture_output=True, text=True, timeout=30)
+def test_kubernetes_mode_without_a_cluster_fails_clearly(tmp_path: Path) -> None:
+    env = {**os.environ, "HOME": str(tmp_path), "KUBECONFIG": ""}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    out = subprocess.run([EPP, "--pool-name", "p"], capture_output=True, text=True, timeout=30,
+                         env=env)
     assert out.returncode == 2
-    assert "Kubernetes mode not available yet" in out.stderr
+    assert "no cluster configuration" in out.stderr

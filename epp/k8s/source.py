@@ -1,0 +1,238 @@
+"""Kubernetes mode: the watches the App runs, and what they feed.
+
+InferencePool mode (``--pool-name``): watches, in the pool's namespace, the InferencePool (by
+name), every Pod, and the InferenceObjective and InferenceModelRewrite objects when their API is
+served (``llm-d.ai/v1alpha2``; for objectives the legacy ``inference.networking.x-k8s.io`` group
+only when the new one is absent). Standalone mode (``--endpoint-selector`` +
+``--endpoint-target-ports``): Pods only; the pool comes from the flags and is named after the
+EPP's Deployment (derived from ``POD_NAME``).
+
+Each resource has a ``Reflector`` (``epp.k8s.watch``) on its own daemon thread; snapshots are
+handed to the event loop with ``call_soon_threadsafe``, where endpoints are recomputed (coalesced:
+one recomputation per loop turn however many events arrived) and published to the datastore. The
+pool and the pods are published together only once both have synced; ``ready()`` is true once
+every watch has synced and, in InferencePool mode, the pool exists (upstream's PoolHasSynced;
+a deleted pool empties the datastore and turns readiness off). Which APIs are served is probed
+once at start (retried with back-off while the API server is unreachable): CRDs installed later
+are picked up at the next restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kubernetes import client
+
+from epp.k8s import objectives as obj_api
+from epp.k8s import rewrites as rw_api
+from epp.k8s.client import KubeResource, served_resources
+from epp.k8s.pods import PodInfo, decode_pod, pool_endpoints
+from epp.k8s.pool import POOL_PLURAL, POOL_VERSION, EndpointPool, decode_pool
+from epp.k8s.selector import LabelSelector
+from epp.k8s.sink import ObjectSink
+from epp.k8s.watch import Backoff, Reflector
+from epp.plugin import Endpoint
+
+JOIN_TIMEOUT: Final = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolMode:
+    name: str
+    namespace: str
+    group: str
+
+
+@dataclass(frozen=True, slots=True)
+class StandaloneMode:
+    pool: EndpointPool
+
+
+def deployment_name(pod_name: str) -> str:
+    """``vllm-epp-7d4b9c-x2x9k`` → ``vllm-epp`` (a Deployment's pod name minus the ReplicaSet
+    and pod suffixes); other names are returned unchanged."""
+    parts = pod_name.split("-")
+    return "-".join(parts[:-2]) if len(parts) >= 3 else pod_name
+
+
+def standalone_pool(
+    selector: LabelSelector, ports: tuple[int, ...], namespace: str, pod_name: str
+) -> EndpointPool:
+    return EndpointPool(
+        name=deployment_name(pod_name) if pod_name else "standalone",
+        namespace=namespace,
+        selector=selector,
+        target_ports=ports,
+    )
+
+
+class KubernetesSource:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        mode: PoolMode | StandaloneMode,
+        *,
+        publish: Callable[[Sequence[Endpoint]], None],
+        sink: ObjectSink,
+        watch_timeout: int = 300,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self._api = api
+        self.mode = mode
+        self._publish = publish
+        self._sink = sink
+        self._watch_timeout = watch_timeout
+        self._log = logger or logging.getLogger(__name__)
+        self._pool: EndpointPool | None = mode.pool if isinstance(mode, StandaloneMode) else None
+        self._pods: Mapping[str, PodInfo] = {}
+        self._expected: set[str] = set()
+        self._synced: set[str] = set()
+        self._dirty = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.reflectors: dict[str, Reflector[Any]] = {}
+
+    @property
+    def namespace(self) -> str:
+        return self.mode.namespace if isinstance(self.mode, PoolMode) else self.mode.pool.namespace
+
+    @property
+    def pool(self) -> EndpointPool | None:
+        return self._pool
+
+    def ready(self) -> bool:
+        return bool(self._expected) and self._synced >= self._expected and self._pool is not None
+
+    # ---- start-up -----------------------------------------------------------------------------
+
+    def _objectives_group(self) -> str | None:
+        for group in (obj_api.GROUP, obj_api.LEGACY_GROUP):
+            if obj_api.PLURAL in served_resources(self._api, group, obj_api.VERSION):
+                if group == obj_api.LEGACY_GROUP:
+                    self._log.warning(
+                        "InferenceObjective: using the deprecated %s group", obj_api.LEGACY_GROUP
+                    )
+                return group
+        self._log.warning("InferenceObjective API not served: every request has priority 0")
+        return None
+
+    def _rewrites_served(self) -> bool:
+        served = rw_api.PLURAL in served_resources(self._api, rw_api.GROUP, rw_api.VERSION)
+        if not served:
+            self._log.warning("InferenceModelRewrite API not served: no model rewrites")
+        return served
+
+    def _build(self) -> None:
+        """Probe the served APIs (blocking) and create one reflector per watched resource."""
+        ns = self.namespace
+
+        def resource(group: str, version: str, plural: str, **kw: str) -> KubeResource:
+            return KubeResource(
+                self._api, group=group, version=version, plural=plural, namespace=ns, **kw
+            )
+
+        specs: dict[str, tuple[KubeResource, Callable[[Any], Any]]] = {
+            "pods": (resource("", "v1", "pods"), decode_pod)
+        }
+        if isinstance(self.mode, PoolMode):
+            mode = self.mode
+            specs["pool"] = (
+                resource(
+                    mode.group,
+                    POOL_VERSION,
+                    POOL_PLURAL,
+                    field_selector=f"metadata.name={mode.name}",
+                ),
+                decode_pool,
+            )
+            group = self._objectives_group()
+            if group is not None:
+                specs["objectives"] = (
+                    resource(group, obj_api.VERSION, obj_api.PLURAL),
+                    obj_api.decode_objective,
+                )
+            if self._rewrites_served():
+                specs["rewrites"] = (
+                    resource(rw_api.GROUP, rw_api.VERSION, rw_api.PLURAL),
+                    rw_api.decode_rewrite,
+                )
+        for kind, (target, decode) in specs.items():
+            self.reflectors[kind] = Reflector(
+                target,
+                decode,
+                self._handoff(kind),
+                watch_timeout=self._watch_timeout,
+                logger=self._log,
+            )
+        self._expected = set(specs)
+
+    def _handoff(self, kind: str) -> Callable[[dict[str, Any]], None]:
+        def deliver(snapshot: dict[str, Any]) -> None:
+            loop = self._loop
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(self._update, kind, snapshot)
+
+        return deliver
+
+    # ---- running ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        backoff = Backoff(initial=0.5, maximum=30.0)
+        while not self.reflectors:
+            try:
+                await asyncio.to_thread(self._build)
+            except Exception as exc:  # API server unreachable at start: keep trying
+                delay = backoff.next()
+                self._log.warning(
+                    "Kubernetes API discovery failed (%s); retrying in %.1fs", exc, delay
+                )
+                await asyncio.sleep(delay)
+        threads = [
+            threading.Thread(target=r.run, name=f"watch {kind}", daemon=True)
+            for kind, r in self.reflectors.items()
+        ]
+        for t in threads:
+            t.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            for r in self.reflectors.values():
+                r.stop()
+            await asyncio.to_thread(_join, threads)
+
+    def _update(self, kind: str, snapshot: dict[str, Any]) -> None:
+        self._synced.add(kind)
+        if kind == "pods":
+            self._pods = snapshot
+        elif kind == "pool" and isinstance(self.mode, PoolMode):
+            pool = snapshot.get(f"{self.mode.namespace}/{self.mode.name}")
+            if pool is None and self._pool is not None:
+                self._log.warning("InferencePool %s deleted: no endpoints", self.mode.name)
+            self._pool = pool
+        elif kind == "objectives":
+            self._sink.set_cluster_objectives(snapshot.values())
+            return
+        elif kind == "rewrites":
+            self._sink.set_cluster_rewrites(snapshot.values())
+            return
+        if not self._dirty:
+            self._dirty = True
+            asyncio.get_running_loop().call_soon(self._recompute)
+
+    def _recompute(self) -> None:
+        self._dirty = False
+        if "pods" not in self._synced or (
+            isinstance(self.mode, PoolMode) and "pool" not in self._synced
+        ):
+            return
+        self._publish(pool_endpoints(self._pods.values(), self._pool))
+
+
+def _join(threads: Sequence[threading.Thread]) -> None:
+    for t in threads:
+        t.join(JOIN_TIMEOUT)

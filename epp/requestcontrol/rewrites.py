@@ -1,0 +1,133 @@
+"""InferenceModelRewrite resolution: incoming model → target model (spec §7.3).
+
+A ``ModelRewrite`` (one InferenceModelRewrite object) holds ordered rules; a rule matches a set of
+exact model names, or every model when it lists none (a *generic* rule), and carries weighted
+targets. For an incoming model the store picks one rule:
+
+1. a rule that names the model exactly beats any generic rule;
+2. among objects with such a rule, the oldest ``creationTimestamp`` wins (objects without one,
+   e.g. declared in a file, count as oldest, in declaration order; then by name);
+3. within one object, the first matching rule wins.
+
+The target is drawn at random with probability ``weight / sum(weights)``. Targets without a
+weight are never drawn while a sibling has one; when no target has a weight the draw is uniform.
+The random source is the caller's (seeded in tests). ``resolve`` is O(1): the winning rule per
+model is computed once in ``replace``.
+
+Example object (CRD ``llm-d.ai/v1alpha2``, or a YAML file given to ``--objectives-file``)::
+
+    apiVersion: llm-d.ai/v1alpha2
+    kind: InferenceModelRewrite
+    metadata: {name: canary}
+    spec:
+      poolRef: {name: my-pool}
+      rules:
+      - matches: [{model: {type: Exact, value: llama}}]
+        targets:
+        - {modelRewrite: llama-v1, weight: 90}
+        - {modelRewrite: llama-v2, weight: 10}
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RewriteTarget:
+    model: str
+    weight: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RewriteRule:
+    models: tuple[str, ...]
+    """Exact model names this rule matches; empty = every model (generic rule)."""
+    targets: tuple[RewriteTarget, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRewrite:
+    name: str
+    rules: tuple[RewriteRule, ...]
+    created: datetime.datetime | None = None
+    order: int = 0
+    """Declaration order among objects without ``created`` (files)."""
+
+    def sort_key(self) -> tuple[bool, datetime.datetime, int, str]:
+        epoch = datetime.datetime.min.replace(tzinfo=datetime.UTC)
+        return (self.created is not None, self.created or epoch, self.order, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class RewriteDecision:
+    rewrite_name: str
+    target_model: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    rewrite_name: str
+    models: tuple[str, ...]
+    cumulative: tuple[int, ...]
+    """Running sum of weights; empty = uniform over ``models``."""
+
+    def draw(self, rng: random.Random) -> str:
+        if not self.cumulative:
+            return self.models[rng.randrange(len(self.models))]
+        point = rng.randrange(self.cumulative[-1])
+        for model, bound in zip(self.models, self.cumulative, strict=True):
+            if point < bound:
+                return model
+        return self.models[-1]  # unreachable: point < cumulative[-1]
+
+
+def _choice(rewrite_name: str, rule: RewriteRule) -> _Choice:
+    weighted = [t for t in rule.targets if t.weight]
+    if not weighted:
+        return _Choice(rewrite_name, tuple(t.model for t in rule.targets), ())
+    total = 0
+    cumulative = []
+    for target in weighted:
+        total += target.weight or 0
+        cumulative.append(total)
+    return _Choice(rewrite_name, tuple(t.model for t in weighted), tuple(cumulative))
+
+
+class RewriteStore:
+    def __init__(self, rewrites: Iterable[ModelRewrite] = ()) -> None:
+        self._exact: dict[str, _Choice] = {}
+        self._generic: _Choice | None = None
+        self._rewrites: tuple[ModelRewrite, ...] = ()
+        self.replace(rewrites)
+
+    def replace(self, rewrites: Iterable[ModelRewrite]) -> None:
+        ordered = tuple(sorted(rewrites, key=ModelRewrite.sort_key))
+        exact: dict[str, _Choice] = {}
+        generic: _Choice | None = None
+        for rewrite in ordered:  # oldest first: the first claim of a model wins
+            for rule in rewrite.rules:
+                if not rule.targets:
+                    continue
+                if not rule.models:
+                    generic = generic or _choice(rewrite.name, rule)
+                for model in rule.models:
+                    if model not in exact:
+                        exact[model] = _choice(rewrite.name, rule)
+        self._rewrites, self._exact, self._generic = ordered, exact, generic
+
+    def resolve(self, model: str, rng: random.Random) -> RewriteDecision | None:
+        """The rewrite for ``model``, or None when no rule matches."""
+        choice = self._exact.get(model) or self._generic
+        if choice is None:
+            return None
+        return RewriteDecision(choice.rewrite_name, choice.draw(rng))
+
+    def rewrites(self) -> tuple[ModelRewrite, ...]:
+        return self._rewrites
+
+    def __len__(self) -> int:
+        return len(self._rewrites)

@@ -1,0 +1,135 @@
+"""Leader election on a Lease of the test API server: in-process Apps and two real ``epp``
+processes contending for the lease."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from epp.k8s.client import KubeLeases, load_api_client
+from epp.k8s.leader import Conflict, ElectionConfig, LeaderElector
+from tests.k8s.apiserver import LEASES, PODS, POOLS, FakeApiServer
+from tests.k8s.conftest import (
+    MODEL_LABELS,
+    NOT_SERVING,
+    POOL,
+    SERVING,
+    UNKNOWN,
+    health,
+    leader_and_follower,
+    wait_serving,
+)
+from tests.k8s.objects import pod, pool
+
+LEASE_NAME = f"epp-default-{POOL}.llm-d.ai"
+FAST = {"ha_lease_duration": 2.0, "ha_renew_deadline": 1.5, "ha_retry_period": 0.2}
+
+
+def seed(server: FakeApiServer) -> None:
+    server.create(POOLS, pool(POOL, MODEL_LABELS))
+    server.create(PODS, pod("vllm-a", "127.0.0.2", MODEL_LABELS))
+
+
+def holder(server: FakeApiServer) -> str:
+    return str(server.get(LEASES, LEASE_NAME)["spec"].get("holderIdentity") or "")
+
+
+async def test_health_answers_service_unknown_when_leader_election_is_on(
+    apiserver: FakeApiServer, kube_app: Any
+) -> None:
+    seed(apiserver)
+    app = await kube_app(apiserver, ha_enable_leader_election=True, **FAST)
+    statuses = {
+        name: app.health.status(name)
+        for name in ("liveness", "readiness", "", "inference-extension")
+    }
+    assert statuses == {
+        "liveness": SERVING,
+        "readiness": SERVING,
+        "": SERVING,
+        "inference-extension": UNKNOWN,
+    }
+    assert holder(apiserver) == app.elector.config.identity
+
+
+async def test_follower_takes_over_at_once_when_the_leader_drains(
+    apiserver: FakeApiServer, kube_app: Any
+) -> None:
+    seed(apiserver)
+    slow = {"ha_lease_duration": 30.0, "ha_renew_deadline": 20.0, "ha_retry_period": 0.2}
+    first = await kube_app(apiserver, ha_enable_leader_election=True, **slow)
+    second = await kube_app(apiserver, ha_enable_leader_election=True, ready=False, **slow)
+    await asyncio.sleep(1.0)  # several retry periods: the second must stay a follower
+    assert second.kube.ready()  # warm datastore...
+    assert [e.id for e in second.store.snapshot()] == ["default/vllm-a-rank-0"]
+    assert not second.ready()  # ...but not ready
+    assert second.health.status("readiness") == NOT_SERVING
+    t0 = time.monotonic()
+    first.stop()  # drain: releases the lease long before its 30s expiry
+    await second.wait_ready(5)
+    assert time.monotonic() - t0 < 3
+    lease = apiserver.get(LEASES, LEASE_NAME)["spec"]
+    assert lease["holderIdentity"] == second.elector.config.identity
+    assert lease["leaseTransitions"] == 1
+
+
+def test_stale_lease_write_is_refused_when_another_replica_wrote_first(
+    apiserver: FakeApiServer, tmp_path: Path
+) -> None:
+    api = load_api_client(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig")))
+    leases = KubeLeases(api, "default")
+    electors = [
+        LeaderElector(leases, ElectionConfig(LEASE_NAME, "default", name, 5.0, 3.0, 1.0))
+        for name in ("a", "b")
+    ]
+    assert electors[0].try_acquire_or_renew() is True
+    assert electors[1].try_acquire_or_renew() is False  # held and not expired
+    stale = leases.get(LEASE_NAME)
+    assert stale is not None
+    assert electors[0].try_acquire_or_renew() is True  # renewal bumps the resourceVersion
+    stale["spec"]["holderIdentity"] = "b"
+    with pytest.raises(Conflict):
+        leases.replace(stale)
+    assert holder(apiserver) == "a"
+
+
+# ---- two real processes ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_follower_becomes_ready_within_the_lease_duration_when_the_leader_is_killed(
+    apiserver: FakeApiServer, epp_processes: Any, tmp_path: Path
+) -> None:
+    seed(apiserver)
+    lease, renew, retry = 2.0, 1.5, 0.2
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    procs = [epp_processes(kubeconfig, lease, renew, retry) for _ in range(2)]
+    (leader, _), (_, follower_port) = await leader_and_follower(procs)
+    await asyncio.sleep(3 * retry)
+    assert await health(follower_port) == NOT_SERVING  # still a follower after several retries
+    leader.send_signal(signal.SIGKILL)  # no release: the follower must wait for expiry
+    elapsed = await wait_serving(follower_port, 10)
+    assert lease - retry - 0.3 <= elapsed <= lease + 2 * retry + 1.0
+    assert await health(follower_port, "inference-extension") == UNKNOWN
+
+
+@pytest.mark.slow
+async def test_lease_is_released_when_the_leader_gets_sigterm(
+    apiserver: FakeApiServer, epp_processes: Any, tmp_path: Path
+) -> None:
+    seed(apiserver)
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    procs = [epp_processes(kubeconfig, 20.0, 15.0, 0.2, drain="3s") for _ in range(2)]
+    (leader, leader_port), (_, follower_port) = await leader_and_follower(procs)
+    leader.send_signal(signal.SIGTERM)
+    elapsed = await wait_serving(follower_port, 10)
+    assert elapsed < 3  # far below the 20s lease: released, not expired
+    assert leader.poll() is None  # still draining: serving, but not ready
+    assert await health(leader_port) == NOT_SERVING
+    assert await health(leader_port, "liveness") == SERVING
+    assert await asyncio.to_thread(leader.wait, 10) == 0
