@@ -33,6 +33,7 @@ from epp.config.loader import ConfigError, LoadOptions, load_config
 from epp.config.pipeline import Pipeline
 from epp.datalayer.collector import Collector
 from epp.datalayer.store import Datastore
+from epp.flowcontrol.controller import FlowController
 from epp.observability.http import MetricsServer
 from epp.observability.metrics import EppMetrics
 from epp.observability.recorder import RequestStats
@@ -101,7 +102,9 @@ class App:
             observe=lambda ep, t, n, s: m.plugin_duration.observe((ep, t, n), (ep, t, n), s),
             count_error=lambda ep, t, n: m.plugin_errors.labels(ep, t, n).inc(),
         )
+        self.flow = self._flow_controller()
         self.director = Director(
+            flow=self.flow,
             pipeline=self.pipeline,
             scheduler=self.scheduler,
             endpoints=self.store.snapshot,
@@ -183,6 +186,24 @@ class App:
                 self.object_files.load()
             except ObjectsFileError as exc:
                 raise ConfigError(f"--objectives-file: {exc}") from None
+
+    def _flow_controller(self) -> FlowController | None:
+        """The flow controller when the ``flowControl`` feature gate is on."""
+        if not self.pipeline.feature_gates.get("flowControl"):
+            if self.pipeline.flow_control is not None:
+                log.warning("flowControl config is ignored: the flowControl feature gate is off")
+            return None
+        try:
+            return FlowController.from_config(
+                self.pipeline.flow_control,
+                plugins=self.pipeline.instances,
+                detector=self.pipeline.saturation_detector,
+                registry=self.metrics.registry,
+                clock=time.monotonic,
+                pool_name=self.settings.pool_name or "default",
+            )
+        except ValueError as exc:
+            raise ConfigError(f"config: flowControl: {exc}") from None
 
     def _wire_kubernetes(self) -> None:
         from epp.k8s.client import KubeConfigError, KubeLeases, load_api_client
@@ -278,6 +299,7 @@ class App:
                     tg.create_task(source),
                     tg.create_task(self.collector.run()),
                     tg.create_task(self._pool_gauges()),
+                    *([tg.create_task(self.flow.run())] if self.flow is not None else []),
                 ]
                 if self.object_files is not None:
                     tasks.append(tg.create_task(self.object_files.run()))
@@ -333,6 +355,8 @@ class App:
     async def _drain(self, servers: list[Any]) -> None:
         self.draining = True
         await self._resign()
+        if self.flow is not None:
+            await self.flow.shutdown()  # queued requests: 503 rejected-shutting-down
         if self.settings.drain_timeout > 0:
             log.info("draining for %.1fs", self.settings.drain_timeout)
             with contextlib.suppress(TimeoutError):

@@ -24,6 +24,7 @@ from typing import Any
 
 from epp import protocol
 from epp.config.pipeline import Pipeline
+from epp.flowcontrol.controller import FlowController
 from epp.plugin import (
     CycleState,
     DropReason,
@@ -74,7 +75,9 @@ class Director:
         on_scheduled: Callable[[float], None] | None = None,
         rewrites: RewriteStore | None = None,
         on_rewrite: Callable[[str, str, str], None] | None = None,
+        flow: FlowController | None = None,
     ) -> None:
+        self._flow = flow
         self._pipeline = pipeline
         self._scheduler = scheduler
         self._endpoints = endpoints
@@ -143,19 +146,40 @@ class Director:
             if request.target_model != parsed.model:
                 out_body = parser.rewrite_model(parsed.body, request.target_model)
 
-        pool = self.candidates(metadata)
-        now = self._clock()
-        if request.priority < 0:
-            sat = self._pipeline.saturation_detector.saturation(now, self._endpoints())
+        await self._admit(request)
+        try:
+            return await self._schedule(request, parser, parsed, out_body, metadata)
+        except BaseException:
+            if self._flow is not None:
+                self._flow.done(request)
+            raise
+
+    async def _admit(self, request: InferenceRequest) -> None:
+        """Flow control (gate on) queues the request until dispatch or rejection; legacy
+        admission (gate off) sheds only sheddable requests, and only at saturation >= 1."""
+        if self._flow is not None:
+            await self._flow.admit(request, self._endpoints)
+        elif request.priority < 0:
+            sat = self._pipeline.saturation_detector.saturation(self._clock(), self._endpoints())
             if sat >= 1.0:
                 raise InferenceError(
                     ErrorCode.RESOURCE_EXHAUSTED, "system saturated, sheddable request dropped"
                 )
+
+    async def _schedule(
+        self,
+        request: InferenceRequest,
+        parser: Parser,
+        parsed: ParseResult,
+        out_body: bytes,
+        metadata: Mapping[str, Any],
+    ) -> Decision:
+        pool = self.candidates(metadata)
         if not pool:
             raise _no_candidates()
         if self._pipeline.producers:
             await self._produce(request, pool)
-        cycle = CycleState(now=now, rng=self._rng)
+        cycle = CycleState(now=self._clock(), rng=self._rng)
         for admitter in self._pipeline.admitters:
             denial = admitter.admit(cycle, request, pool)
             if denial is not None:
@@ -171,10 +195,16 @@ class Director:
         destination = ",".join(e.hostport for e in result.primary.targets)
         return Decision(request, result, parser, parsed, out_body, destination, pool)
 
+    def finished(self, request: InferenceRequest, output_tokens: int = 0) -> None:
+        """A scheduled request completed (any cause): frees its flow-control accounting."""
+        if self._flow is not None:
+            self._flow.done(request, output_tokens=output_tokens)
+
     async def _produce(self, request: InferenceRequest, pool: Sequence[Endpoint]) -> None:
         for producer in self._pipeline.producers:
+            timeout = getattr(producer, "produce_timeout", None)
             try:
-                async with asyncio.timeout(PRODUCER_TIMEOUT):
+                async with asyncio.timeout(timeout() if timeout else PRODUCER_TIMEOUT):
                     await producer.produce(request, pool)
             except Exception as exc:  # upstream: producer failures are logged, request goes on
                 log.warning("data producer %s failed: %r", producer.typed_name, exc)

@@ -342,6 +342,7 @@ class RequestStream:
                 hook.response_complete(request, info)
             except Exception:
                 log.exception("response-complete hook %s failed", hook.typed_name)
+        self.ctx.director.finished(request, info.usage.completion_tokens)
         self.ctx.stats.on_complete(
             self.decision,
             info,
