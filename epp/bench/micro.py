@@ -24,6 +24,7 @@ import logging
 import random
 import statistics
 import time
+import tracemalloc
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -34,11 +35,13 @@ from prometheus_client import CollectorRegistry
 
 from epp.bench.text import words
 from epp.plugin import CycleState, Endpoint, InferenceRequest, Metrics, TypedName
+from epp.requestcontrol.prefix_index import PrefixIndex
 
 MODEL = "sim-model"
 ENDPOINT_COUNTS = (10, 100, 1000)
 _CHAT_PATH = "/v1/chat/completions"
 _PARSE = "openai-parser parse_request"
+_LOOKUP = "prefix index match"
 _SCHEDULE = "Scheduler.schedule (default profile)"
 
 
@@ -215,11 +218,46 @@ async def _schedule_rows(hot: HotPath, runs: int) -> list[Row]:
     return rows
 
 
+def _index_rows(runs: int) -> list[Row]:
+    """Prefix-index lookup: flat in pods x indexed blocks, linear in matched blocks; and the
+    measured memory per indexed block (tracemalloc)."""
+    rows = []
+    rng = random.Random(7)
+    for pods, matched in ((10, 512), (100, 512), (1000, 512), (100, 64), (100, 2048)):
+        index = PrefixIndex(default_capacity=4096)
+        for p in range(pods):  # every pod holds 1,000 unrelated blocks
+            index.add(f"pod-{p}", [rng.getrandbits(63) for _ in range(1000)])
+        prompt = [rng.getrandbits(63) for _ in range(matched)]
+        index.add("pod-0", prompt)
+        us = median_us(partial(index.match, prompt), runs)
+        rows.append(
+            Row(_LOOKUP, f"{pods} pods, {matched} hit", us, us * 1000 / matched, "ns/matched block")
+        )
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    index = PrefixIndex(default_capacity=200_000)
+    for p in range(4):
+        index.add(f"pod-{p}", [rng.getrandbits(63) for _ in range(50_000)])
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    rows.append(
+        Row(
+            "prefix index memory",
+            f"{index.size:,} blocks",
+            0.0,
+            used / index.size,
+            "bytes/indexed block",
+        )
+    )
+    return rows
+
+
 async def measure(runs: int) -> list[Row]:
     hot = HotPath()
     rows = _parse_rows(hot, runs)
     rows += await _producers(hot, runs)
     rows += await _schedule_rows(hot, runs)
+    rows += _index_rows(runs)
     return rows
 
 
