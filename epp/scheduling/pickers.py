@@ -66,6 +66,11 @@ class MaxScorePicker(_PickerBase):
     TYPE: ClassVar[str] = "max-score-picker"
 
     def pick(self, cycle: CycleState, scored: Sequence[ScoredEndpoint]) -> PickResult:
+        if self.params.max_num_of_endpoints == 1 and scored:
+            # One target: a uniform choice among the best, without shuffling and sorting all.
+            best = max(s.score for s in scored)
+            ties = [s for s in scored if s.score == best]
+            return PickResult((cycle.rng.choice(ties).endpoint,), tuple(scored))
         shuffled = _shuffled(cycle.rng, scored)
         shuffled.sort(key=lambda s: s.score, reverse=True)  # stable: ties keep shuffled order
         return self._result(shuffled, scored)

@@ -98,7 +98,8 @@ class Scheduler:
                 )
             if not endpoints:
                 return None
-        totals = dict.fromkeys((e.id for e in endpoints), 0.0)
+        ids = [e.id for e in endpoints]
+        totals = dict.fromkeys(ids, 0.0)
         breakdown: dict[str, dict[str, float]] | None = cycle.data.get("explain")
         for scorer, weight in profile.scorers:
             t0 = time.perf_counter()
@@ -111,12 +112,17 @@ class Scheduler:
             self._observe(
                 "Scorer", scorer.typed_name.type, scorer.typed_name.name, time.perf_counter() - t0
             )
-            for eid in totals:
-                s = scores.get(eid, 0.0)
-                s = 0.0 if s != s or s < 0.0 else (1.0 if s > 1.0 else s)  # NaN → 0, clamp
+            get = scores.get
+            label = str(scorer.typed_name) if breakdown is not None else ""
+            for eid in ids:
+                s = get(eid, 0.0)
+                if s > 1.0:
+                    s = 1.0
+                elif not s >= 0.0:  # negative or NaN
+                    s = 0.0
                 totals[eid] += s * weight
                 if breakdown is not None:
-                    breakdown.setdefault(eid, {})[str(scorer.typed_name)] = s
+                    breakdown.setdefault(eid, {})[label] = s
         scored = [ScoredEndpoint(e, totals[e.id]) for e in endpoints]
         t0 = time.perf_counter()
         pick = profile.picker.pick(cycle, scored)
