@@ -20,6 +20,7 @@ from pathlib import Path
 import aiohttp
 import yaml
 
+from epp.bench.procs import Proc
 from epp.localstack.envoy import Envoy, free_port
 from epp.localstack.workload import Summary, drive, mixed_workload, summarize, table
 from epp.sim.config import PodConfig
@@ -115,28 +116,59 @@ async def _first_request(url: str, fleet: SimFleet) -> None:
     )
 
 
-async def _run_epp(args: argparse.Namespace, workdir: Path) -> tuple[Summary, SimFleet | None]:
-    from epp.app import App
-    from epp.settings import Settings
+async def _wait_scraped(metrics_url: str, proc: Proc, pods: int, timeout: float = 20.0) -> None:
+    """Until the EPP has scraped every pod once (its ``/debug/endpoints`` view)."""
+    async with asyncio.timeout(timeout), aiohttp.ClientSession() as s:
+        while True:
+            if not proc.alive():
+                raise RuntimeError(f"the EPP exited:\n{proc.log_tail()}")
+            try:
+                async with s.get(f"{metrics_url}/debug/endpoints") as r:
+                    eps = (await r.json())["endpoints"]
+                    if len(eps) == pods and all(e.get("metrics") for e in eps):
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
 
+
+async def _run_epp(args: argparse.Namespace, workdir: Path) -> Summary:
     waves = mixed_workload(seed=args.seed)
     async with _fleet(args) as fleet:
         eps = _endpoints_file(fleet.ports, workdir)
-        settings = Settings(
-            grpc_port=free_port(),
-            grpc_health_port=0,
-            metrics_port=0,
-            bind_address="127.0.0.1",
-            drain_timeout=0.0,
-            config_text=_config_text(eps, args.config_file),
-        )
-        async with App(settings) as app:
-            await app.wait_ready(15)
-            with Envoy("full-duplex", epp_port=app.grpc_port, epp_tls=True) as envoy:
+        cfg = workdir / "epp-config.yaml"
+        cfg.write_text(_config_text(eps, args.config_file))
+        grpc_port, metrics_port = free_port(), free_port()
+        # The EPP runs in its own process (as in production), TLS on as by default.
+        epp = Proc(
+            "epp",
+            [
+                sys.executable,
+                "-m",
+                "epp",
+                "--config-file",
+                str(cfg),
+                "--grpc-port",
+                str(grpc_port),
+                "--grpc-health-port",
+                str(free_port()),
+                "--metrics-port",
+                str(metrics_port),
+                "--bind-address",
+                "127.0.0.1",
+                "--drain-timeout",
+                "0s",
+            ],
+            workdir / "epp.log",
+        ).start()
+        try:
+            metrics_url = f"http://127.0.0.1:{metrics_port}"
+            await _wait_scraped(metrics_url, epp, len(fleet.ports))
+            with Envoy("full-duplex", epp_port=grpc_port, epp_tls=True) as envoy:
                 print(
-                    f"stack: envoy {envoy.url} -> EPP :{app.grpc_port} (TLS) -> "
-                    f"{len(fleet.ports)} simulated vLLM pods; EPP metrics "
-                    f"http://127.0.0.1:{app.metrics_port}/metrics"
+                    f"stack: envoy {envoy.url} -> EPP :{grpc_port} (TLS, pid {epp.pid}) -> "
+                    f"{len(fleet.ports)} simulated vLLM pods; EPP metrics {metrics_url}/metrics, "
+                    f"decisions {metrics_url}/debug/decisions"
                 )
                 await _first_request(envoy.url, fleet)
                 results = await drive(envoy.url, waves, model=MODEL, concurrency=args.concurrency)
@@ -145,7 +177,9 @@ async def _run_epp(args: argparse.Namespace, workdir: Path) -> tuple[Summary, Si
                     print(table([summary]))
                     print("stack is up; Ctrl-C to stop")
                     await asyncio.Event().wait()
-    return summary, None
+        finally:
+            epp.stop()
+    return summary
 
 
 async def _run_baseline(args: argparse.Namespace) -> Summary:
@@ -158,7 +192,7 @@ async def _run_baseline(args: argparse.Namespace) -> Summary:
 
 async def _main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="epp-stack-") as tmp:
-        epp_summary, _ = await _run_epp(args, Path(tmp))
+        epp_summary = await _run_epp(args, Path(tmp))
         rows = [epp_summary]
         if not args.skip_baseline:
             rows.append(await _run_baseline(args))
