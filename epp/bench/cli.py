@@ -7,13 +7,19 @@ PNG plots to ``--out``::
     epp bench                                   # every workload, every target, default scale
     epp bench --workloads a,b --targets epp,rr --scale full --out out/bench-full
     epp bench --workloads a --targets epp,rr --requests 20 --time-scale 20 --seed 7
+    epp bench --workloads d --targets epp,epp:deploy/configs/flow-control.yaml --out out/bench-d
 
 Workloads: ``a`` shared system prompts, ``b`` agentic multi-turn sessions, ``c`` multi-LoRA,
-``d`` overload with mixed priorities (``epp/bench/workloads.py``). Targets: ``epp`` (this EPP
-behind Envoy), ``rr`` / ``lr`` (Envoy round robin / least request), ``sglang`` / ``vllm`` (the
-PyPI routers, installed into ``.venv-sglang-router`` / ``.venv-vllm-router`` on first use).
-The default run takes about 4 minutes on an idle 2-core machine (the first run also installs
-the two routers, ~20 s each). TTFT is wall-clock time: compare targets within one run.
+``d`` overload at 2x capacity with priorities, tenants and shedding (``epp/bench/workloads.py``,
+``epp/bench/overload.py``). Targets: ``epp`` (this EPP behind Envoy, built-in default config),
+``epp:<config.yaml>`` (the same with that config, alpha plugins allowed), ``rr`` / ``lr`` (Envoy
+round robin / least request), ``sglang`` / ``vllm`` (the PyPI routers, installed into
+``.venv-sglang-router`` / ``.venv-vllm-router`` on first use). Workload ``d`` also runs its
+latency-sensitive class alone on an idle fleet (the reference of its latency target); against
+``epp`` and ``epp:deploy/configs/flow-control.yaml`` it takes about 2.5 minutes, about a minute
+per target. Workloads a to c take about 4 minutes on an idle 2-core machine with every target
+(the first run also installs the two routers, ~20 s each). TTFT is wall-clock time: compare
+targets within one run.
 
 ``epp bench micro [--runs N]`` prints the median time of each hot-path step (body parse, prefix
 hashing, scheduling at 10/100/1000 endpoints), see ``epp/bench/micro.py``.

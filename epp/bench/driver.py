@@ -8,7 +8,8 @@ reused (keep-alive), as real load generators do; ``probe`` measures fresh connec
 Per request (``Outcome``): HTTP status, the pod that served it (``x-sim-pod``), time to first
 token (first SSE chunk carrying content; the chat role chunk the server sends at once does not
 count), the mean gap between content chunks (ITL), the chunk count and the usage block
-(``prompt_tokens``, ``prompt_tokens_details.cached_tokens``).
+(``prompt_tokens``, ``prompt_tokens_details.cached_tokens``); for a refused request, the
+``x-llm-d-request-dropped-reason`` header (``reason``) and the start of the body (``error``).
 
 Every wait is bounded: ``request_timeout`` per request and ``deadline`` for the whole run;
 requests not finished by then are recorded with status 0.
@@ -30,6 +31,7 @@ from epp.bench.spec import MODEL, BenchRequest
 
 _CONTENT = b'"content":"'
 _EMPTY_CONTENT = b'"content":""'
+DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
 
 
 @dataclass
@@ -47,10 +49,13 @@ class Outcome:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     error: str = ""
+    tenant: str = ""
+    reason: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.status == 200 and self.tokens > 0
+        """Answered 200 and streamed to its end (a stream cut midway leaves an error)."""
+        return self.status == 200 and self.tokens > 0 and not self.error
 
 
 async def _read_stream(response: aiohttp.ClientResponse, t0: float, out: Outcome) -> None:
@@ -79,7 +84,7 @@ async def _read_stream(response: aiohttp.ClientResponse, t0: float, out: Outcome
 async def send(
     session: aiohttp.ClientSession, url: str, index: int, req: BenchRequest, start: float
 ) -> Outcome:
-    out = Outcome(index, req.session, req.objective, 0)
+    out = Outcome(index, req.session, req.objective, 0, tenant=req.fairness_id)
     body = orjson.dumps(req.body())
     t0 = time.perf_counter()
     out.sent = t0 - start
@@ -93,6 +98,7 @@ async def send(
                 await _read_stream(r, t0, out)
             else:
                 out.error = (await r.read())[:200].decode(errors="replace")
+                out.reason = r.headers.get(DROPPED_REASON_HEADER, "")
     except Exception as exc:  # a broken response is a failed request, not a failed run
         out.error = f"{type(exc).__name__}: {exc}"[:200]
     out.latency = time.perf_counter() - t0
@@ -137,7 +143,10 @@ async def run(
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
     return [
-        done.get(i) or Outcome(i, r.session, r.objective, 0, error="not finished by the deadline")
+        done.get(i)
+        or Outcome(
+            i, r.session, r.objective, 0, error="not finished by the deadline", tenant=r.fairness_id
+        )
         for i, r in enumerate(requests)
     ]
 

@@ -6,7 +6,8 @@ the kernel's accounting of that PID:
 
 * CPU seconds: ``utime + stime`` of ``/proc/<pid>/stat`` (fields 14 and 15, in clock ticks),
   i.e. all threads of the process;
-* peak RSS: ``VmHWM`` of ``/proc/<pid>/status`` (the high-water mark since the process started).
+* peak RSS: ``VmHWM`` of ``/proc/<pid>/status`` (the high-water mark since the process started);
+  current RSS: ``VmRSS``.
 """
 
 from __future__ import annotations
@@ -40,15 +41,24 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
 
-def peak_rss_bytes(pid: int) -> int:
-    """``VmHWM`` of ``pid`` in bytes (0 if it is gone)."""
+def _status_kb(pid: int, field: str) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """``VmHWM`` of ``pid`` in bytes (0 if it is gone)."""
+    return _status_kb(pid, "VmHWM:")
+
+
+def rss_bytes(pid: int) -> int:
+    """``VmRSS`` of ``pid`` in bytes (0 if it is gone)."""
+    return _status_kb(pid, "VmRSS:")
 
 
 @dataclass

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from epp.bench.workloads import OBJECTIVES
+from epp.bench import overload_report
 
 NOTES: tuple[str, ...] = (
     "hit = the pods' prefix-cache hit tokens / prompt tokens (simulator counters); "
@@ -31,8 +31,12 @@ NOTES: tuple[str, ...] = (
     "per successful request; peak RSS = VmHWM.",
     "vs best peer = value / the best among sglang-router and vllm-router (the Envoy baselines "
     "if neither ran); > 1 is better for hit and tok/s, < 1 is better for TTFT.",
-    "Workload (d) sends x-llm-d-inference-objective; the EPP does not map objectives to "
-    "priorities yet, so all its requests run at priority 0.",
+    "Workload (d) sends x-llm-d-inference-objective (priorities from a generated "
+    "--objectives-file) and x-llm-d-inference-fairness-id; its per-class table counts a request "
+    "as served when it streamed tokens with HTTP 200; 429 reasons are the "
+    "x-llm-d-request-dropped-reason header ('no header: ...' = the body's message when the "
+    "answer had none). EPP memory: RSS after warm-up -> peak (VmHWM) and the peak of "
+    "llm_d_epp_flow_control_queue_bytes polled every 250 ms, against the config's maxBytes.",
 )
 
 
@@ -81,27 +85,6 @@ def _row(r: Mapping[str, Any]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _objective_table(results: Sequence[Mapping[str, Any]]) -> list[str]:
-    present = {n for r in results for n in (r.get("per_objective") or {})}
-    names = [n for n, _ in OBJECTIVES if n in present] + sorted(
-        present - {n for n, _ in OBJECTIVES}
-    )
-    if not names:
-        return []
-    head = "| target | " + " | ".join(f"{n} p50 / p90 (err)" for n in names) + " |"
-    lines = ["", "TTFT per objective (ms):", "", head, "|" + "---|" * (len(names) + 1)]
-    for r in results:
-        objectives = r.get("per_objective") or {}
-        cells = []
-        for n in names:
-            o = objectives.get(n)
-            cells.append(
-                f"{o['ttft_p50_ms']:.0f} / {o['ttft_p90_ms']:.0f} ({o['errors']:.0f})" if o else "-"
-            )
-        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
-    return lines
-
-
 def _epp_line(results: Sequence[Mapping[str, Any]]) -> list[str]:
     for r in results:
         if r["target"].startswith("epp") and r["ok"]:
@@ -141,7 +124,7 @@ def render_workload(w: Mapping[str, Any]) -> list[str]:
         if r["status"] != "ok":
             lines.append(f"\n{r['label']}: {r['status']} ({r['reason']})")
     lines += _epp_line(ran)
-    lines += _objective_table(ran)
+    lines += overload_report.render(w)
     return lines
 
 

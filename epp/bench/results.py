@@ -10,6 +10,10 @@
 * load imbalance: requests served by the busiest pod / the mean over all pods;
 * CPU: ``utime + stime`` of the target's processes during the measured phase, per successful
   request; peak RSS (VmHWM) at the end;
+* per traffic class and per tenant: see ``epp.bench.classes``, over the requests that arrive
+  after the workload's lead-in (``Workload.measure_from``); ``epp_memory`` (EPP targets of a
+  workload with objectives): RSS after warm-up, peak flow-control queue bytes and requests,
+  configured byte caps (``epp.bench.eppmetrics``);
 * ``vs_best_peer``: this target's value / the best value among the peer routers that ran
   (sglang-router, vllm-router; the Envoy baselines when neither ran), the row's own target
   excluded; ``best_peer`` names which peer was best per metric (hit share and throughput:
@@ -24,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from epp.bench.classes import class_stats, tenant_stats
 from epp.bench.driver import Outcome
 from epp.bench.text import percentile
 
@@ -64,7 +69,10 @@ class TargetResult:
     cpu_s: dict[str, float] = field(default_factory=dict)
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
     cpu_ms_per_req: float = 0.0
-    per_objective: dict[str, dict[str, float]] = field(default_factory=dict)
+    classes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tenants: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    """Objective -> tenant -> stats, for objectives whose requests carry a fairness id."""
+    epp_memory: dict[str, Any] = field(default_factory=dict)
     error_samples: list[str] = field(default_factory=list)
     ttft_ms: list[float] = field(default_factory=list)
     vs_best_peer: dict[str, float] = field(default_factory=dict)
@@ -82,20 +90,6 @@ def _ms(values: Sequence[float], q: float) -> float:
     return round(percentile(values, q) * 1000.0, 3)
 
 
-def _objectives(outcomes: Sequence[Outcome]) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {}
-    for name in sorted({o.objective for o in outcomes if o.objective}):
-        mine = [o for o in outcomes if o.objective == name]
-        ttfts = [o.ttft for o in mine if o.ok]
-        out[name] = {
-            "requests": len(mine),
-            "errors": sum(not o.ok for o in mine),
-            "ttft_p50_ms": _ms(ttfts, 0.5),
-            "ttft_p90_ms": _ms(ttfts, 0.9),
-        }
-    return out
-
-
 def summarize(
     result: TargetResult,
     outcomes: Sequence[Outcome],
@@ -103,8 +97,10 @@ def summarize(
     oracle_ratio: float,
     cpu_s: Mapping[str, float],
     probe: Mapping[str, Sequence[float]],
+    measured: Sequence[Outcome] | None = None,
 ) -> TargetResult:
-    """Fill ``result`` from one target's measurements."""
+    """Fill ``result`` from one target's measurements; the per-class and per-tenant stats come
+    from ``measured`` when given (the requests after the workload's lead-in)."""
     ok = [o for o in outcomes if o.ok]
     result.requests, result.ok = len(outcomes), len(ok)
     result.errors = len(outcomes) - len(ok)
@@ -139,7 +135,12 @@ def summarize(
     result.cpu_s = {name: round(v, 3) for name, v in cpu_s.items()}
     total_cpu = sum(cpu_s.values())
     result.cpu_ms_per_req = total_cpu * 1000.0 / len(ok) if ok else 0.0
-    result.per_objective = _objectives(outcomes)
+    window = outcomes if measured is None else measured
+    result.classes = class_stats(window)
+    result.tenants = {
+        name: tenant_stats(window, name)
+        for name in sorted({o.objective for o in window if o.tenant})
+    }
     return result
 
 

@@ -1,10 +1,18 @@
 """Runs every selected workload against every selected target, one at a time, and reports.
 
 For each (workload, target): start a cold simulated fleet (its own ``epp sim`` process), start
-the target in front of it, send one warm-up request (until it answers 200, bounded), snapshot the
-pods' counters and the target's CPU time, run the workload, snapshot again, read peak RSS, run
-the fresh-connection probe, stop the target and the fleet. A target that cannot be installed or
+the target in front of it, send one warm-up request (until it answers 200, bounded), send the
+workload's ``warm_prefixes`` to every pod directly (so shared prompts start cached everywhere),
+snapshot the pods' counters and the target's CPU time, run the workload (an EPP target's
+flow-control queue gauges are polled meanwhile), snapshot again, read peak RSS, run the
+fresh-connection probe, stop the target and the fleet. A target that cannot be installed or
 started is reported with the reason and the run goes on.
+
+A workload with a ``reference_objective`` (the overload workload's latency-sensitive class) is
+then run once more with only that class's requests, same arrival times, on a fresh idle fleet:
+the idle-fleet reference its latency under load is compared with. It goes through the config
+of the first EPP target that ran with flow control on (else the first EPP target that ran): the
+config whose latency target it measures.
 """
 
 from __future__ import annotations
@@ -21,12 +29,13 @@ from typing import Any
 import aiohttp
 
 from epp.bench import driver, targets
+from epp.bench.eppmetrics import QueueSampler, byte_caps
 from epp.bench.fleet import SimProcess, stats_delta
 from epp.bench.oracle import compute_oracle
 from epp.bench.peers import PeerUnavailable
-from epp.bench.procs import cpu_seconds, peak_rss_bytes
+from epp.bench.procs import cpu_seconds, peak_rss_bytes, rss_bytes
 from epp.bench.results import TargetResult, add_peer_ratios, summarize
-from epp.bench.spec import Workload, limit_requests
+from epp.bench.spec import MODEL, BenchRequest, Workload, limit_requests
 from epp.bench.workloads import build
 
 _WARMUP_TIMEOUT = 30.0
@@ -64,9 +73,56 @@ async def warm_up(url: str) -> None:
     raise RuntimeError(f"warm-up request never succeeded: {last}")
 
 
+async def warm_pods(sim: SimProcess, workload: Workload) -> None:
+    """Each of the workload's warm prompts once to every pod, bypassing the router."""
+    if not workload.warm_prefixes:
+        return
+    timeout = aiohttp.ClientTimeout(total=_WARMUP_TIMEOUT)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+
+        async def one_pod(url: str) -> None:
+            for i, messages in enumerate(workload.warm_prefixes):
+                req = BenchRequest(f"warm-{i}", 0, MODEL, messages, 1)
+                out = await driver.send(http, url, i, req, time.perf_counter())
+                if not out.ok:
+                    raise RuntimeError(f"warming {url} failed: {out.error or out.status}")
+
+        await asyncio.gather(*(one_pod(url) for url in sim.urls))
+
+
+async def _drive(
+    running: targets.Running, workload: Workload, requests: list[BenchRequest], opts: Options
+) -> tuple[list[driver.Outcome], dict[str, Any]]:
+    """Run the requests; for an EPP target with objectives also sample its queues."""
+    kwargs: dict[str, Any] = {
+        "concurrency": workload.concurrency,
+        "time_scale": workload.fleet.time_scale,
+        "deadline": opts.deadline,
+    }
+    if not (running.metrics_url and workload.objectives):
+        return await driver.run(running.url, requests, **kwargs), {}
+    rss0 = rss_bytes(running.processes["epp"])
+    async with QueueSampler(running.metrics_url) as sampler:
+        outcomes = await driver.run(running.url, requests, **kwargs)
+    priorities = sorted({p for _, p in workload.objectives}, reverse=True)
+    memory = {
+        "rss_start_mb": round(rss0 / 2**20, 1),
+        "queue": sampler.as_json(),
+        "caps": byte_caps(running.config_text, priorities),
+    }
+    return outcomes, memory
+
+
 async def run_target(
-    key: str, workload: Workload, oracle_ratio: float, opts: Options, workdir: Path
+    key: str,
+    workload: Workload,
+    oracle_ratio: float,
+    opts: Options,
+    workdir: Path,
+    requests: list[BenchRequest] | None = None,
+    probe_n: int | None = None,
 ) -> TargetResult:
+    """One measured run of ``requests`` (default: the workload's) against target ``key``."""
     result = TargetResult(key, targets.label(key))
     sim = SimProcess(workload.fleet, workdir)
     running: targets.Running | None = None
@@ -74,22 +130,20 @@ async def run_target(
         sim.start()
         running = targets.start(key, sim, workload, workdir)
         await warm_up(running.url)
+        await warm_pods(sim, workload)
         before = sim.stats()
         cpu0 = {name: cpu_seconds(pid) for name, pid in running.processes.items()}
-        outcomes = await driver.run(
-            running.url,
-            workload.requests,
-            concurrency=workload.concurrency,
-            time_scale=workload.fleet.time_scale,
-            deadline=opts.deadline,
-        )
+        todo = workload.requests if requests is None else requests
+        outcomes, memory = await _drive(running, workload, todo, opts)
         cpu = {n: cpu_seconds(pid) - cpu0[n] for n, pid in running.processes.items()}
         delta = stats_delta(before, sim.stats())
         result.peak_rss_mb = {
             n: round(peak_rss_bytes(pid) / 2**20, 1) for n, pid in running.processes.items()
         }
-        probe = await driver.probe(running.url, opts.probe)
-        summarize(result, outcomes, delta, oracle_ratio, cpu, probe)
+        probe = await driver.probe(running.url, opts.probe if probe_n is None else probe_n)
+        measured = [o for o in outcomes if todo[o.index].at >= workload.measure_from]
+        summarize(result, outcomes, delta, oracle_ratio, cpu, probe, measured)
+        result.epp_memory = memory
     except Exception as exc:
         result.status, result.reason = "failed", f"{type(exc).__name__}: {exc}"[:500]
     finally:
@@ -97,6 +151,18 @@ async def run_target(
             running.stop()
         sim.stop()
     return result
+
+
+async def run_reference(
+    key: str, workload: Workload, opts: Options, workdir: Path
+) -> dict[str, Any]:
+    """The reference class alone on an idle fleet through target ``key``: its class stats."""
+    name = workload.reference_objective
+    requests = [r for r in workload.requests if r.objective == name]
+    result = await run_target(key, workload, 0.0, opts, workdir, requests, probe_n=0)
+    if result.status != "ok":
+        return {"objective": name, "status": result.status, "reason": result.reason}
+    return {"objective": name, "status": "ok", **result.classes.get(name, {})}
 
 
 def _prepare_targets(keys: Sequence[str]) -> dict[str, str]:
@@ -121,6 +187,30 @@ def _describe(r: TargetResult, seconds: float) -> str:
     )
 
 
+def _dirname(key: str) -> str:
+    return key.replace(":", "-").replace("/", "_")
+
+
+async def _reference(
+    workload: Workload, results: list[TargetResult], opts: Options
+) -> dict[str, Any]:
+    """The idle-fleet reference run (see the module doc); ``{}`` when there is none."""
+    ran = [r for r in results if r.status == "ok" and r.target.startswith("epp")]
+    if not workload.reference_objective or not ran:
+        return {}
+    key = next((r.target for r in ran if r.epp_memory.get("caps")), ran[0].target)
+    t1 = time.monotonic()
+    workdir = opts.out / "work" / workload.name / (_dirname(key) + "-idle")
+    ref = await run_reference(key, workload, opts, workdir)
+    log(
+        f"({workload.name}) idle {ref['objective']} through {key}: "
+        f"{ref.get('served', 0)}/{ref.get('sent', 0)} served, TTFT p50 "
+        f"{ref.get('ttft_p50_ms', 0):.1f} ms p99 {ref.get('ttft_p99_ms', 0):.1f} ms "
+        f"[{time.monotonic() - t1:.1f}s]"
+    )
+    return {"target": key, "label": targets.label(key), **ref}
+
+
 async def run_workload(name: str, opts: Options, unavailable: dict[str, str]) -> dict[str, Any]:
     workload = build(name, scale=opts.scale, seed=opts.seed, time_scale=opts.time_scale)
     workload.requests = limit_requests(workload.requests, opts.requests)
@@ -136,10 +226,11 @@ async def run_workload(name: str, opts: Options, unavailable: dict[str, str]) ->
             results.append(TargetResult(key, targets.label(key), "skipped", unavailable[key]))
             continue
         t1 = time.monotonic()
-        workdir = opts.out / "work" / workload.name / key
+        workdir = opts.out / "work" / workload.name / _dirname(key)
         result = await run_target(key, workload, oracle.ratio, opts, workdir)
         log(f"({workload.name}) {_describe(result, time.monotonic() - t1)}")
         results.append(result)
+    reference = await _reference(workload, results, opts)
     add_peer_ratios(results, list(targets.PEERS))
     return {
         "name": workload.name,
@@ -151,6 +242,10 @@ async def run_workload(name: str, opts: Options, unavailable: dict[str, str]) ->
         "shape": workload.shape,
         "oracle": oracle.as_json(),
         "epp_extra_scorers": [list(s) for s in workload.epp_extra_scorers],
+        "objectives": [list(o) for o in workload.objectives],
+        "reference_objective": workload.reference_objective,
+        "measure_from_s": workload.measure_from,
+        "reference": reference,
         "results": [r.as_json() for r in results],
     }
 

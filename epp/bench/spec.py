@@ -12,7 +12,11 @@ unchanged to every target, so every target sees byte-identical requests in the s
   while one that keeps it together does not.
 * ``Workload``: the requests, the fleet, the in-flight request cap and the scorers the ``epp``
   target adds to the built-in default profile (none unless the workload needs one, e.g. LoRA
-  affinity for the multi-LoRA workload).
+  affinity for the multi-LoRA workload). A workload may also declare InferenceObjectives (name,
+  priority): the runner writes them to an objectives file the EPP targets load; prompt prefixes
+  every pod holds before the run starts (``warm_prefixes``, sent to each pod directly); and a
+  request class measured again alone on an idle fleet (``reference_objective``); and a lead-in
+  (``measure_from``) whose requests bring the fleet from idle to its steady state unmeasured.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ MODEL = "sim-model"
 """The base model every simulated pod serves."""
 
 OBJECTIVE_HEADER = "x-llm-d-inference-objective"
-"""InferenceObjective header: the EPP reads it (objectives are not wired to priorities yet)."""
+"""InferenceObjective header: the EPP maps it to a priority (``--objectives-file``)."""
+FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
+"""Flow-control fairness id (a tenant or a program)."""
 
 Message = Mapping[str, str]
 
@@ -39,6 +45,8 @@ class FleetSpec:
     max_model_len: int = 131072
     prefill_tokens_per_s: float = 16000.0
     time_scale: float = 10.0
+    decode_base_ms: float = 6.0
+    decode_per_seq_ms: float = 0.08
     lora_adapters: tuple[str, ...] = ()
     max_loras: int = 1
 
@@ -77,6 +85,10 @@ class FleetSpec:
             str(self.max_model_len),
             "--prefill-tokens-per-s",
             f"{self.prefill_tokens_per_s:g}",
+            "--decode-base-ms",
+            f"{self.decode_base_ms:g}",
+            "--decode-per-seq-ms",
+            f"{self.decode_per_seq_ms:g}",
         ]
         if self.lora_adapters:
             args += ["--lora", ",".join(self.lora_adapters), "--max-loras", str(self.max_loras)]
@@ -91,6 +103,8 @@ class FleetSpec:
             "max_num_seqs": self.max_num_seqs,
             "max_model_len": self.max_model_len,
             "prefill_tokens_per_s": self.prefill_tokens_per_s,
+            "decode_base_ms": self.decode_base_ms,
+            "decode_per_seq_ms": self.decode_per_seq_ms,
             "time_scale": self.time_scale,
             "lora_adapters": list(self.lora_adapters),
             "max_loras": self.max_loras,
@@ -106,11 +120,14 @@ class BenchRequest:
     max_tokens: int
     at: float = 0.0
     objective: str = ""
+    fairness_id: str = ""
 
     def headers(self) -> dict[str, str]:
         headers = {"content-type": "application/json"}
         if self.objective:
             headers[OBJECTIVE_HEADER] = self.objective
+        if self.fairness_id:
+            headers[FAIRNESS_HEADER] = self.fairness_id
         return headers
 
     def body(self) -> dict[str, Any]:
@@ -134,6 +151,24 @@ class Workload:
     epp_extra_scorers: tuple[tuple[str, int], ...] = ()
     """(scorer type, weight) added to the EPP's default profile for this workload."""
     shape: dict[str, Any] = field(default_factory=dict)
+    objectives: tuple[tuple[str, int], ...] = ()
+    """InferenceObjectives (name, priority) the EPP targets load from a generated file."""
+    warm_prefixes: tuple[tuple[Message, ...], ...] = ()
+    """Prompts sent once to every pod (bypassing the router) before the measured phase."""
+    reference_objective: str = ""
+    """Objective whose requests are also run alone on an idle fleet (the latency reference)."""
+    measure_from: float = 0.0
+    """Lead-in: requests arriving earlier (simulated seconds) are sent and served but left out
+    of the per-class and per-tenant statistics."""
+
+    def objectives_yaml(self) -> str:
+        """The declared objectives as multi-document ``InferenceObjective`` YAML."""
+        docs = [
+            f"apiVersion: llm-d.ai/v1alpha2\nkind: InferenceObjective\n"
+            f"metadata: {{name: {name}}}\nspec: {{priority: {priority}}}\n"
+            for name, priority in self.objectives
+        ]
+        return "---\n".join(docs)
 
     def sessions(self) -> dict[str, list[BenchRequest]]:
         """Requests per session, in send order (sessions in order of their first request)."""

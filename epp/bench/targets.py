@@ -13,7 +13,12 @@ key         what runs
 ==========  ===================================================================================
 
 ``Running.processes`` names the PIDs whose CPU time and peak RSS the report shows (the EPP and
-its Envoy, Envoy alone, or the peer router).
+its Envoy, Envoy alone, or the peer router). An EPP target also gives its metrics URL and the
+config it runs; when the workload declares InferenceObjectives they are written to
+``objectives.yaml`` in the target's work directory and passed with ``--objectives-file``. A
+config that already has a ``file-discovery`` plugin (the files under ``deploy/configs/``) gets
+its path pointed at the run's endpoints file; ``epp:<config.yaml>`` runs with
+``--allow-experimental-plugins``, so such a config may use alpha plugins.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ class Running:
     url: str
     processes: dict[str, int]
     stops: list[Callable[[], None]] = field(default_factory=list)
+    metrics_url: str = ""
+    config_text: str = ""
 
     def stop(self) -> None:
         for stop in reversed(self.stops):
@@ -76,10 +83,14 @@ def epp_config_text(
     doc.setdefault("dataLayer", {})
     if base is not None:
         extra_scorers = ()
-    doc["plugins"].append(
-        {"type": "file-discovery", "parameters": {"path": str(endpoints_file), "watchFile": False}}
-    )
-    doc["dataLayer"]["discovery"] = {"pluginRef": "file-discovery"}
+    params = {"path": str(endpoints_file), "watchFile": False}
+    discovery = [p for p in doc["plugins"] if p.get("type") == "file-discovery"]
+    if discovery:
+        discovery[0]["parameters"] = params
+    else:
+        discovery = [{"type": "file-discovery", "parameters": params}]
+        doc["plugins"].append(discovery[0])
+    doc["dataLayer"]["discovery"] = {"pluginRef": discovery[0].get("name", "file-discovery")}
     for scorer, weight in extra_scorers:
         doc["plugins"].append({"type": scorer})
         doc["schedulingProfiles"][0]["plugins"].append({"pluginRef": scorer, "weight": weight})
@@ -100,7 +111,8 @@ def _start_epp(
     eps = workdir / "endpoints.yaml"
     eps.write_text(_endpoints_yaml(fleet))
     cfg = workdir / "epp-config.yaml"
-    cfg.write_text(epp_config_text(eps, workload.epp_extra_scorers, base))
+    config_text = epp_config_text(eps, workload.epp_extra_scorers, base)
+    cfg.write_text(config_text)
     grpc_port, metrics_port = free_port(), free_port()
     argv = [
         sys.executable, "-m", "epp", "--config-file", str(cfg), "--secure-serving=false",
@@ -108,10 +120,17 @@ def _start_epp(
         "--metrics-port", str(metrics_port), "--bind-address", "127.0.0.1",
         "--drain-timeout", "0s", "--seed", "1",
     ]  # fmt: skip
+    if base is not None:  # a config given on the command line may use alpha plugins
+        argv.append("--allow-experimental-plugins")
+    if workload.objectives:
+        objectives = workdir / "objectives.yaml"
+        objectives.write_text(workload.objectives_yaml())
+        argv += ["--objectives-file", str(objectives)]
     epp = Proc("epp", argv, workdir / "epp.log").start()
-    running = Running("", {"epp": epp.pid}, [epp.stop])
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    running = Running("", {"epp": epp.pid}, [epp.stop], metrics_url, config_text)
     try:
-        wait_http(f"http://127.0.0.1:{metrics_port}/metrics", epp, timeout=30)
+        wait_http(metrics_url, epp, timeout=30)
         envoy = Envoy("full-duplex", epp_port=grpc_port, epp_tls=False).start()
         running.stops.append(envoy.stop)
         running.url = envoy.url

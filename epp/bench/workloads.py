@@ -9,12 +9,9 @@
     system prompts of its own; every pod serves every adapter but only ``max_loras`` at a time
     in a batch (requests for a third adapter wait for a slot). Prefix blocks never match across
     adapters. The EPP adds ``lora-affinity-scorer`` (weight 2) to its default profile.
-(d) ``overload``: open-loop Poisson arrivals at about 1.5x what the fleet can serve, for
-    ``duration`` simulated seconds, with a mix of InferenceObjectives sent in the
-    ``x-llm-d-inference-objective`` header (``critical`` 20%, ``standard`` 50%, ``sheddable``
-    30%). The EPP reads the header but objectives are not wired to priorities yet, so every
-    request has priority 0 and nothing is shed; the report shows latency per objective so the
-    difference is visible once they are. The simulator runs in real time here (time scale 1).
+(d) ``overload``: the fleet at 2x its capacity with three InferenceObjectives (latency-sensitive
+    10, agentic 0 from two tenants sending 10:1 in bursts, batch -1), open-loop, real time; see
+    ``epp.bench.overload`` for the classes and how the capacity is derived.
 
 Arrival times are in simulated seconds: ``--time-scale`` speeds them up together with the
 simulator, so the offered load relative to the fleet stays the same.
@@ -28,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from epp.bench.agentic import AGENTIC_SHAPES, build_agentic
+from epp.bench.overload import build_overload
 from epp.bench.spec import MODEL, BenchRequest, FleetSpec, Message, Workload
 from epp.bench.text import words
 
@@ -38,11 +36,6 @@ WORKLOADS: dict[str, str] = {
     "c": "multi-lora",
     "d": "overload",
 }
-OBJECTIVES: tuple[tuple[str, float], ...] = (
-    ("critical", 0.2),
-    ("standard", 0.5),
-    ("sheddable", 0.3),
-)
 
 
 @dataclass(frozen=True)
@@ -152,48 +145,7 @@ def multi_lora(scale: str, seed: int) -> Workload:
 
 
 def overload(scale: str, seed: int) -> Workload:
-    full = scale == "full"
-    duration, rate = (60.0, 20.0) if full else (12.0, 20.0)
-    systems_n, system, question, out = 8, 1000, 800, 48
-    rng = random.Random(seed)
-    systems = [words(rng, system) for _ in range(systems_n)]
-    names = [name for name, _ in OBJECTIVES]
-    shares = [share for _, share in OBJECTIVES]
-    requests: list[BenchRequest] = []
-    t = 0.0
-    for i in range(100_000):  # bounded; the loop ends at ``duration``
-        t += rng.expovariate(rate)
-        if t >= duration:
-            break
-        messages: tuple[Message, ...] = (
-            {"role": "system", "content": rng.choice(systems)},
-            {"role": "user", "content": _question(rng, question)},
-        )
-        objective = rng.choices(names, shares)[0]
-        requests.append(BenchRequest(f"r{i}", 0, MODEL, messages, out, at=t, objective=objective))
-    fleet = FleetSpec(
-        pods=4,
-        num_gpu_blocks=2000,
-        max_num_seqs=8,
-        max_model_len=16384,
-        prefill_tokens_per_s=4000.0,
-        time_scale=1.0,
-    )
-    return Workload(
-        name="d",
-        title="overload, mixed priorities",
-        description=(
-            f"open-loop Poisson arrivals at {rate:g}/s for {duration:g} s (about 1.5x the "
-            f"fleet's capacity: 4 pods x 8 sequences, prefill 4000 tokens/s); {systems_n} "
-            f"shared system prompts of {system} tokens + ~{question}-token questions, {out} "
-            "output tokens; objectives critical 20% / standard 50% / sheddable 30% in "
-            "x-llm-d-inference-objective (not wired to priorities in the EPP yet)"
-        ),
-        requests=requests,
-        fleet=fleet,
-        concurrency=512,
-        shape={"rate_per_s": rate, "duration_s": duration},
-    )
+    return build_overload(scale, seed)
 
 
 _BUILDERS: dict[str, Callable[[str, int], Workload]] = {

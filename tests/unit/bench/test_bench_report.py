@@ -77,18 +77,26 @@ def test_summarize_computes_hit_share_imbalance_and_cpu_when_given_measurements(
     assert r.out_tok_per_s == pytest.approx(10.0)
 
 
-def test_summarize_splits_latency_per_objective_when_requests_carry_one() -> None:
+def test_summarize_splits_outcomes_per_class_when_requests_carry_an_objective() -> None:
     outcomes = [
         _outcome(0, "pod-0", 0.1, objective="critical"),
         _outcome(1, "pod-0", 0.3, objective="sheddable"),
         _outcome(2, "pod-0", math.nan, status=429, objective="sheddable"),
     ]
     r = summarize(TargetResult("rr", "RR"), outcomes, {}, 0.5, {}, {})
-    assert r.per_objective["critical"] == {
-        "requests": 1, "errors": 0, "ttft_p50_ms": 100.0, "ttft_p90_ms": 100.0,
+    assert r.classes["critical"] == {
+        "sent": 1, "served": 1, "rejected_429": 0, "reasons_429": {}, "unavailable_503": 0,
+        "other_errors": 0, "ttft_p50_ms": 100.0, "ttft_p99_ms": 100.0,
     }  # fmt: skip
-    assert r.per_objective["sheddable"]["errors"] == 1
+    assert r.classes["sheddable"]["rejected_429"] == 1
+    assert r.tenants == {}
     assert r.hit_ratio == 0.0 and r.imbalance == 0.0
+
+
+def test_summarize_counts_classes_over_the_measured_window_when_given_one() -> None:
+    outcomes = [_outcome(i, "pod-0", 0.1 * (i + 1), objective="chat") for i in range(4)]
+    r = summarize(TargetResult("rr", "RR"), outcomes, {}, 0.5, {}, {}, measured=outcomes[2:])
+    assert (r.ok, r.classes["chat"]["sent"], r.classes["chat"]["ttft_p50_ms"]) == (4, 2, 300.0)
 
 
 def test_peer_ratios_compare_with_the_best_router_when_routers_ran() -> None:
@@ -121,7 +129,7 @@ def test_peer_ratios_fall_back_to_the_baselines_when_no_router_ran() -> None:
 def _report() -> dict[str, Any]:
     epp = summarize(
         TargetResult("epp", "EPP (default config) via Envoy"),
-        [_outcome(i, "pod-0", 0.02, objective="critical") for i in range(4)],
+        [_outcome(i, "pod-0", 0.02, objective="chat") for i in range(4)],
         _sim_delta({"pod-0": 4, "pod-1": 0}, 400, 300),
         0.8,
         {"epp": 0.04, "envoy": 0.02},
@@ -139,7 +147,7 @@ def _report() -> dict[str, Any]:
                 "name": "d", "title": "overload", "description": "synthetic", "requests": 4,
                 "concurrency": 8,
                 "fleet": {"pods": 2, "kv_tokens_per_pod": 32000, "time_scale": 1.0},
-                "shape": {}, "oracle": {"achievable_reuse": 0.8},
+                "shape": {}, "oracle": {"achievable_reuse": 0.8}, "objectives": [["chat", 10]],
                 "results": [epp.as_json(), sglang.as_json()],
             }
         ],
@@ -156,7 +164,7 @@ def test_markdown_shows_rows_skips_and_objectives_when_rendered_from_a_result() 
     assert cells[13] == "130"
     assert "sglang-router cache_aware: skipped (pip failed)" in text
     assert "EPP process alone: 10.00 ms CPU per request, peak RSS 70 MB" in text
-    assert "| EPP (default config) via Envoy | 20 / 20 (0) |" in text
+    assert "| EPP (default config) via Envoy | chat (10) | 4 | 4 | 0 | 0 | 0 | 20 | 20 |" in text
     assert "oracle's achievable reuse **80.0%**" in text
 
 

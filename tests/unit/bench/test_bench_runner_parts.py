@@ -76,6 +76,21 @@ def test_fleet_args_carry_the_workload_fleet_when_rendered() -> None:
     assert args[args.index("--time-scale") + 1] == "2.5"
     assert args[args.index("--lora") + 1] == "x,y"
     assert args[args.index("--port") + 1] == "0"
+    assert args[args.index("--decode-base-ms") + 1] == "6"
+
+
+def test_epp_config_points_an_existing_file_discovery_at_the_run_when_rendered(
+    tmp_path: Path,
+) -> None:
+    base = (Path(__file__).resolve().parents[3] / "deploy/configs/flow-control.yaml").read_text()
+    doc = yaml.safe_load(epp_config_text(tmp_path / "eps.yaml", (), base))
+    discovery = [p for p in doc["plugins"] if p["type"] == "file-discovery"]
+    assert discovery == [
+        {"type": "file-discovery", "parameters": {"path": str(tmp_path / "eps.yaml"),
+                                                  "watchFile": False}}
+    ]  # fmt: skip
+    assert doc["dataLayer"]["discovery"] == {"pluginRef": "file-discovery"}
+    assert doc["featureGates"] == ["flowControl"]
 
 
 DEFAULT_WEIGHTS = {

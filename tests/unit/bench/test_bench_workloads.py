@@ -7,9 +7,9 @@ import pytest
 
 from epp.bench.agentic import AGENTIC_SHAPES, AgenticShape, build_agentic, plan_sessions
 from epp.bench.oracle import generated_ids
-from epp.bench.spec import OBJECTIVE_HEADER, BenchRequest, FleetSpec, limit_requests
+from epp.bench.spec import BenchRequest, FleetSpec, limit_requests
 from epp.bench.text import message_tokens, percentile, prompt_tokens, words
-from epp.bench.workloads import OBJECTIVES, build, resolve
+from epp.bench.workloads import build, resolve
 from epp.sim.tokenizer import detokenize, render_chat
 
 TINY = AgenticShape(
@@ -30,7 +30,8 @@ TINY = AgenticShape(
 
 def _fingerprint(requests: list[BenchRequest]) -> list[tuple[object, ...]]:
     return [
-        (r.session, r.turn, r.model, r.messages, r.max_tokens, r.at, r.objective) for r in requests
+        (r.session, r.turn, r.model, r.messages, r.max_tokens, r.at, r.objective, r.fairness_id)
+        for r in requests
     ]
 
 
@@ -103,18 +104,6 @@ def test_agentic_default_scale_reports_its_shape_when_built() -> None:
     assert 20_000 <= shape["median_input_tokens"] <= 30_000
     assert shape["share_turns_reuse_ge_90"] >= 0.9
     assert workload.concurrency == 8
-
-
-def test_overload_sends_objectives_in_the_header_when_built() -> None:
-    workload = build("overload", seed=2)
-    seen = {r.objective for r in workload.requests}
-    assert seen == {name for name, _ in OBJECTIVES}
-    assert all(r.headers()[OBJECTIVE_HEADER] == r.objective for r in workload.requests)
-    arrivals = [r.at for r in workload.requests]
-    assert arrivals == sorted(arrivals)
-    assert arrivals[0] > 0 and arrivals[-1] < 12.0
-    assert 150 <= len(workload.requests) <= 330  # Poisson around 20/s for 12 s
-    assert workload.fleet.time_scale == 1.0
 
 
 def test_multi_lora_requests_name_adapters_the_fleet_serves_when_built() -> None:

@@ -186,4 +186,11 @@ def test_parse_config_keeps_profile_weights() -> None:
     "path", sorted((REPO / "deploy" / "configs").glob("*.yaml")), ids=lambda p: p.name
 )
 def test_every_example_config_loads(registry: PluginRegistry, path: Path) -> None:
-    assert load(path.read_text(), registry).profiles
+    # flow-control.yaml uses an alpha policy (and says --allow-experimental-plugins is needed)
+    assert load(path.read_text(), registry, allow_experimental=True).profiles
+
+
+def test_alpha_plugin_needs_allow_experimental(registry: PluginRegistry) -> None:
+    text = HEAD + "plugins:\n- type: priority-holdback-policy\n  parameters: {minCeiling: 0.5}\n"
+    with pytest.raises(ConfigError, match="allow-experimental-plugins"):
+        load(text, registry)
