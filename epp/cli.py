@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="epp",
         description="Endpoint Picker for LLM inference (Envoy ext_proc). Subcommands: "
-        "'epp plugins list', 'epp sim --help', 'epp stack --help'.",
+        "'epp plugins list', 'epp sim --help', 'epp stack --help', 'epp bench --help'.",
     )
 
     def flag(name: str, default: bool, help_: str) -> None:
