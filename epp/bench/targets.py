@@ -34,6 +34,7 @@ from epp.bench.fleet import SimProcess
 from epp.bench.peers import SGLANG, VLLM, PeerSpec, ensure_installed, no_egress_env, repo_root
 from epp.bench.procs import Proc, wait_http
 from epp.bench.spec import Workload
+from epp.datalayer.file_discovery import dump_endpoints
 from epp.localstack.envoy import Envoy, free_port
 
 TARGETS: dict[str, str] = {
@@ -98,11 +99,9 @@ def epp_config_text(
 
 
 def _endpoints_yaml(fleet: SimProcess) -> str:
-    endpoints = [
-        {"name": name, "namespace": "default", "address": host, "port": str(port)}
-        for name, (host, port) in zip(fleet.pods, fleet.hostports, strict=True)
-    ]
-    return str(yaml.safe_dump({"endpoints": endpoints}))
+    return dump_endpoints(
+        (name, host, port) for name, (host, port) in zip(fleet.pods, fleet.hostports, strict=True)
+    )
 
 
 def _start_epp(

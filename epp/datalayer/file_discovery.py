@@ -34,7 +34,7 @@ import asyncio
 import hashlib
 import ipaddress
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
@@ -51,6 +51,18 @@ _Loader: Final = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 class EndpointsFileError(ValueError):
     """The endpoints file cannot be used; the message names the file and the problem."""
+
+
+def dump_endpoints(entries: Iterable[tuple[str, str, int]], namespace: str = "default") -> str:
+    """A file-discovery document (YAML) for ``(name, address, port)`` entries."""
+    return yaml.safe_dump(
+        {
+            "endpoints": [
+                {"name": name, "namespace": namespace, "address": address, "port": str(port)}
+                for name, address, port in entries
+            ]
+        }
+    )
 
 
 def load_endpoints(path: str) -> list[Endpoint]:

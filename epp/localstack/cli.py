@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
-import yaml
 
 from epp.bench.procs import Proc
+from epp.bench.targets import epp_config_text
+from epp.datalayer.file_discovery import dump_endpoints
 from epp.localstack.envoy import Envoy, free_port
 from epp.localstack.workload import Summary, drive, mixed_workload, summarize, table
 from epp.sim.config import PodConfig
@@ -60,33 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _config_text(endpoints_file: Path, config_file: str) -> str:
-    """The built-in default config (or the user's) with file discovery of the simulated pods."""
-    from epp.config.schema import DEFAULT_CONFIG_TEXT
-
-    text = Path(config_file).read_text() if config_file else DEFAULT_CONFIG_TEXT
-    doc = yaml.safe_load(text)
-    plugins = doc.setdefault("plugins", [])
-    if not any(p.get("type") == "file-discovery" for p in plugins):
-        plugins.append(
-            {
-                "type": "file-discovery",
-                "parameters": {"path": str(endpoints_file), "watchFile": True},
-            }
-        )
-        doc.setdefault("dataLayer", {})["discovery"] = {"pluginRef": "file-discovery"}
-    return yaml.safe_dump(doc, sort_keys=False)
-
-
 def _endpoints_file(ports: Sequence[int], workdir: Path) -> Path:
-    doc = {
-        "endpoints": [
-            {"name": f"pod-{i}", "namespace": "default", "address": "127.0.0.1", "port": str(p)}
-            for i, p in enumerate(ports)
-        ]
-    }
     path = workdir / "endpoints.yaml"
-    path.write_text(yaml.safe_dump(doc))
+    path.write_text(dump_endpoints((f"pod-{i}", "127.0.0.1", p) for i, p in enumerate(ports)))
     return path
 
 
@@ -137,7 +114,11 @@ async def _run_epp(args: argparse.Namespace, workdir: Path) -> Summary:
     async with _fleet(args) as fleet:
         eps = _endpoints_file(fleet.ports, workdir)
         cfg = workdir / "epp-config.yaml"
-        cfg.write_text(_config_text(eps, args.config_file))
+        cfg.write_text(
+            epp_config_text(
+                eps, (), Path(args.config_file).read_text() if args.config_file else None
+            )
+        )
         grpc_port, metrics_port = free_port(), free_port()
         # The EPP runs in its own process (as in production), TLS on as by default.
         epp = Proc(
