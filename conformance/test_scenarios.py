@@ -45,11 +45,26 @@ def epp_command() -> list[str]:
 
 def config_file(workdir: Path, body: str, ports: list[int]) -> Path:
     eps = workdir / "endpoints.yaml"
-    eps.write_text(yaml.safe_dump({"endpoints": [
-        {"name": f"pod-{i}", "namespace": "default", "address": "127.0.0.1", "port": str(p)}
-        for i, p in enumerate(ports)]}))
-    doc = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig",
-           **yaml.safe_load(body)}
+    eps.write_text(
+        yaml.safe_dump(
+            {
+                "endpoints": [
+                    {
+                        "name": f"pod-{i}",
+                        "namespace": "default",
+                        "address": "127.0.0.1",
+                        "port": str(p),
+                    }
+                    for i, p in enumerate(ports)
+                ]
+            }
+        )
+    )
+    doc = {
+        "apiVersion": "llm-d.ai/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        **yaml.safe_load(body),
+    }
     doc["plugins"].append({"type": "file-discovery", "parameters": {"path": str(eps)}})
     doc["dataLayer"] = {"discovery": {"pluginRef": "file-discovery"}}
     path = workdir / "config.yaml"
@@ -65,7 +80,8 @@ async def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 
             try:
                 async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
                     r = await health_pb2_grpc.HealthStub(ch).Check(
-                        health_pb2.HealthCheckRequest(service="readiness"), timeout=1)
+                        health_pb2.HealthCheckRequest(service="readiness"), timeout=1
+                    )
                     if r.status == health_pb2.HealthCheckResponse.SERVING:
                         return
             except grpc.aio.AioRpcError:
@@ -77,10 +93,21 @@ async def start_epp(workdir: Path, config: Path) -> tuple[subprocess.Popen[bytes
     grpc_port, health_port = free_port(), free_port()
     log = open(workdir / "epp.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(
-        [*epp_command(), "--config-file", str(config), "--grpc-port", str(grpc_port),
-         "--grpc-health-port", str(health_port), "--metrics-port", str(free_port()),
-         "--secure-serving=false", "--drain-timeout=0s"],
-        stdout=log, stderr=subprocess.STDOUT,
+        [
+            *epp_command(),
+            "--config-file",
+            str(config),
+            "--grpc-port",
+            str(grpc_port),
+            "--grpc-health-port",
+            str(health_port),
+            "--metrics-port",
+            str(free_port()),
+            "--secure-serving=false",
+            "--drain-timeout=0s",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         await wait_ready(health_port, proc)
@@ -98,8 +125,12 @@ async def stack() -> AsyncIterator[Any]:
     async def start(scenario: dict[str, Any]) -> tuple[SimFleet, Envoy]:
         pods = scenario["pods"]
         lora = tuple(scenario.get("lora_adapters", ()))
-        fleet = SimFleet([PodConfig(name=f"pod-{i}", time_scale=50.0, lora_adapters=lora,
-                                    max_loras=2) for i in range(len(pods))])
+        fleet = SimFleet(
+            [
+                PodConfig(name=f"pod-{i}", time_scale=50.0, lora_adapters=lora, max_loras=2)
+                for i in range(len(pods))
+            ]
+        )
         await fleet.__aenter__()
         cleanup.append(fleet)
         async with aiohttp.ClientSession() as s:
@@ -107,8 +138,9 @@ async def stack() -> AsyncIterator[Any]:
                 async with s.post(f"{url}/sim/overrides", json=overrides) as r:
                     assert r.status == 200
         workdir = Path(tempfile.mkdtemp(prefix="epp-conformance-"))
-        proc, port = await start_epp(workdir, config_file(workdir, CONFIGS[scenario["config"]],
-                                                          fleet.ports))
+        proc, port = await start_epp(
+            workdir, config_file(workdir, CONFIGS[scenario["config"]], fleet.ports)
+        )
         cleanup.append(proc)
         envoy = Envoy("full-duplex", epp_port=port, epp_tls=False).start()
         cleanup.append(envoy)

@@ -1,10 +1,11 @@
 """``precise-prefix-cache-scorer`` (deprecated): a ``precise-prefix-cache-producer`` and a
 ``prefix-cache-scorer`` in one plugin, as upstream's older configurations declare it.
 
-It takes the producer's parameters (see ``epp.requestcontrol.precise_prefix``), runs the producer
-under its own name (so it publishes ``PrefixCacheMatchInfo/<name>``, subscribes to KV events and,
-with ``speculativeIndexing``, indexes on PreRequest) and scores with ``prefix-cache-scorer``'s
-formula and defaults (``matchLengthWeight`` 0, ``matchLengthScaleTokens`` 8192) reading that key.
+It takes the producer's parameters (see ``epp.plugins.producers.precise_prefix.producer``),
+runs the producer under its own name (so it publishes ``PrefixCacheMatchInfo/<name>``,
+subscribes to KV events and, with ``speculativeIndexing``, indexes on PreRequest) and scores
+with ``prefix-cache-scorer``'s formula and defaults (``matchLengthWeight`` 0,
+``matchLengthScaleTokens`` 8192) reading that key.
 New configurations declare the two plugins instead.
 
 YAML::
@@ -36,8 +37,8 @@ from epp.plugin import (
     SchedulingResult,
     ScorerCategory,
 )
-from epp.requestcontrol.precise_params import PreciseParams
-from epp.requestcontrol.precise_prefix import PrecisePrefixCacheProducer
+from epp.plugins.producers.precise_prefix.params import PreciseParams
+from epp.plugins.producers.precise_prefix.producer import PrecisePrefixCacheProducer
 from scorers.prefix_cache import PrefixCacheScorer
 
 

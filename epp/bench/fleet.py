@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from epp.bench.procs import Proc, direct_opener
 from epp.bench.spec import FleetSpec
+from epp.localstack.procs import Proc, direct_opener
 
 _READY_PREFIX = "sim pod "
 

@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry
 
 from epp.bench.text import words
 from epp.plugin import CycleState, Endpoint, InferenceRequest, Metrics, TypedName
-from epp.requestcontrol.prefix_index import PrefixIndex
+from epp.plugins.producers.prefix_index import PrefixIndex
 
 MODEL = "sim-model"
 ENDPOINT_COUNTS = (10, 100, 1000)

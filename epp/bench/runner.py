@@ -33,10 +33,10 @@ from epp.bench.eppmetrics import QueueSampler, byte_caps
 from epp.bench.fleet import SimProcess, stats_delta
 from epp.bench.oracle import compute_oracle
 from epp.bench.peers import PeerUnavailable
-from epp.bench.procs import cpu_seconds, peak_rss_bytes, rss_bytes
 from epp.bench.results import TargetResult, add_peer_ratios, summarize
 from epp.bench.spec import MODEL, BenchRequest, Workload, limit_requests
 from epp.bench.workloads import build
+from epp.localstack.procs import cpu_seconds, peak_rss_bytes, rss_bytes
 
 _WARMUP_TIMEOUT = 30.0
 

@@ -32,10 +32,10 @@ import yaml
 
 from epp.bench.fleet import SimProcess
 from epp.bench.peers import SGLANG, VLLM, PeerSpec, ensure_installed, no_egress_env, repo_root
-from epp.bench.procs import Proc, wait_http
 from epp.bench.spec import Workload
-from epp.datalayer.file_discovery import dump_endpoints
 from epp.localstack.envoy import Envoy, free_port
+from epp.localstack.procs import Proc, wait_http
+from epp.plugins.sources.file_discovery import dump_endpoints
 
 TARGETS: dict[str, str] = {
     "epp": "EPP (default config) via Envoy",

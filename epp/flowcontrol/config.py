@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from epp.config.schema import BandTemplateSpec, FlowControlSpec, PriorityBandSpec
-from epp.flowcontrol.api import FairnessPolicy, OrderingPolicy, PriorityAdjuster, UsageLimitPolicy
 from epp.flowcontrol.queues import BandConfig
+from epp.plugin.flow import FairnessPolicy, OrderingPolicy, PriorityAdjuster, UsageLimitPolicy
 from epp.plugin.units import parse_duration, parse_quantity
 
 DEFAULT_REQUEST_TTL: Final = 60.0

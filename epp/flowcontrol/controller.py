@@ -53,7 +53,6 @@ from typing import Any, Final
 from prometheus_client import CollectorRegistry
 
 from epp.config.schema import FlowControlSpec
-from epp.flowcontrol.api import FairnessPolicy, QueuedRequest, prompt_tokens
 from epp.flowcontrol.config import DEFAULT_POLICY_TYPES, FlowControlConfig, resolve_config
 from epp.flowcontrol.eviction import EVICTION_ATTRIBUTE, Eviction, InFlight, Reclaimer
 from epp.flowcontrol.metrics import FlowControlMetrics
@@ -72,6 +71,7 @@ from epp.flowcontrol.outcomes import (
 from epp.flowcontrol.queues import Band
 from epp.flowcontrol.saturation import SaturationReader, confirmation_grace
 from epp.plugin import DEFAULT_FAIRNESS_ID, Endpoint, InferenceRequest, SaturationDetector
+from epp.plugin.flow import FairnessPolicy, QueuedRequest, prompt_tokens
 
 log = logging.getLogger(__name__)
 

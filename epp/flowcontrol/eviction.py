@@ -27,9 +27,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
-from epp.flowcontrol.api import FairnessPolicy
 from epp.flowcontrol.metrics import FlowControlMetrics
 from epp.plugin import DropReason, ErrorCode, InferenceError, InferenceRequest
+from epp.plugin.flow import FairnessPolicy
 
 EVICTION_ATTRIBUTE: Final = "flow-control/eviction"
 MAX_REVOCATIONS_PER_DECISION: Final = 2

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from epp.flowcontrol.api import FairnessPolicy, OrderingPolicy, QueuedRequest
+from epp.plugin.flow import FairnessPolicy, OrderingPolicy, QueuedRequest
 
 _COMPACT_SLACK = 64  # dead heap entries tolerated beyond the live count before a rebuild
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import aiohttp
 
-from epp.bench.procs import Proc
 from epp.bench.targets import epp_config_text
-from epp.datalayer.file_discovery import dump_endpoints
 from epp.localstack.envoy import Envoy, free_port
+from epp.localstack.procs import Proc
 from epp.localstack.workload import Summary, drive, mixed_workload, summarize, table
+from epp.plugins.sources.file_discovery import dump_endpoints
 from epp.sim.config import PodConfig
 from epp.sim.fleet import SimFleet
 

@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from epp import protocol
 from epp.config.pipeline import Pipeline
 from epp.flowcontrol.controller import FlowController
 from epp.plugin import (
@@ -35,10 +34,11 @@ from epp.plugin import (
     Parser,
     ParseResult,
     SchedulingResult,
+    wire,
 )
 from epp.requestcontrol.objectives import ObjectiveStore
+from epp.requestcontrol.parsers import ParserRouter
 from epp.requestcontrol.rewrites import RewriteStore
-from epp.requesthandling.registry import ParserRouter
 from epp.scheduling.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -92,14 +92,14 @@ class Director:
 
     def new_request(self, headers: Mapping[str, str]) -> InferenceRequest:
         request_id = headers.get("x-request-id") or str(uuid.uuid4())
-        fairness = protocol.first_header(headers, protocol.FAIRNESS_HEADERS)
-        objective = protocol.first_header(headers, protocol.OBJECTIVE_HEADERS)
+        fairness = wire.first_header(headers, wire.FAIRNESS_HEADERS)
+        objective = wire.first_header(headers, wire.OBJECTIVE_HEADERS)
         return InferenceRequest(
             request_id=request_id,
             headers=headers,
             objective=objective,
             priority=self._objectives.priority(objective),
-            fairness_id=fairness or protocol.DEFAULT_FAIRNESS_ID,
+            fairness_id=fairness or wire.DEFAULT_FAIRNESS_ID,
             received_at=self._clock(),
         )
 
@@ -108,17 +108,17 @@ class Director:
         pool = self._endpoints()
         if not self._subset_filter:
             return pool
-        subset = protocol.subset_hint(metadata)
+        subset = wire.subset_hint(metadata)
         if subset is None:
             return pool
-        ips = {protocol.host_of(entry) for entry in subset}
+        ips = {wire.host_of(entry) for entry in subset}
         return [e for e in pool if e.address in ips]
 
     def pick_random(self, metadata: Mapping[str, Any]) -> Endpoint:
         """Header-only requests: a uniformly random endpoint (subset hint honoured)."""
         pool = self.candidates(metadata)
         if not pool:
-            if protocol.subset_hint(metadata) is not None:
+            if wire.subset_hint(metadata) is not None:
                 raise _no_candidates()
             raise InferenceError(ErrorCode.INTERNAL, "no pods available in datastore")
         return self._rng.choice(list(pool))
@@ -132,7 +132,7 @@ class Director:
         request.body = parsed.body
         request.size_bytes = len(body)
         request.incoming_model = parsed.model
-        target = protocol.first_header(request.headers, protocol.MODEL_REWRITE_HEADERS)
+        target = wire.first_header(request.headers, wire.MODEL_REWRITE_HEADERS)
         request.target_model = target or parsed.model
         if len(self._rewrites) and (parsed.model or parser.supports_model_rewrite):
             decision = self._rewrites.resolve(parsed.model, self._rng)

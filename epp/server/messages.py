@@ -10,8 +10,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import json_format, struct_pb2
 
-from epp import protocol
-from epp.plugin import InferenceError
+from epp.plugin import InferenceError, wire
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
@@ -47,7 +46,7 @@ def mutation(set_headers: Mapping[str, str], remove: Sequence[str] = ()) -> pb.H
 
 def lb_metadata(values: Mapping[str, Any]) -> struct_pb2.Struct:
     s = struct_pb2.Struct()
-    s.update({protocol.LB_NAMESPACE: dict(values)})
+    s.update({wire.LB_NAMESPACE: dict(values)})
     return s
 
 
@@ -93,9 +92,7 @@ def streamed_body(
     body: bytes, *, response: bool, end_of_stream: bool = True
 ) -> Iterator[pb.ProcessingResponse]:
     """FULL_DUPLEX_STREAMED body replies in pieces of at most 62,000 bytes (EOS on the last)."""
-    pieces = [
-        body[i : i + protocol.MAX_BODY_CHUNK] for i in range(0, len(body), protocol.MAX_BODY_CHUNK)
-    ]
+    pieces = [body[i : i + wire.MAX_BODY_CHUNK] for i in range(0, len(body), wire.MAX_BODY_CHUNK)]
     if not pieces:
         pieces = [b""]
     last = len(pieces) - 1
@@ -117,7 +114,7 @@ def immediate(err: InferenceError) -> pb.ProcessingResponse:
     headers = dict(err.headers)
     headers.setdefault("content-type", "text/plain; charset=utf-8")
     if err.drop_reason:
-        headers[protocol.DROPPED_REASON_HEADER] = err.drop_reason
+        headers[wire.DROPPED_REASON_HEADER] = err.drop_reason
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=err.code.http_status),

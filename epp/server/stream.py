@@ -19,13 +19,13 @@ from typing import Any
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from epp import protocol
 from epp.plugin import (
     ErrorCode,
     InferenceError,
     InferenceRequest,
     ResponseInfo,
     TerminationCause,
+    wire,
 )
 from epp.requestcontrol.director import Decision
 from epp.server import messages
@@ -88,9 +88,9 @@ class RequestStream:
 
     def _on_request_headers(self, msg: pb.ProcessingRequest) -> Replies:
         headers = messages.header_map(msg.request_headers)
-        self.generated_id = not headers.get(protocol.REQUEST_ID_HEADER)
+        self.generated_id = not headers.get(wire.REQUEST_ID_HEADER)
         self.request = self.ctx.director.new_request(headers)
-        self.metadata = messages.metadata_namespaces(msg, (protocol.SUBSET_NAMESPACE,))
+        self.metadata = messages.metadata_namespaces(msg, (wire.SUBSET_NAMESPACE,))
         if msg.request_headers.end_of_stream:
             return self._header_only()
         if self.request_mode != _FULL_DUPLEX:
@@ -109,8 +109,8 @@ class RequestStream:
         return [
             messages.request_headers_reply(
                 self._set_headers(dest, None),
-                protocol.OWNED_REQUEST_HEADERS,
-                {protocol.DESTINATION_HEADER: dest},
+                wire.OWNED_REQUEST_HEADERS,
+                {wire.DESTINATION_HEADER: dest},
             )
         ]
 
@@ -130,7 +130,7 @@ class RequestStream:
             ]
         self.body += chunk.body
         if msg.HasField("metadata_context"):
-            self.metadata.update(messages.metadata_namespaces(msg, (protocol.SUBSET_NAMESPACE,)))
+            self.metadata.update(messages.metadata_namespaces(msg, (wire.SUBSET_NAMESPACE,)))
         if chunk.end_of_stream:
             return await self._decide()
         return []
@@ -172,28 +172,26 @@ class RequestStream:
             decision.request, decision.result, decision.candidates, time.perf_counter() - t0
         )
         dest = decision.destination
-        lb: dict[str, Any] = {protocol.DESTINATION_HEADER: dest}
+        lb: dict[str, Any] = {wire.DESTINATION_HEADER: dest}
         if ctx.emit_scores:
-            lb[protocol.SCORES_KEY] = _scores(decision)
+            lb[wire.SCORES_KEY] = _scores(decision)
         set_headers = self._set_headers(dest, decision.body)
         if decision.parsed.skip_response_processing:
             self.done = True
         if self.request_mode == _FULL_DUPLEX:
             return [
-                messages.request_headers_reply(set_headers, protocol.OWNED_REQUEST_HEADERS, lb),
+                messages.request_headers_reply(set_headers, wire.OWNED_REQUEST_HEADERS, lb),
                 *messages.streamed_body(decision.body, response=False),
             ]
         new_body = decision.body if decision.model_rewritten else None
-        return [
-            messages.buffered_body_reply(set_headers, protocol.OWNED_REQUEST_HEADERS, lb, new_body)
-        ]
+        return [messages.buffered_body_reply(set_headers, wire.OWNED_REQUEST_HEADERS, lb, new_body)]
 
     def _set_headers(self, dest: str, body: bytes | None) -> dict[str, str]:
-        out = {protocol.DESTINATION_HEADER: dest}
+        out = {wire.DESTINATION_HEADER: dest}
         if body:
             out["content-length"] = str(len(body))
         if self.generated_id and self.request is not None:
-            out[protocol.REQUEST_ID_HEADER] = self.request.request_id
+            out[wire.REQUEST_ID_HEADER] = self.request.request_id
         return out
 
     def _fail(self, err: InferenceError) -> pb.ProcessingResponse:
@@ -209,9 +207,7 @@ class RequestStream:
 
     def _on_response_headers(self, msg: pb.ProcessingRequest) -> Replies:
         headers = messages.header_map(msg.response_headers)
-        lb = messages.metadata_namespaces(msg, (protocol.LB_NAMESPACE,)).get(
-            protocol.LB_NAMESPACE, {}
-        )
+        lb = messages.metadata_namespaces(msg, (wire.LB_NAMESPACE,)).get(wire.LB_NAMESPACE, {})
         status = headers.get(":status", "200")
         streaming = "text/event-stream" in headers.get("content-type", "") or bool(
             self.decision and self.decision.parsed.body.stream
@@ -219,7 +215,7 @@ class RequestStream:
         info = ResponseInfo(
             request_id=self.request.request_id if self.request else "",
             headers=headers,
-            served_endpoint=str(lb.get(protocol.SERVED_HEADER, "")),
+            served_endpoint=str(lb.get(wire.SERVED_HEADER, "")),
             streaming=streaming,
             status=int(status) if status.isdigit() else 0,
         )
@@ -230,7 +226,7 @@ class RequestStream:
             self.response.buffer = bytearray()
         if not status.startswith("2"):
             self.ctx.stats.on_error(self.request, "ModelServerError")
-        set_headers = {protocol.WENT_INTO_RESP_HEADERS: "true"}
+        set_headers = {wire.WENT_INTO_RESP_HEADERS: "true"}
         if self.request is not None:
             for hook in self.ctx.pipeline.response_headers:
                 try:

@@ -21,7 +21,7 @@ from epp.localstack.envoy import free_port
 from epp.plugin import Endpoint, PrefixMatchInfo, TokenizedPrompt
 from epp.plugin.params import decode
 from epp.plugin.registry import GROUP, PluginInfo, PluginRegistry
-from epp.requestcontrol.precise_prefix import PrecisePrefixCacheProducer
+from epp.plugins.producers.precise_prefix.producer import PrecisePrefixCacheProducer
 from epp.sim.config import PodConfig
 from epp.sim.fleet import SimFleet
 from epp.sim.kvcache import chain_hashes
@@ -35,7 +35,9 @@ KEY = "PrefixCacheMatchInfo/precise-prefix-cache-producer"
 TOKENS_KEY = "TokenizedPrompt/token-producer"
 H = {":path": "/v1/completions", ":method": "POST", "content-type": "application/json"}
 OURS = {
-    "precise-prefix-cache-producer": "epp.requestcontrol.precise_prefix:PrecisePrefixCacheProducer",
+    "precise-prefix-cache-producer": (
+        "epp.plugins.producers.precise_prefix.producer:PrecisePrefixCacheProducer"
+    ),
     "precise-prefix-cache-scorer": "scorers.precise_prefix_cache:PrecisePrefixCacheScorer",
 }
 

@@ -88,7 +88,8 @@ def test_bad_config_exits_2_with_the_reason(tmp_path: Path) -> None:
 def test_kubernetes_mode_without_a_cluster_fails_clearly(tmp_path: Path) -> None:
     env = {**os.environ, "HOME": str(tmp_path), "KUBECONFIG": ""}
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    out = subprocess.run([EPP, "--pool-name", "p"], capture_output=True, text=True, timeout=30,
-                         env=env)
+    out = subprocess.run(
+        [EPP, "--pool-name", "p"], capture_output=True, text=True, timeout=30, env=env
+    )
     assert out.returncode == 2
     assert "no cluster configuration" in out.stderr

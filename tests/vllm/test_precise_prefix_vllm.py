@@ -36,8 +36,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from epp.localstack.envoy import free_port
 from epp.plugin import Endpoint, PrefixMatchInfo, RequestBody
 from epp.plugin.params import decode
-from epp.requestcontrol.precise_prefix import PrecisePrefixCacheProducer
-from epp.requestcontrol.token_producer import TokenProducer
+from epp.plugins.producers.precise_prefix.producer import PrecisePrefixCacheProducer
+from epp.plugins.producers.tokens import TokenProducer
 from tests.builders import FakeHandle, make_request
 from tests.conftest import body_msg, exchange, headers_msg, set_headers_of, wait_for
 from tests.integration.test_kv_events_sim import precise_registry

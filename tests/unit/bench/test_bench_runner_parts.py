@@ -19,12 +19,12 @@ from epp.bench.peers import (
     ensure_installed,
     no_egress_env,
 )
-from epp.bench.procs import Proc, cpu_seconds, peak_rss_bytes
 from epp.bench.runner import Options, run
 from epp.bench.spec import FleetSpec
 from epp.bench.targets import epp_config_text
 from epp.config.loader import parse_config
 from epp.config.schema import DEFAULT_CONFIG_TEXT
+from epp.localstack.procs import Proc, cpu_seconds, peak_rss_bytes
 
 
 def test_proc_readings_come_from_proc_when_the_process_exists() -> None:

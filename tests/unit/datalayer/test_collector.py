@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from epp.datalayer.collector import Collector
-from epp.datalayer.core_extractor import CoreMetricsExtractor
-from epp.datalayer.metrics_source import MetricsDataSource
 from epp.datalayer.store import Datastore
 from epp.plugin import Metrics
 from epp.plugin.params import decode
+from epp.plugins.sources.core_extractor import CoreMetricsExtractor
+from epp.plugins.sources.metrics import MetricsDataSource
 from tests.builders import handle
 from tests.conftest import ServerFactory
 

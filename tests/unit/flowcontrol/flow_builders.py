@@ -15,25 +15,25 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from epp.config.schema import FlowControlSpec
-from epp.flowcontrol.admitter import ProbabilisticAdmitter
-from epp.flowcontrol.concurrency import ConcurrencyDetector
 from epp.flowcontrol.controller import FlowController, ensure_flow_defaults
-from epp.flowcontrol.fairness import GlobalStrictFairnessPolicy, RoundRobinFairnessPolicy
-from epp.flowcontrol.ordering import (
+from epp.plugin import Endpoint, InferenceRequest, SaturationDetector
+from epp.plugin.params import decode
+from epp.plugins.flow.admitter import ProbabilisticAdmitter
+from epp.plugins.flow.concurrency import ConcurrencyDetector
+from epp.plugins.flow.fairness import GlobalStrictFairnessPolicy, RoundRobinFairnessPolicy
+from epp.plugins.flow.ordering import (
     EDFOrderingPolicy,
     FCFSOrderingPolicy,
     SLODeadlineOrderingPolicy,
 )
-from epp.flowcontrol.program_aware import ProgramAwareFairness
-from epp.flowcontrol.turn_priority import TurnPriority
-from epp.flowcontrol.usage_limits import (
+from epp.plugins.flow.program_aware import ProgramAwareFairness
+from epp.plugins.flow.turn_priority import TurnPriority
+from epp.plugins.flow.usage_limits import (
     PriorityHoldbackPolicy,
     SoftReflectiveCeilingPolicy,
     StaticUsageLimitPolicy,
 )
-from epp.flowcontrol.utilization import UtilizationDetector
-from epp.plugin import Endpoint, InferenceRequest, SaturationDetector
-from epp.plugin.params import decode
+from epp.plugins.flow.utilization import UtilizationDetector
 from tests.builders import FakeHandle, make_endpoint, make_request
 
 PLUGIN_CLASSES: dict[str, type[Any]] = {

@@ -1,0 +1,347 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from epp.plugin import ParsedResponse, Usage
+from epp.plugins.parsers import usage as usage_mod
+from epp.plugins.parsers.usage import (
+    AnthropicDialect,
+    Dialect,
+    NullResponseState,
+    OpenAIDialect,
+    ResponseUsageState,
+    is_event_stream,
+    openai_usage,
+    parse_whole,
+    to_int,
+)
+
+SSE = {"content-type": "text/event-stream; charset=utf-8"}
+JSON = {"content-type": "application/json"}
+
+OPENAI_STREAM = (
+    b'data: {"id":"1","choices":[{"delta":{"content":"Hel"}}],"usage":null}\n\n'
+    b'data: {"id":"1","choices":[{"delta":{"content":"lo"}}],"usage":null}\n\n'
+    b'data: {"id":"1","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":10,'
+    b'"total_tokens":17,"prompt_tokens_details":{"cached_tokens":4}}}\n\n'
+    b"data: [DONE]\n\n"
+)
+OPENAI_STREAM_USAGE = Usage(prompt_tokens=7, completion_tokens=10, cached_tokens=4, total_tokens=17)
+
+ANTHROPIC_STREAM = (
+    b"event: message_start\n"
+    b'data: {"type":"message_start","message":{"id":"m","usage":{"input_tokens":25,'
+    b'"cache_read_input_tokens":5,"output_tokens":1}}}\n\n'
+    b"event: content_block_delta\n"
+    b'data: {"type":"content_block_delta","delta":{"type":"text_delta","text":"hi"}}\n\n'
+    b"event: message_delta\n"
+    b'data: {"type":"message_delta","delta":{"stop_reason":"end_turn"},'
+    b'"usage":{"output_tokens":15}}\n\n'
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        pytest.param(5, 5, id="int"),
+        pytest.param(5.9, 5, id="float-truncates"),
+        pytest.param("12", 12, id="numeric-string"),
+        pytest.param("3.7", 3, id="float-string"),
+        pytest.param("abc", 0, id="non-numeric-string"),
+        pytest.param("nan", 0, id="nan-string"),
+        pytest.param(float("inf"), 0, id="infinity"),
+        pytest.param(True, 0, id="boolean"),
+        pytest.param(None, 0, id="null"),
+        pytest.param([1], 0, id="array"),
+    ],
+)
+def test_to_int_coerces_number_like_values_when_value_given(value: Any, expected: int) -> None:
+    assert to_int(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        pytest.param(
+            {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+            Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7),
+            id="chat-names",
+        ),
+        pytest.param(
+            {
+                "input_tokens": 31,
+                "output_tokens": 9,
+                "total_tokens": 40,
+                "input_tokens_details": {"cached_tokens": 16},
+            },
+            Usage(prompt_tokens=31, completion_tokens=9, cached_tokens=16, total_tokens=40),
+            id="responses-names",
+        ),
+        pytest.param(
+            {"prompt_tokens": "3", "completion_tokens": "4", "total_tokens": "7"},
+            Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7),
+            id="numeric-strings",
+        ),
+        pytest.param(
+            {"prompt_tokens": None, "input_tokens": 8, "output_tokens": 2},
+            Usage(prompt_tokens=8, completion_tokens=2),
+            id="null-falls-through-to-alternate-name",
+        ),
+        pytest.param(
+            {"prompt_tokens": "x", "input_tokens": 8},
+            Usage(),
+            id="malformed-first-name-decides",
+        ),
+        pytest.param(
+            {"prompt_tokens": 8, "total_tokens": 8, "prompt_tokens_details": None},
+            Usage(prompt_tokens=8, total_tokens=8),
+            id="embeddings-null-details",
+        ),
+    ],
+)
+def test_openai_usage_reads_both_namings_when_usage_object_given(
+    usage: dict[str, Any], expected: Usage
+) -> None:
+    assert openai_usage(usage) == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "expected"),
+    [
+        pytest.param(
+            b'{"id":"x","usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}',
+            JSON,
+            ParsedResponse(Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7)),
+            id="json-body",
+        ),
+        pytest.param(
+            b'  \n{"usage":{"prompt_tokens":3}}',
+            {},
+            ParsedResponse(Usage(prompt_tokens=3)),
+            id="json-detected-without-content-type",
+        ),
+        pytest.param(b'{"id":"x"}', JSON, ParsedResponse(), id="json-without-usage"),
+        pytest.param(b'{"usage":5}', JSON, ParsedResponse(), id="usage-not-object"),
+        pytest.param(b'{"usage":{"prompt', JSON, ParsedResponse(), id="truncated-json"),
+        pytest.param(b"", JSON, ParsedResponse(), id="empty"),
+        pytest.param(
+            OPENAI_STREAM,
+            SSE,
+            ParsedResponse(OPENAI_STREAM_USAGE, streamed_events=3),
+            id="sse-transcript",
+        ),
+        pytest.param(
+            OPENAI_STREAM,
+            {},
+            ParsedResponse(OPENAI_STREAM_USAGE, streamed_events=3),
+            id="sse-detected-without-content-type",
+        ),
+        pytest.param(
+            b'event: response.created\ndata: {"type":"response.created"}\n\n'
+            b'event: response.completed\ndata: {"type":"response.completed","response":'
+            b'{"usage":{"input_tokens":31,"output_tokens":9,"total_tokens":40}}}\n\n',
+            SSE,
+            ParsedResponse(
+                Usage(prompt_tokens=31, completion_tokens=9, total_tokens=40), streamed_events=2
+            ),
+            id="responses-api-completed-event",
+        ),
+        pytest.param(
+            b'data: {"type":"response.in_progress","response":{"usage":{"input_tokens":1}}}\n',
+            SSE,
+            ParsedResponse(streamed_events=1),
+            id="responses-usage-ignored-before-completed",
+        ),
+        pytest.param(
+            b'data:{"usage":{"prompt_tokens":1}}\n data: {"usage":{"prompt_tokens":2}}\n'
+            b"data: [DONE]\r\n",
+            SSE,
+            ParsedResponse(),
+            id="only-exact-data-prefix-counts",
+        ),
+        pytest.param(
+            b'data: {"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}\r\n'
+            b"\r\ndata: [DONE]\r\n\r\n",
+            SSE,
+            ParsedResponse(
+                Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2), streamed_events=1
+            ),
+            id="crlf-lines",
+        ),
+        pytest.param(
+            b'data: {"usage": {broken\n\ndata: not json\n\n',
+            SSE,
+            ParsedResponse(streamed_events=2),
+            id="malformed-events-counted-without-usage",
+        ),
+        pytest.param(
+            b'data: {"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}\n'
+            b'data: {"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}\n',
+            SSE,
+            ParsedResponse(
+                Usage(prompt_tokens=5, completion_tokens=3, total_tokens=8), streamed_events=2
+            ),
+            id="running-totals-latest-wins",
+        ),
+        pytest.param(
+            b'{"not":"sse"}',
+            SSE,
+            ParsedResponse(),
+            id="event-stream-header-wins-over-json-look",
+        ),
+    ],
+)
+def test_parse_whole_extracts_openai_usage_when_body_complete(
+    body: bytes, headers: dict[str, str], expected: ParsedResponse
+) -> None:
+    assert parse_whole(OpenAIDialect, body, headers) == expected
+
+
+def _feed_all(dialect: Dialect, chunks: list[bytes], headers: Any = None) -> ParsedResponse:
+    """Feed chunks into one state and accumulate as the server does."""
+    state = ResponseUsageState(dialect, headers)
+    total: Usage | None = None
+    events = 0
+    for i, chunk in enumerate(chunks):
+        parsed = state.feed(chunk, i == len(chunks) - 1)
+        events += parsed.streamed_events
+        if parsed.usage is not None:
+            total = total or Usage()
+            total.merge(parsed.usage)
+    return ParsedResponse(total, events)
+
+
+def _split(data: bytes, cut: int) -> list[bytes]:
+    return [data[:cut], data[cut:], b""]
+
+
+@pytest.mark.parametrize(
+    ("dialect", "transcript", "expected"),
+    [
+        pytest.param(
+            OpenAIDialect,
+            OPENAI_STREAM,
+            ParsedResponse(OPENAI_STREAM_USAGE, streamed_events=3),
+            id="openai",
+        ),
+        pytest.param(
+            AnthropicDialect,
+            ANTHROPIC_STREAM,
+            ParsedResponse(
+                Usage(prompt_tokens=25, completion_tokens=15, cached_tokens=5, total_tokens=40)
+            ),
+            id="anthropic",
+        ),
+    ],
+)
+def test_feed_gives_whole_stream_result_when_split_at_every_offset(
+    dialect: Dialect, transcript: bytes, expected: ParsedResponse
+) -> None:
+    assert parse_whole(dialect, transcript, SSE) == expected
+    for cut in range(len(transcript) + 1):
+        assert _feed_all(dialect, _split(transcript, cut), SSE) == expected, cut
+
+
+def test_feed_gives_whole_stream_result_when_fed_one_byte_at_a_time() -> None:
+    chunks = [OPENAI_STREAM[i : i + 1] for i in range(len(OPENAI_STREAM))] + [b""]
+    expected = ParsedResponse(OPENAI_STREAM_USAGE, streamed_events=3)
+    assert _feed_all(OpenAIDialect, chunks) == expected
+
+
+def test_feed_reports_usage_in_chunk_that_completes_event_when_event_split() -> None:
+    state = ResponseUsageState(OpenAIDialect, SSE)
+    first = state.feed(b'data: {"choices":[]}\n\ndata: {"usage":{"prompt_tok', False)
+    second = state.feed(b'ens":7,"completion_tokens":10,"total_tokens":17}}\n\n', False)
+    third = state.feed(b"data: [DONE]\n\n", True)
+    assert first == ParsedResponse(streamed_events=1)
+    assert second == ParsedResponse(
+        Usage(prompt_tokens=7, completion_tokens=10, total_tokens=17), streamed_events=1
+    )
+    assert third == ParsedResponse()
+
+
+def test_feed_parses_last_line_when_stream_ends_without_newline() -> None:
+    state = ResponseUsageState(OpenAIDialect)
+    assert state.feed(b'data: {"usage":{"prompt_tokens":2,', False) == ParsedResponse()
+    assert state.feed(b'"total_tokens":2}}', True) == ParsedResponse(
+        Usage(prompt_tokens=2, total_tokens=2), streamed_events=1
+    )
+
+
+@pytest.mark.parametrize(
+    ("dialect", "chunks", "expected"),
+    [
+        pytest.param(
+            OpenAIDialect,
+            [b"", b"  ", b'{"usage":{"prompt_tokens":3,', b'"completion_tokens":4}}', b""],
+            ParsedResponse(Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7)),
+            id="openai-json-in-chunks-after-blanks",
+        ),
+        pytest.param(
+            AnthropicDialect,
+            [b'{"usage":{"input_tokens":10,', b'"output_tokens":5}}'],
+            ParsedResponse(Usage(prompt_tokens=10, completion_tokens=5, total_tokens=15)),
+            id="anthropic-json-in-chunks",
+        ),
+        pytest.param(
+            OpenAIDialect,
+            [b'{"usage":{"prompt_tokens":3}', b""],
+            ParsedResponse(),
+            id="truncated-json-body",
+        ),
+        pytest.param(OpenAIDialect, [b""], ParsedResponse(), id="empty-response"),
+    ],
+)
+def test_feed_parses_json_once_at_end_when_body_not_event_stream(
+    dialect: Dialect, chunks: list[bytes], expected: ParsedResponse
+) -> None:
+    state = ResponseUsageState(dialect, JSON)
+    for chunk in chunks[:-1]:
+        assert state.feed(chunk, False) == ParsedResponse()
+    assert _feed_all(dialect, chunks, JSON) == expected
+
+
+def test_feed_drops_oversized_line_but_counts_it_when_line_exceeds_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(usage_mod, "MAX_SSE_LINE", 32)
+    chunks = [
+        b"data: " + b"x" * 40,
+        b"y" * 40,
+        b'yyy\ndata: {"usage":{"prompt_tokens":1,"total_tokens":1}}\n',
+        b"data: [DONE]\n",
+    ]
+    expected = ParsedResponse(Usage(prompt_tokens=1, total_tokens=1), streamed_events=2)
+    assert _feed_all(OpenAIDialect, chunks, SSE) == expected
+
+
+def test_feed_stops_buffering_json_when_body_exceeds_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(usage_mod, "MAX_JSON_BODY", 16)
+    chunks = [b'{"usage":{"prompt_tokens":3},', b'"pad":"' + b"z" * 20 + b'"}', b""]
+    assert _feed_all(OpenAIDialect, chunks, JSON) == ParsedResponse()
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        pytest.param({"content-type": "text/event-stream"}, True, id="plain"),
+        pytest.param({"content-type": "Text/Event-Stream; charset=utf-8"}, True, id="params"),
+        pytest.param({"Content-Type": "text/event-stream"}, True, id="mixed-case-name"),
+        pytest.param({"content-type": "application/json"}, False, id="json"),
+        pytest.param({}, False, id="missing"),
+        pytest.param(None, False, id="none"),
+    ],
+)
+def test_is_event_stream_reads_content_type_when_headers_given(
+    headers: dict[str, str] | None, expected: bool
+) -> None:
+    assert is_event_stream(headers) is expected
+
+
+def test_null_state_reports_nothing_when_fed_usage() -> None:
+    assert NullResponseState().feed(OPENAI_STREAM, True) == ParsedResponse()

@@ -1,0 +1,209 @@
+from __future__ import annotations
+
+import struct
+
+import pytest
+import xxhash
+
+from epp.plugins.producers.prefix_index import (
+    BYTES_PER_BLOCK,
+    PrefixIndex,
+    block_hashes,
+    seed_hash,
+)
+
+
+def _reference_hashes(
+    tokens: list[int], block_tokens: int, model: str, salt: str, max_blocks: int | None
+) -> list[int]:
+    """Spec §4.8 written out plainly: one token at a time, one block at a time."""
+    prev = xxhash.xxh64(model.encode() + salt.encode()).intdigest()
+    out = []
+    for start in range(0, len(tokens), block_tokens):
+        if max_blocks is not None and len(out) >= max_blocks:
+            break
+        block = b"".join(struct.pack("<I", t) for t in tokens[start : start + block_tokens])
+        content = xxhash.xxh64(block).intdigest()
+        prev = xxhash.xxh64(struct.pack("<Q", content) + struct.pack("<Q", prev)).intdigest()
+        out.append(prev)
+    return out
+
+
+def _pack(tokens: list[int]) -> bytes:
+    return b"".join(struct.pack("<I", t) for t in tokens)
+
+
+@pytest.mark.parametrize(
+    ("n_tokens", "block_tokens", "max_blocks"),
+    [
+        pytest.param(0, 4, None, id="empty"),
+        pytest.param(3, 4, None, id="one-partial-block"),
+        pytest.param(8, 4, None, id="exact-blocks"),
+        pytest.param(10, 4, None, id="partial-last-block"),
+        pytest.param(200, 64, None, id="engine-sized"),
+        pytest.param(40, 4, 3, id="capped"),
+        pytest.param(40, 4, 0, id="cap-zero"),
+    ],
+)
+def test_block_hashes_match_reference_when_cut_into_blocks(
+    n_tokens: int, block_tokens: int, max_blocks: int | None
+) -> None:
+    tokens = [(i * 2654435761) % 2**32 for i in range(n_tokens)]
+    expected = _reference_hashes(tokens, block_tokens, "model-a", "salt", max_blocks)
+    got = block_hashes(_pack(tokens), block_tokens * 4, seed_hash("model-a", "salt"), max_blocks)
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("other_model", "other_salt"),
+    [
+        pytest.param("model-b", "", id="model-separates"),
+        pytest.param("model-a", "tenant-1", id="salt-separates"),
+    ],
+)
+def test_block_hashes_share_nothing_when_model_or_salt_differs(
+    other_model: str, other_salt: str
+) -> None:
+    tokens = _pack(list(range(64)))
+    first = block_hashes(tokens, 64, seed_hash("model-a"), None)
+    second = block_hashes(tokens, 64, seed_hash(other_model, other_salt), None)
+    assert len(first) == len(second) == 4
+    assert set(first).isdisjoint(second)
+
+
+def test_block_hashes_share_nothing_when_first_block_differs() -> None:
+    seed = seed_hash("m")
+    base = list(range(64))
+    changed = [999, *base[1:]]
+    a = block_hashes(_pack(base), 64, seed, None)
+    b = block_hashes(_pack(changed), 64, seed, None)
+    assert set(a).isdisjoint(b)
+
+
+def test_block_hashes_share_leading_blocks_when_only_tail_differs() -> None:
+    seed = seed_hash("m")
+    base = list(range(64))
+    changed = [*base[:-1], 999]
+    a = block_hashes(_pack(base), 64, seed, None)
+    b = block_hashes(_pack(changed), 64, seed, None)
+    assert a[:3] == b[:3]
+    assert a[3] != b[3]
+
+
+@pytest.mark.parametrize(
+    ("holdings", "query", "expected"),
+    [
+        pytest.param({}, [1, 2, 3], {}, id="empty-index"),
+        pytest.param({"a": [1, 2, 3]}, [1, 2, 3], {"a": 3}, id="full-match"),
+        pytest.param({"a": [1, 2]}, [1, 2, 3, 4], {"a": 2}, id="prefix-match"),
+        pytest.param({"a": [2, 3]}, [1, 2, 3], {}, id="first-block-missing"),
+        pytest.param({"a": [1, 2, 3], "b": [1]}, [1, 2, 3], {"a": 3, "b": 1}, id="two-endpoints"),
+        pytest.param(
+            {"a": [1, 2, 4], "b": [1, 2, 3, 4]},
+            [1, 2, 3, 4],
+            {"a": 2, "b": 4},
+            id="gap-ends-endpoint-run",
+        ),
+        pytest.param({"a": [1], "b": [2]}, [1, 2], {"a": 1}, id="late-joiner-ignored"),
+        pytest.param({"a": []}, [], {}, id="empty-query"),
+    ],
+)
+def test_match_counts_consecutive_leading_blocks_when_queried(
+    holdings: dict[str, list[int]], query: list[int], expected: dict[str, int]
+) -> None:
+    index = PrefixIndex(100)
+    for endpoint, hashes in holdings.items():
+        index.add(endpoint, hashes)
+    assert index.match(query) == expected
+
+
+def test_add_evicts_least_recent_blocks_when_capacity_exceeded() -> None:
+    index = PrefixIndex(4)
+    index.add("a", [1, 2])
+    index.add("a", [3, 4])
+    index.add("a", [5, 6])
+    assert index.size == 4
+    assert index.owners(1) == ()
+    assert index.owners(2) == ()
+    assert index.match([3, 4]) == {"a": 2}
+    assert index.match([5, 6]) == {"a": 2}
+
+
+def test_add_keeps_chain_head_when_chain_longer_than_capacity() -> None:
+    index = PrefixIndex(3)
+    index.add("a", [1, 2, 3, 4, 5])
+    assert index.block_counts() == {"a": 3}
+    assert index.match([1, 2, 3, 4, 5]) == {"a": 3}
+
+
+def test_add_evicts_tail_first_when_older_chain_is_pushed_out() -> None:
+    index = PrefixIndex(4)
+    index.add("a", [1, 2, 3])
+    index.add("a", [7, 8])  # one block of the first chain must go: its tail, not its head
+    assert index.match([1, 2, 3]) == {"a": 2}
+
+
+def test_add_refreshes_recency_when_block_seen_again() -> None:
+    index = PrefixIndex(2)
+    index.add("a", [1])
+    index.add("a", [2])
+    index.add("a", [1])
+    index.add("a", [3])
+    assert index.owners(1) == ("a",)
+    assert index.owners(2) == ()
+
+
+def test_eviction_keeps_other_owner_when_block_shared() -> None:
+    index = PrefixIndex(10)
+    index.add("a", [1, 2], capacity=1)
+    index.add("b", [1, 2])
+    assert index.owners(1) == ("a", "b")
+    assert index.owners(2) == ("b",)
+    assert index.size == 3
+
+
+def test_add_shrinks_endpoint_when_capacity_lowered() -> None:
+    index = PrefixIndex(10)
+    index.add("a", [1, 2, 3, 4])
+    index.add("a", [], capacity=2)
+    assert index.capacity("a") == 2
+    assert index.size == 2
+    assert index.match([1, 2, 3, 4]) == {"a": 2}
+
+
+def test_remove_endpoint_drops_its_entries_when_called() -> None:
+    index = PrefixIndex(10)
+    index.add("a", [1, 2])
+    index.add("b", [1])
+    index.remove_endpoint("a")
+    index.remove_endpoint("never-seen")
+    assert index.endpoints() == ["b"]
+    assert index.owners(1) == ("b",)
+    assert index.owners(2) == ()
+    assert index.size == 1
+    assert len(index) == 1
+
+
+def test_retain_purges_endpoints_when_no_longer_live() -> None:
+    index = PrefixIndex(10)
+    for endpoint in ("a", "b", "c"):
+        index.add(endpoint, [1, 2])
+    gone = index.retain({"b"})
+    assert sorted(gone) == ["a", "c"]
+    assert index.block_counts() == {"b": 2}
+    assert index.match([1, 2]) == {"b": 2}
+
+
+def test_size_stays_bounded_when_many_chains_added() -> None:
+    index = PrefixIndex(50)
+    for i in range(200):
+        for endpoint in ("a", "b"):
+            index.add(endpoint, [i * 10 + j for j in range(7)])
+    assert index.size == 100
+    assert len(index) <= 100
+    assert index.approx_bytes() == 100 * BYTES_PER_BLOCK
+
+
+def test_constructor_rejects_capacity_when_not_positive() -> None:
+    with pytest.raises(ValueError, match="default_capacity"):
+        PrefixIndex(0)

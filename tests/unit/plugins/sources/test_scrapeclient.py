@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from epp.plugins.sources.scrapeclient import KeepAliveClient, ScrapeError
+
+
+@pytest.fixture
+async def raw_server() -> AsyncIterator[tuple[int, list[bytes], list[int]]]:
+    """A loopback TCP server answering each request with the next canned response."""
+    responses: list[bytes] = []
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            while responses:
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(responses.pop(0))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    yield port, responses, connections
+    server.close()
+    await server.wait_closed()
+
+
+def ok(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+async def test_reuses_one_connection_for_consecutive_scrapes(raw_server) -> None:
+    port, responses, connections = raw_server
+    responses += [ok(b"a 1\n"), ok(b"a 2\n"), ok(b"a 3\n")]
+    client = KeepAliveClient(ssl_context=None, max_body_bytes=1024)
+    bodies = [await client.get("127.0.0.1", port, "/metrics") for _ in range(3)]
+    assert bodies == [b"a 1\n", b"a 2\n", b"a 3\n"]
+    assert len(connections) == 1
+    await client.close()
+
+
+async def test_reads_chunked_bodies(raw_server) -> None:
+    port, responses, _ = raw_server
+    responses.append(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"4\r\nabcd\r\n3;ext=1\r\nefg\r\n0\r\n\r\n"
+    )
+    client = KeepAliveClient(ssl_context=None, max_body_bytes=1024)
+    assert await client.get("127.0.0.1", port, "/metrics") == b"abcdefg"
+    await client.close()
+
+
+@pytest.mark.parametrize(
+    ("response", "message"),
+    [
+        pytest.param(b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n", "HTTP 500", id="status"),
+        pytest.param(ok(b"x" * 2000), "larger than", id="too-large"),
+        pytest.param(b"SSH-2.0-nope\r\n\r\n", "not an HTTP", id="not-http"),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 1\r\n\r\nx",
+            "content-encoding",
+            id="gzip",
+        ),
+    ],
+)
+async def test_bad_responses_raise_and_reconnect_next_time(
+    raw_server, response: bytes, message: str
+) -> None:
+    port, responses, connections = raw_server
+    responses += [response, ok(b"fine")]
+    client = KeepAliveClient(ssl_context=None, max_body_bytes=1024)
+    with pytest.raises(ScrapeError, match=message):
+        await client.get("127.0.0.1", port, "/metrics")
+    if not responses:  # the server closed after the last canned response
+        responses.append(ok(b"fine"))
+    assert await client.get("127.0.0.1", port, "/metrics") == b"fine"
+    assert len(connections) == 2
+    await client.close()
+
+
+async def test_cancelled_scrape_drops_the_half_read_connection(raw_server) -> None:
+    port, responses, connections = raw_server
+    responses += [b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", ok(b"next")]
+    client = KeepAliveClient(ssl_context=None, max_body_bytes=1024)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.2):
+            await client.get("127.0.0.1", port, "/metrics")
+    responses[:] = [ok(b"next")]
+    assert await client.get("127.0.0.1", port, "/metrics") == b"next"
+    assert len(connections) == 2
+    await client.close()
