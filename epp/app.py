@@ -6,7 +6,7 @@ servers. Stop: draining (readiness NOT_SERVING; leader election stops and the le
 plugins.
 
 Endpoints come from the config's ``dataLayer.discovery`` plugin, or, with ``--pool-name`` /
-``--endpoint-selector``, from Kubernetes (``epp.k8s.source``; the ``kubernetes`` client is only
+``--endpoint-selector``, from Kubernetes (``epp.k8s.mode``; the ``kubernetes`` client is only
 imported then). InferenceObjective / InferenceModelRewrite objects come from the cluster and from
 ``--objectives-file`` files in any mode. Readiness: discovery synced, first scrape cycle done,
 plugins ready, not draining; in Kubernetes mode every watch synced and the pool present; with
@@ -21,7 +21,7 @@ import logging
 import random
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -29,13 +29,17 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from epp.config.loader import ConfigError, LoadOptions, load_config
+from epp.config.loader import ConfigError, LoadOptions, PluginFactory, load_config
 from epp.config.pipeline import Pipeline
 from epp.datalayer.collector import Collector
 from epp.datalayer.store import Datastore
 from epp.flowcontrol.controller import FlowController
-from epp.observability.http import MetricsServer
+from epp.k8s.files import ObjectFiles, ObjectsFileError
+from epp.k8s.sink import ObjectSink
+from epp.observability.decisions import DecisionLog
+from epp.observability.http import DebugViews, MetricsServer
 from epp.observability.metrics import EppMetrics
+from epp.observability.pool import pool_gauges
 from epp.observability.recorder import RequestStats
 from epp.plugin import Discovery, Endpoint, TypedName
 from epp.plugin.registry import PluginRegistry
@@ -74,6 +78,11 @@ class AppHandle:
     def logger(self, typed_name: TypedName) -> logging.Logger:
         return logging.getLogger(f"epp.plugin.{typed_name}")
 
+    def create_plugin(
+        self, type_name: str, name: str, parameters: Mapping[str, Any] | None = None
+    ) -> Any:
+        return self._app.factory.create(type_name, name, parameters, self)
+
 
 class App:
     def __init__(self, settings: Settings, *, registry: PluginRegistry | None = None) -> None:
@@ -82,54 +91,38 @@ class App:
         self.store = Datastore(time.monotonic)
         self.objectives = ObjectiveStore()
         self.rewrites = RewriteStore()
-        self._instances: dict[str, Any] = {}
+        self.decisions = DecisionLog()
+        self._instances: dict[str, Any] = {}  # filled once the config is loaded
+        registry = registry or PluginRegistry.from_entry_points()
+        options = LoadOptions(allow_experimental=settings.allow_experimental_plugins)
+        self.factory = PluginFactory(registry, allow_experimental=options.allow_experimental)
         self.pipeline: Pipeline = load_config(
             settings.config_text,
-            registry=registry or PluginRegistry.from_entry_points(),
+            registry=registry,
             handle_for=lambda: AppHandle(self),
-            options=LoadOptions(allow_experimental=settings.allow_experimental_plugins),
+            options=options,
         )
         self._instances = self.pipeline.instances
         self.kube: Any = None
         """The ``KubernetesSource`` in Kubernetes mode."""
         self.elector: Any = None
         """The ``LeaderElector`` with --ha-enable-leader-election."""
+        self.object_files: ObjectFiles | None = None
         self._wire_sources()
-        m = self.metrics
-        self.scheduler = Scheduler(
-            profiles=self.pipeline.profiles,
-            handler=self.pipeline.profile_handler,
-            observe=lambda ep, t, n, s: m.plugin_duration.observe((ep, t, n), (ep, t, n), s),
-            count_error=lambda ep, t, n: m.plugin_errors.labels(ep, t, n).inc(),
-        )
         self.flow = self._flow_controller()
-        self.director = Director(
-            flow=self.flow,
-            pipeline=self.pipeline,
-            scheduler=self.scheduler,
-            endpoints=self.store.snapshot,
-            objectives=self.objectives,
-            clock=time.monotonic,
-            rng=random.Random(settings.seed),
-            subset_filter=not settings.disable_endpoint_subset_filter,
-            on_scheduled=lambda s: m.scheduler_e2e.observe((), (), s),
-            rewrites=self.rewrites,
-            on_rewrite=lambda name, model, target: m.model_rewrites.inc(
-                (name, *m.models(model, target)), (name, *m.models(model, target))
-            ),
-        )
+        self.director = self._director()
         self.collector = Collector(
             store=self.store,
             pipelines=self.pipeline.sources,
             interval=settings.refresh_metrics_interval,
             clock=time.monotonic,
-            on_poll_error=lambda src, _eid, _exc: m.poll_errors.labels(src).inc(),
-            on_extract_error=lambda src, ext, _exc: m.extract_errors.labels(src, ext).inc(),
+            on_poll_error=lambda src, _eid, _exc: self.metrics.poll_errors.labels(src).inc(),
+            on_extract_error=lambda src, ext, _e: self.metrics.extract_errors.labels(
+                src, ext
+            ).inc(),
         )
         self.context = ServerContext(
             director=self.director,
-            pipeline=self.pipeline,
-            stats=RequestStats(m),
             max_body_bytes=settings.max_request_body_bytes,
             emit_scores=settings.emit_endpoint_scores,
         )
@@ -147,27 +140,48 @@ class App:
         self._runner: asyncio.Task[None] | None = None
         self._election: asyncio.Task[None] | None = None
 
+    def _director(self) -> Director:
+        m = self.metrics
+        scheduler = Scheduler(
+            profiles=self.pipeline.profiles,
+            handler=self.pipeline.profile_handler,
+            observe=lambda ep, t, n, s: m.plugin_duration.observe((ep, t, n), (ep, t, n), s),
+            count_error=lambda ep, t, n: m.plugin_errors.labels(ep, t, n).inc(),
+        )
+        return Director(
+            flow=self.flow,
+            pipeline=self.pipeline,
+            scheduler=scheduler,
+            endpoints=self.store.snapshot,
+            objectives=self.objectives,
+            clock=time.monotonic,
+            rng=random.Random(self.settings.seed),
+            subset_filter=not self.settings.disable_endpoint_subset_filter,
+            on_scheduled=lambda s: m.scheduler_e2e.observe((), (), s),
+            rewrites=self.rewrites,
+            on_rewrite=lambda name, model, target: m.model_rewrites.inc(
+                (name, *m.models(model, target)), (name, *m.models(model, target))
+            ),
+            stats=RequestStats(m),
+            decisions=self.decisions,
+        )
+
     def _wire_sources(self) -> None:
         """Endpoint discovery (config plugin or Kubernetes), objects files, leader election."""
         s = self.settings
-        from epp.k8s.files import ObjectFiles, ObjectsFileError
-        from epp.k8s.sink import ObjectSink
-
-        kube_mode = bool(s.pool_name or s.endpoint_selector)
-        self._sink = ObjectSink(
-            self.objectives,
-            self.rewrites,
-            pool_name=s.pool_name,
-            pool_group=s.pool_group,
+        sink = ObjectSink(
+            self.objectives, self.rewrites, pool_name=s.pool_name, pool_group=s.pool_group
         )
-        if kube_mode:
+        if s.pool_name or s.endpoint_selector:
             if self.pipeline.discovery is not None:
                 raise ConfigError(
                     "dataLayer.discovery and --pool-name/--endpoint-selector are mutually "
                     "exclusive: endpoints come either from the config's discovery plugin or from "
                     "Kubernetes"
                 )
-            self._wire_kubernetes()
+            from epp.k8s.mode import kubernetes_mode
+
+            self.kube, self.elector = kubernetes_mode(s, publish=self._publish, sink=sink)
         else:
             if self.pipeline.discovery is None:
                 raise ConfigError(
@@ -177,10 +191,9 @@ class App:
                 )
             if s.ha_enable_leader_election:
                 raise ConfigError("--ha-enable-leader-election needs Kubernetes mode")
-        self.object_files: ObjectFiles | None = None
         if s.objectives_files:
             self.object_files = ObjectFiles(
-                s.objectives_files, self._sink.set_files, poll_interval=s.objectives_poll_interval
+                s.objectives_files, sink.set_files, poll_interval=s.objectives_poll_interval
             )
             try:
                 self.object_files.load()
@@ -204,60 +217,6 @@ class App:
             )
         except ValueError as exc:
             raise ConfigError(f"config: flowControl: {exc}") from None
-
-    def _wire_kubernetes(self) -> None:
-        from epp.k8s.client import KubeConfigError, KubeLeases, load_api_client
-        from epp.k8s.leader import ElectionConfig, LeaderElector, default_identity, lease_name
-        from epp.k8s.selector import parse_selector
-        from epp.k8s.source import KubernetesSource, PoolMode, StandaloneMode, standalone_pool
-
-        s = self.settings
-        namespace = s.pool_namespace or "default"
-        mode: PoolMode | StandaloneMode
-        if s.pool_name:
-            if s.pool_group != "inference.networking.k8s.io":
-                raise ConfigError(
-                    f"--pool-group {s.pool_group!r}: only inference.networking.k8s.io (v1) is "
-                    "supported"
-                )
-            mode = PoolMode(name=s.pool_name, namespace=namespace, group=s.pool_group)
-            pool_name = s.pool_name
-        else:
-            try:
-                selector = parse_selector(s.endpoint_selector)
-            except ValueError as exc:
-                raise ConfigError(f"--endpoint-selector: {exc}") from None
-            if not s.endpoint_target_ports:
-                raise ConfigError("--endpoint-selector needs --endpoint-target-ports")
-            pool = standalone_pool(selector, s.endpoint_target_ports, namespace, s.pod_name)
-            mode = StandaloneMode(pool)
-            pool_name = pool.name
-        try:
-            api = load_api_client(s.kubeconfig)
-        except KubeConfigError as exc:
-            raise ConfigError(str(exc)) from None
-        self.kube = KubernetesSource(
-            api,
-            mode,
-            publish=self._publish,
-            sink=self._sink,
-            watch_timeout=s.kube_watch_timeout,
-            logger=logging.getLogger("epp.k8s"),
-        )
-        if s.ha_enable_leader_election:
-            try:
-                cfg = ElectionConfig(
-                    lease_name=lease_name(namespace, pool_name),
-                    namespace=namespace,
-                    identity=default_identity(),
-                    lease_duration=s.ha_lease_duration,
-                    renew_deadline=s.ha_renew_deadline,
-                    retry_period=s.ha_retry_period,
-                )
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
-            leases = KubeLeases(api, namespace, timeout=s.ha_renew_deadline)
-            self.elector = LeaderElector(leases, cfg, logger=logging.getLogger("epp.k8s.leader"))
 
     # ---- state --------------------------------------------------------------------------------
 
@@ -294,15 +253,7 @@ class App:
             await p.start()
         try:
             async with asyncio.TaskGroup() as tg:
-                source = self.kube.run() if self.kube else self._discovery().run(self._publish)
-                tasks = [
-                    tg.create_task(source),
-                    tg.create_task(self.collector.run()),
-                    tg.create_task(self._pool_gauges()),
-                    *([tg.create_task(self.flow.run())] if self.flow is not None else []),
-                ]
-                if self.object_files is not None:
-                    tasks.append(tg.create_task(self.object_files.run()))
+                tasks = [tg.create_task(c) for c in self._background()]
                 if self.elector is not None:
                     self._election = tg.create_task(self.elector.run())
                     tasks.append(self._election)
@@ -318,6 +269,25 @@ class App:
                 with contextlib.suppress(Exception):
                     await p.stop()
             await servers[2].stop()
+
+    def _background(self) -> list[Any]:
+        """The long-lived tasks: discovery, scraping, pool gauges, flow control, objects files."""
+        s = self.settings
+        source = self.kube.run() if self.kube else self._discovery().run(self._publish)
+        gauges = pool_gauges(
+            self.metrics,
+            self.store.snapshot,
+            pool=s.pool_name or "default",
+            staleness=s.metrics_staleness_threshold,
+            interval=s.refresh_prometheus_metrics_interval,
+        )
+        return [
+            source,
+            self.collector.run(),
+            gauges,
+            *([self.flow.run()] if self.flow is not None else []),
+            *([self.object_files.run()] if self.object_files is not None else []),
+        ]
 
     async def _start_servers(self) -> list[Any]:
         s = self.settings
@@ -341,7 +311,15 @@ class App:
         self.health_port = hs.add_insecure_port(f"{s.bind_address}:{s.grpc_health_port}")
         await ext.start()
         await hs.start()
-        ms = MetricsServer(self)
+        ms = MetricsServer(
+            DebugViews(
+                registry=self.metrics.registry,
+                config=self.pipeline.describe,
+                endpoints=self.store.snapshot,
+                decisions=self.decisions,
+                dumpers=self.pipeline.dumpers,
+            )
+        )
         self.metrics_port = await ms.start(s.bind_address, s.metrics_port)
         log.info(
             "serving ext_proc on %s (tls=%s), health on %d, metrics on %d",
@@ -375,37 +353,6 @@ class App:
             await asyncio.to_thread(self.elector.release)
         except Exception as exc:  # the lease then expires by itself
             log.warning("could not release the lease: %r", exc)
-
-    async def _pool_gauges(self) -> None:
-        m = self.metrics
-        pool = self.settings.pool_name or "default"
-        while True:
-            eps = self.store.snapshot()
-            now = time.monotonic()
-            fresh = [
-                e.metrics
-                for e in eps
-                if e.metrics is not None
-                and e.metrics.update_time
-                and now - e.metrics.update_time <= self.settings.metrics_staleness_threshold
-            ]
-            m.ready_endpoints.set((pool,), (pool,), len(fresh))
-            if fresh:
-                m.avg_kv.set(
-                    (pool,), (pool,), sum(x.kv_cache_usage_percent for x in fresh) / len(fresh)
-                )
-                m.avg_queue.set(
-                    (pool,), (pool,), sum(x.waiting_queue_size for x in fresh) / len(fresh)
-                )
-                m.avg_running.set(
-                    (pool,), (pool,), sum(x.running_requests_size for x in fresh) / len(fresh)
-                )
-            for e in eps:
-                if e.metrics is not None:
-                    m.per_endpoint_queue.set(
-                        (pool, e.hostport), (pool, e.name), e.metrics.waiting_queue_size
-                    )
-            await asyncio.sleep(self.settings.refresh_prometheus_metrics_interval)
 
     def stop(self) -> None:
         """First call: drain, then stop. A second call (a second SIGTERM) cuts the drain short."""

@@ -25,11 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from epp.plugin import CycleState, Endpoint, InferenceRequest, PluginBase, ScorerCategory
+from epp.plugin import CycleState, DataKey, Endpoint, InferenceRequest, PluginBase, ScorerCategory
 from epp.plugin.inflight import INFLIGHT_LOAD, InFlightLoad
-from epp.plugin.prefix import data_key
 
 
 class ActiveRequestScorer(PluginBase):
@@ -51,16 +50,14 @@ class ActiveRequestScorer(PluginBase):
 
     params: Params
 
-    def consumes(self) -> frozenset[str]:
-        return frozenset({data_key(INFLIGHT_LOAD, self.params.in_flight_load_producer_name)})
+    def consumes(self) -> frozenset[DataKey[Any]]:
+        return frozenset({INFLIGHT_LOAD.key(self.params.in_flight_load_producer_name)})
 
     def score(
         self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Mapping[str, float]:
         loads: Mapping[str, InFlightLoad] = (
-            request.attributes.get(
-                data_key(INFLIGHT_LOAD, self.params.in_flight_load_producer_name)
-            )
+            request.attributes.get(INFLIGHT_LOAD.key(self.params.in_flight_load_producer_name))
             or {}
         )
         counts = {e.id: loads[e.id].requests if e.id in loads else 0 for e in endpoints}

@@ -49,6 +49,7 @@ from typing import Any, ClassVar, Final
 from epp.plugin import (
     PREFIX_MATCH_INFO,
     CycleState,
+    DataKey,
     Endpoint,
     Handle,
     InferenceRequest,
@@ -56,7 +57,6 @@ from epp.plugin import (
     PrefixMatchInfo,
     SchedulingResult,
     ScorerCategory,
-    data_key,
 )
 
 DEFAULT_LRU_SIZE: Final = 1024
@@ -89,14 +89,12 @@ class NoHitLRUScorer(PluginBase):
             handle.logger(self.typed_name).warning(
                 "parameters prefixPluginType/prefixPluginName are deprecated and ignored"
             )
-        self._key = data_key(
-            PREFIX_MATCH_INFO, p.prefix_match_info_producer_name or DEFAULT_PRODUCER
-        )
+        self._key = PREFIX_MATCH_INFO.key(p.prefix_match_info_producer_name or DEFAULT_PRODUCER)
         self._capacity = p.lru_size or DEFAULT_LRU_SIZE
         # Endpoint ids that received cold requests, least recently first.
         self._lru: OrderedDict[str, None] = OrderedDict()
 
-    def consumes(self) -> frozenset[str]:
+    def consumes(self) -> frozenset[DataKey[Any]]:
         return frozenset({self._key})
 
     def score(

@@ -1,12 +1,12 @@
 """``precise-prefix-cache-scorer`` (deprecated): a ``precise-prefix-cache-producer`` and a
 ``prefix-cache-scorer`` in one plugin, as upstream's older configurations declare it.
 
-It takes the producer's parameters (see ``epp.plugins.producers.precise_prefix.producer``),
-runs the producer under its own name (so it publishes ``PrefixCacheMatchInfo/<name>``,
-subscribes to KV events and, with ``speculativeIndexing``, indexes on PreRequest) and scores
-with ``prefix-cache-scorer``'s formula and defaults (``matchLengthWeight`` 0,
-``matchLengthScaleTokens`` 8192) reading that key.
-New configurations declare the two plugins instead.
+It takes the producer's parameters (see ``precise-prefix-cache-producer``) and builds that
+producer under its own name through ``Handle.create_plugin``, the path any plugin has to another
+type; so it publishes ``PrefixCacheMatchInfo/<name>``, subscribes to KV events and, with
+``speculativeIndexing``, indexes on PreRequest. It scores with ``prefix-cache-scorer``'s formula
+and defaults (``matchLengthWeight`` 0, ``matchLengthScaleTokens`` 8192) reading that key. New
+configurations declare the two plugins instead.
 
 YAML::
 
@@ -25,11 +25,12 @@ YAML::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from epp.plugin import (
     CycleState,
+    DataKey,
     Endpoint,
     Handle,
     InferenceRequest,
@@ -37,9 +38,9 @@ from epp.plugin import (
     SchedulingResult,
     ScorerCategory,
 )
-from epp.plugins.producers.precise_prefix.params import PreciseParams
-from epp.plugins.producers.precise_prefix.producer import PrecisePrefixCacheProducer
 from scorers.prefix_cache import PrefixCacheScorer
+
+PRODUCER_TYPE = "precise-prefix-cache-producer"
 
 
 class PrecisePrefixCacheScorer(PluginBase):
@@ -47,10 +48,26 @@ class PrecisePrefixCacheScorer(PluginBase):
     category: ClassVar[ScorerCategory] = ScorerCategory.AFFINITY
 
     @dataclass(frozen=True)
-    class Params(PreciseParams):
-        """The producer's parameters (``PreciseParams``)."""
+    class Params:
+        """The producer's parameters, passed on to it as they are (it decodes them strictly)."""
 
-    params: PreciseParams
+        token_processor_config: Mapping[str, Any] | None = None
+        indexer_config: Mapping[str, Any] | None = None
+        kv_events_config: Mapping[str, Any] | None = None
+        speculative_indexing: bool | None = None
+        speculative_ttl: str | None = field(default=None, metadata={"yaml": "speculativeTTL"})
+
+        def producer_parameters(self) -> dict[str, Any]:
+            given = {
+                "tokenProcessorConfig": self.token_processor_config,
+                "indexerConfig": self.indexer_config,
+                "kvEventsConfig": self.kv_events_config,
+                "speculativeIndexing": self.speculative_indexing,
+                "speculativeTTL": self.speculative_ttl,
+            }
+            return {key: value for key, value in given.items() if value is not None}
+
+    params: Params
 
     def __init__(self, *, name: str, params: Any, handle: Handle) -> None:
         super().__init__(name=name, params=params, handle=handle)
@@ -59,8 +76,8 @@ class PrecisePrefixCacheScorer(PluginBase):
             "%s is deprecated; declare precise-prefix-cache-producer and prefix-cache-scorer",
             self.TYPE,
         )
-        self.producer = PrecisePrefixCacheProducer(
-            name=self.typed_name.name, params=params, handle=handle
+        self.producer = handle.create_plugin(
+            PRODUCER_TYPE, self.typed_name.name, self.params.producer_parameters()
         )
         self.scorer = PrefixCacheScorer(
             name=self.typed_name.name,
@@ -69,11 +86,11 @@ class PrecisePrefixCacheScorer(PluginBase):
         )
 
     # DataProducer, Consumer
-    def produces(self) -> frozenset[str]:
-        return self.producer.produces()
+    def produces(self) -> frozenset[DataKey[Any]]:
+        return frozenset(self.producer.produces())
 
-    def consumes(self) -> frozenset[str]:
-        return self.producer.consumes()
+    def consumes(self) -> frozenset[DataKey[Any]]:
+        return frozenset(self.producer.consumes())
 
     async def produce(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
         await self.producer.produce(request, endpoints)
@@ -95,4 +112,4 @@ class PrecisePrefixCacheScorer(PluginBase):
         await self.producer.stop()
 
     def dump_state(self) -> Mapping[str, Any]:
-        return self.producer.dump_state()
+        return dict(self.producer.dump_state())

@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 from epp.plugin import (
     PREFIX_MATCH_INFO,
     CycleState,
+    DataKey,
     Endpoint,
     Handle,
     InferenceRequest,
@@ -51,11 +52,6 @@ from epp.plugin import (
     PrefixMatchInfo,
     ScorerCategory,
 )
-
-__all__ = ["MATCH_INFO_KEY", "PrefixCacheScorer", "PrefixMatchInfo"]
-
-MATCH_INFO_KEY = PREFIX_MATCH_INFO
-"""Data key prefix; the full attribute key is ``PrefixCacheMatchInfo/<producer name>``."""
 
 
 class PrefixCacheScorer(PluginBase):
@@ -84,16 +80,16 @@ class PrefixCacheScorer(PluginBase):
 
     def __init__(self, *, name: str, params: Any, handle: Handle) -> None:
         super().__init__(name=name, params=params, handle=handle)
-        self._key = f"{MATCH_INFO_KEY}/{self.params.prefix_match_info_producer_name}"
+        self._key = PREFIX_MATCH_INFO.key(self.params.prefix_match_info_producer_name)
         self._log = handle.logger(self.typed_name)
 
-    def consumes(self) -> frozenset[str]:
+    def consumes(self) -> frozenset[DataKey[Any]]:
         return frozenset({self._key})
 
     def score(
         self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Mapping[str, float]:
-        infos: Mapping[str, PrefixMatchInfo] | None = request.attributes.get(self._key)
+        infos = self._key.get(request)
         if infos is None:
             if self._log.isEnabledFor(logging.DEBUG):
                 self._log.debug("request %s has no %s attribute", request.request_id, self._key)

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from epp.plugin import CycleState, Endpoint, InferenceRequest, PluginBase, ScorerCategory
+from epp.plugin import CycleState, DataKey, Endpoint, InferenceRequest, PluginBase, ScorerCategory
 from epp.plugin.inflight import INFLIGHT_LOAD, InFlightLoad
-from epp.plugin.prefix import data_key
 
 
 class TokenLoadScorer(PluginBase):
@@ -40,16 +39,14 @@ class TokenLoadScorer(PluginBase):
 
     params: Params
 
-    def consumes(self) -> frozenset[str]:
-        return frozenset({data_key(INFLIGHT_LOAD, self.params.in_flight_load_producer_name)})
+    def consumes(self) -> frozenset[DataKey[Any]]:
+        return frozenset({INFLIGHT_LOAD.key(self.params.in_flight_load_producer_name)})
 
     def score(
         self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Mapping[str, float]:
         loads: Mapping[str, InFlightLoad] = (
-            request.attributes.get(
-                data_key(INFLIGHT_LOAD, self.params.in_flight_load_producer_name)
-            )
+            request.attributes.get(INFLIGHT_LOAD.key(self.params.in_flight_load_producer_name))
             or {}
         )
         limit = self.params.queue_threshold_tokens

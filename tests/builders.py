@@ -68,7 +68,8 @@ def make_cycle(seed: int = 0, now: float = NOW) -> CycleState:
 
 @dataclass
 class FakeHandle:
-    """Satisfies ``epp.plugin.Handle`` with no other plugins and no endpoints."""
+    """Satisfies ``epp.plugin.Handle`` with no other plugins and no endpoints; ``create_plugin``
+    builds real plugins by type name."""
 
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     now: float = NOW
@@ -84,6 +85,16 @@ class FakeHandle:
 
     def logger(self, typed_name: TypedName) -> logging.Logger:
         return logging.getLogger(str(typed_name))
+
+    def create_plugin(
+        self, type_name: str, name: str, parameters: Mapping[str, Any] | None = None
+    ) -> Any:
+        """Built by the loader's factory from the installed plugins, alpha types allowed."""
+        from epp.config.loader import PluginFactory
+        from epp.plugin.registry import PluginRegistry
+
+        factory = PluginFactory(PluginRegistry.from_entry_points(), allow_experimental=True)
+        return factory.create(type_name, name, parameters, self)
 
 
 def handle() -> FakeHandle:

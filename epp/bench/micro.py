@@ -25,7 +25,7 @@ import random
 import statistics
 import time
 import tracemalloc
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -64,6 +64,16 @@ class MicroHandle:
 
     def logger(self, typed_name: TypedName) -> logging.Logger:
         return logging.getLogger(f"epp.plugin.{typed_name}")
+
+    def create_plugin(
+        self, type_name: str, name: str, parameters: Mapping[str, Any] | None = None
+    ) -> Any:
+        from epp.config.loader import PluginFactory
+        from epp.plugin.registry import PluginRegistry
+
+        return PluginFactory(PluginRegistry.from_entry_points()).create(
+            type_name, name, parameters, self
+        )
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from epp.bench.fleet import SimProcess
 from epp.bench.peers import SGLANG, VLLM, PeerSpec, ensure_installed, no_egress_env, repo_root
 from epp.bench.spec import Workload
 from epp.localstack.envoy import Envoy, free_port
+from epp.localstack.eppconfig import epp_config_text
 from epp.localstack.procs import Proc, wait_http
 from epp.plugins.sources.file_discovery import dump_endpoints
 
@@ -70,32 +69,6 @@ def label(key: str) -> str:
 
 def is_known(key: str) -> bool:
     return key in TARGETS or (key.startswith("epp:") and Path(key[4:]).is_file())
-
-
-def epp_config_text(
-    endpoints_file: Path, extra_scorers: tuple[tuple[str, int], ...], base: str | None = None
-) -> str:
-    """The built-in default config (or ``base``) with file discovery and the workload's extra
-    scorers (added only to the default config)."""
-    from epp.config.schema import DEFAULT_CONFIG_TEXT
-
-    doc = yaml.safe_load(base or DEFAULT_CONFIG_TEXT)
-    doc.setdefault("plugins", [])
-    doc.setdefault("dataLayer", {})
-    if base is not None:
-        extra_scorers = ()
-    params = {"path": str(endpoints_file), "watchFile": False}
-    discovery = [p for p in doc["plugins"] if p.get("type") == "file-discovery"]
-    if discovery:
-        discovery[0]["parameters"] = params
-    else:
-        discovery = [{"type": "file-discovery", "parameters": params}]
-        doc["plugins"].append(discovery[0])
-    doc["dataLayer"]["discovery"] = {"pluginRef": discovery[0].get("name", "file-discovery")}
-    for scorer, weight in extra_scorers:
-        doc["plugins"].append({"type": scorer})
-        doc["schedulingProfiles"][0]["plugins"].append({"pluginRef": scorer, "weight": weight})
-    return str(yaml.safe_dump(doc, sort_keys=False))
 
 
 def _endpoints_yaml(fleet: SimProcess) -> str:

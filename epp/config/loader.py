@@ -9,8 +9,8 @@ extension point and the data-layer pipelines. Every error names what is wrong an
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -19,6 +19,7 @@ from epp.config.pipeline import Pipeline
 from epp.config.schema import (
     API_VERSIONS,
     DEFAULT_CONFIG_TEXT,
+    DEFAULT_POLICY_TYPES,
     DEPRECATED_API_VERSION,
     FEATURE_GATES,
     KIND,
@@ -26,8 +27,9 @@ from epp.config.schema import (
     ProfilePluginRef,
     SchedulingProfileSpec,
 )
-from epp.flowcontrol.controller import ensure_flow_defaults
+from epp.datalayer.collector import SourcePipeline
 from epp.plugin import (
+    Consumer,
     DataProducer,
     DataSource,
     Discovery,
@@ -65,7 +67,6 @@ class ConfigError(Exception):
 @dataclass
 class LoadOptions:
     allow_experimental: bool = False
-    extra_plugins: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_config(text: str) -> EndpointPickerConfig:
@@ -105,24 +106,20 @@ def parse_feature_gates(gates: tuple[str, ...]) -> dict[str, bool]:
     return result
 
 
-class _Builder:
-    """Phase 2 state: instances by name, in declaration order."""
+class PluginFactory:
+    """Builds one plugin instance from its type name and YAML ``parameters``: loads the class
+    from the registry, applies the stability gate, decodes the parameters strictly and
+    constructs it. The loader uses it for every configured plugin, and ``Handle.create_plugin``
+    for plugins composed of others."""
 
-    def __init__(
-        self, registry: PluginRegistry, handle_for: Callable[[], Handle], options: LoadOptions
-    ) -> None:
+    def __init__(self, registry: PluginRegistry, *, allow_experimental: bool = False) -> None:
         self.registry = registry
-        self.handle = handle_for()
-        self.options = options
-        self.instances: dict[str, Any] = {}
+        self.allow_experimental = allow_experimental
 
-    def add(self, type_name: str, name: str = "", parameters: Any = None) -> Any:
-        name = name or type_name
-        if name in self.instances:
-            raise ConfigError(f"config: plugins: duplicate plugin name {name!r}")
+    def create(self, type_name: str, name: str, parameters: Any, handle: Handle) -> Any:
         cls = self.registry.load(type_name)
         stability = getattr(cls, "STABILITY", Stability.BETA)
-        if stability is Stability.ALPHA and not self.options.allow_experimental:
+        if stability is Stability.ALPHA and not self.allow_experimental:
             raise ConfigError(
                 f"plugin {name!r} (type {type_name!r}) is alpha; "
                 "start with --allow-experimental-plugins to use it"
@@ -134,11 +131,29 @@ class _Builder:
                 plugin=name, type_name=type_name, path=exc.path, problem=exc.problem
             ) from None
         try:
-            inst = cls(name=name, params=params, handle=self.handle)
+            return cls(name=name, params=params, handle=handle)
         except (ValueError, TypeError, KeyError) as exc:
             raise PluginConfigError(
                 plugin=name, type_name=type_name, path="", problem=str(exc)
             ) from None
+
+
+class _Builder:
+    """Phase 2 state: instances by name, in declaration order."""
+
+    def __init__(
+        self, registry: PluginRegistry, handle_for: Callable[[], Handle], options: LoadOptions
+    ) -> None:
+        self.registry = registry
+        self.factory = PluginFactory(registry, allow_experimental=options.allow_experimental)
+        self.handle = handle_for()
+        self.instances: dict[str, Any] = {}
+
+    def add(self, type_name: str, name: str = "", parameters: Any = None) -> Any:
+        name = name or type_name
+        if name in self.instances:
+            raise ConfigError(f"config: plugins: duplicate plugin name {name!r}")
+        inst = self.factory.create(type_name, name, parameters, self.handle)
         self.instances[name] = inst
         return inst
 
@@ -157,6 +172,13 @@ class _Builder:
 
     def of(self, role: type) -> list[Any]:
         return [p for p in self.instances.values() if isinstance(p, role)]
+
+
+def ensure_flow_defaults(add: Callable[[str], Any], instances: Mapping[str, Any]) -> None:
+    """Instantiate the default flow-control policies that are not declared (spec §3.3.5)."""
+    for type_name in DEFAULT_POLICY_TYPES:
+        if type_name not in instances:
+            add(type_name)
 
 
 def load_config(
@@ -289,9 +311,9 @@ def _saturation_detector(b: _Builder, cfg: EndpointPickerConfig) -> SaturationDe
 
 def _data_layer(
     b: _Builder, cfg: EndpointPickerConfig
-) -> tuple[list[tuple[DataSource, list[Extractor]]], Discovery | None]:
+) -> tuple[list[SourcePipeline], Discovery | None]:
     dl = cfg.data_layer
-    sources: list[tuple[DataSource, list[Extractor]]] = []
+    sources: list[SourcePipeline] = []
     for i, spec in enumerate(dl.sources if dl else ()):
         src = b.ref(spec.plugin_ref, f"dataLayer.sources[{i}]")
         if not isinstance(src, DataSource):
@@ -305,11 +327,11 @@ def _data_layer(
                     "is not an extractor"
                 )
             exts.append(ext)
-        sources.append((src, exts))
+        sources.append(SourcePipeline.of(src, exts))
     inject = dl.inject_defaults if dl else True
-    if inject and not any(s.typed_name.type == "metrics-data-source" for s, _ in sources):
+    if inject and not any(s.source.typed_name.type == "metrics-data-source" for s in sources):
         src = b.ensure("metrics-data-source")
-        sources.append((src, [b.ensure("core-metrics-extractor")]))
+        sources.append(SourcePipeline.of(src, [b.ensure("core-metrics-extractor")]))
     discovery = None
     if dl and dl.discovery:
         discovery = b.ref(dl.discovery.plugin_ref, "dataLayer.discovery")
@@ -325,13 +347,7 @@ def _auto_producers(b: _Builder) -> None:
     """Create the default producer for every consumed key that nothing produces (spec §3.3.9)."""
     for _ in range(8):  # producers may consume keys themselves; the chain is short
         produced = {k for p in b.of(DataProducer) for k in p.produces()}
-        missing = [
-            key
-            for p in list(b.instances.values())
-            if hasattr(p, "consumes")
-            for key in p.consumes()
-            if key not in produced
-        ]
+        missing = [key for p in list(b.of(Consumer)) for key in p.consumes() if key not in produced]
         if not missing:
             return
         added = False

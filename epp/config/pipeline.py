@@ -1,6 +1,6 @@
 """The wired result of a configuration: every plugin instance slotted into the roles it fills.
 
-Roles are detected once here, so the request path never calls ``isinstance``.
+Roles and capabilities are detected once here, so the request path never calls ``isinstance``.
 """
 
 from __future__ import annotations
@@ -10,15 +10,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epp.config.schema import EndpointPickerConfig, FlowControlSpec
+from epp.datalayer.collector import SourcePipeline
 from epp.plugin import (
+    DEFAULT_PRODUCE_TIMEOUT,
     Admitter,
+    Consumer,
     DataProducer,
-    DataSource,
     Discovery,
-    Extractor,
     Lifecycle,
     Parser,
     PreRequest,
+    ProducerTimeout,
     Profile,
     ProfileHandler,
     ReadinessChecker,
@@ -36,12 +38,14 @@ class Pipeline:
     profile_handler: ProfileHandler
     parsers: list[Parser]
     saturation_detector: SaturationDetector
-    sources: list[tuple[DataSource, list[Extractor]]]
+    sources: list[SourcePipeline]
     discovery: Discovery | None
     feature_gates: dict[str, bool]
     flow_control: FlowControlSpec | None
     config: EndpointPickerConfig
     producers: list[DataProducer] = field(default_factory=list)
+    producer_timeouts: list[float] = field(default_factory=list)
+    """Each producer's budget in seconds, in ``producers`` order."""
     admitters: list[Admitter] = field(default_factory=list)
     pre_request: list[PreRequest] = field(default_factory=list)
     response_headers: list[ResponseHeaders] = field(default_factory=list)
@@ -55,6 +59,12 @@ class Pipeline:
         p = cls(**kw)
         everything = list(p.instances.values())
         p.producers = _producer_order([x for x in everything if isinstance(x, DataProducer)])
+        p.producer_timeouts = [
+            float(x.produce_timeout())
+            if isinstance(x, ProducerTimeout)
+            else DEFAULT_PRODUCE_TIMEOUT
+            for x in p.producers
+        ]
         p.admitters = [x for x in everything if isinstance(x, Admitter)]
         p.pre_request = [x for x in everything if isinstance(x, PreRequest)]
         p.response_headers = [x for x in everything if isinstance(x, ResponseHeaders)]
@@ -90,7 +100,6 @@ def _producer_order(producers: list[DataProducer]) -> list[DataProducer]:
     graph: dict[int, set[int]] = {}
     index = {id(p): p for p in producers}
     for p in producers:
-        deps = getattr(p, "consumes", None)
-        needed = deps() if callable(deps) else frozenset()
+        needed = p.consumes() if isinstance(p, Consumer) else frozenset()
         graph[id(p)] = {id(by_key[k]) for k in needed if k in by_key and by_key[k] is not p}
     return [index[i] for i in graphlib.TopologicalSorter(graph).static_order()]

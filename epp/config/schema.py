@@ -28,6 +28,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+# The flow-control policies instantiated with default parameters when not declared (spec §3.3.5).
+DEFAULT_ORDERING: Final = "fcfs-ordering-policy"
+DEFAULT_FAIRNESS: Final = "global-strict-fairness-policy"
+DEFAULT_USAGE_LIMIT: Final = "static-usage-limit-policy"
+DEFAULT_POLICY_TYPES: Final = (DEFAULT_ORDERING, DEFAULT_FAIRNESS, DEFAULT_USAGE_LIMIT)
+
 API_VERSIONS: Final = ("llm-d.ai/v1alpha1", "inference.networking.x-k8s.io/v1alpha1")
 DEPRECATED_API_VERSION: Final = "inference.networking.x-k8s.io/v1alpha1"
 KIND: Final = "EndpointPickerConfig"

@@ -3,9 +3,11 @@
 Each tick (``interval`` seconds, at least 50 ms) an endpoint's task polls each due source under
 ``asyncio.timeout(poll_timeout)``, feeds the payload through the source's extractors (each gets
 the metrics the previous one returned) and stores the result with ``store.update_metrics``. A
-source with an ``interval_seconds`` attribute above zero is polled every
-``round(interval_seconds / interval)`` ticks (upstream rounds a source's ``interval`` to a
-multiple of the base tick).
+``SourcePipeline`` whose ``interval`` is above zero is polled every ``round(interval /
+tick)`` ticks (upstream rounds a source's ``interval`` to a multiple of the base tick).
+
+When an endpoint leaves (or its address changes), every source that is an
+``EndpointForgetter`` is told to ``forget`` it, so connections to pods that have gone close.
 
 Scheduling: ticks follow a monotonic grid (``next = previous + interval``); a late tick skips the
 missed slots instead of firing them in a burst. Each endpoint's grid is offset by a stable
@@ -24,10 +26,10 @@ import logging
 import math
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 from epp.datalayer.store import Datastore
-from epp.plugin import DataSource, Endpoint, Extractor, Metrics
+from epp.plugin import DataSource, Endpoint, EndpointForgetter, Extractor, Metrics, PollInterval
 
 MIN_INTERVAL: Final = 0.05
 DEFAULT_ERROR_LOG_INTERVAL: Final = 30.0
@@ -36,7 +38,19 @@ PollErrorCallback = Callable[[str, str, Exception], None]
 ExtractErrorCallback = Callable[[str, str, Exception], None]
 
 
-Pipeline = tuple[DataSource, Sequence[Extractor]]
+class SourcePipeline(NamedTuple):
+    """One data source, the extractors its payload goes through, and its poll interval in
+    seconds (0 = every tick)."""
+
+    source: DataSource
+    extractors: Sequence[Extractor]
+    interval: float = 0.0
+
+    @classmethod
+    def of(cls, source: DataSource, extractors: Sequence[Extractor]) -> SourcePipeline:
+        """The pipeline of ``source``, its interval read from ``PollInterval`` if it has one."""
+        interval = float(source.interval_seconds) if isinstance(source, PollInterval) else 0.0
+        return cls(source, tuple(extractors), interval)
 
 
 class Collector:
@@ -44,7 +58,7 @@ class Collector:
         self,
         *,
         store: Datastore,
-        pipelines: Sequence[Pipeline],
+        pipelines: Sequence[SourcePipeline],
         interval: float = MIN_INTERVAL,
         poll_timeout: float = 1.0,
         clock: Callable[[], float],
@@ -54,9 +68,13 @@ class Collector:
         logger: logging.Logger | None = None,
     ) -> None:
         self._store = store
-        self._pipelines = tuple((source, tuple(extractors)) for source, extractors in pipelines)
         self._interval = max(interval, MIN_INTERVAL)
-        self._every = tuple(self._ticks_per_poll(source) for source, _ in self._pipelines)
+        self._pipelines = tuple((p.source, tuple(p.extractors)) for p in pipelines)
+        self._every = tuple(max(1, round(p.interval / self._interval)) for p in pipelines)
+        self._forgetters = tuple(
+            p.source for p in pipelines if isinstance(p.source, EndpointForgetter)
+        )
+        self._seen: dict[str, Endpoint] = {}
         self._poll_timeout = poll_timeout
         self._clock = clock
         self._on_poll_error = on_poll_error
@@ -74,10 +92,6 @@ class Collector:
     @property
     def interval(self) -> float:
         return self._interval
-
-    def _ticks_per_poll(self, source: DataSource) -> int:
-        seconds = float(getattr(source, "interval_seconds", 0.0) or 0.0)
-        return max(1, round(seconds / self._interval))
 
     # ---- readiness ------------------------------------------------------------------------
 
@@ -122,6 +136,9 @@ class Collector:
             self._stopping.add(task)
             task.add_done_callback(self._stopping.discard)
             self._attempted.discard(endpoint_id)
+            gone = self._seen.pop(endpoint_id, None)
+            if gone is not None:
+                self._forget(gone)
             for key in [k for k in self._last_logged if k[0] == endpoint_id]:
                 del self._last_logged[key]
         for endpoint_id in ids - self._tasks.keys():
@@ -153,6 +170,11 @@ class Collector:
     # ---- one tick ---------------------------------------------------------------------------
 
     async def _collect(self, endpoint: Endpoint, tick: int) -> None:
+        seen = self._seen.get(endpoint.id)
+        if seen is not endpoint:
+            if seen is not None and (seen.address, seen.port) != (endpoint.address, endpoint.port):
+                self._forget(seen)  # same pod, new address: the old one has gone
+            self._seen[endpoint.id] = endpoint
         due = [
             p for p, every in zip(self._pipelines, self._every, strict=True) if tick % every == 0
         ]
@@ -189,6 +211,13 @@ class Collector:
                 self._extract_failed(source_type, extractor.typed_name.type, endpoint.id, exc)
         if metrics is not previous:
             self._store.update_metrics(endpoint.id, metrics)
+
+    def _forget(self, endpoint: Endpoint) -> None:
+        for source in self._forgetters:
+            try:
+                source.forget(endpoint)
+            except Exception as exc:  # a faulty source must not stop the collector
+                self._log_limited(endpoint.id, source.typed_name.type, "forgetting %s: %r", exc)
 
     def _poll_failed(self, source_type: str, endpoint_id: str, exc: Exception) -> None:
         self._on_poll_error(source_type, endpoint_id, exc)

@@ -32,7 +32,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from epp.config.schema import BandTemplateSpec, FlowControlSpec, PriorityBandSpec
+from epp.config.schema import (
+    DEFAULT_FAIRNESS,
+    DEFAULT_ORDERING,
+    DEFAULT_USAGE_LIMIT,
+    BandTemplateSpec,
+    FlowControlSpec,
+    PriorityBandSpec,
+)
 from epp.flowcontrol.queues import BandConfig
 from epp.plugin.flow import FairnessPolicy, OrderingPolicy, PriorityAdjuster, UsageLimitPolicy
 from epp.plugin.units import parse_duration, parse_quantity
@@ -40,10 +47,6 @@ from epp.plugin.units import parse_duration, parse_quantity
 DEFAULT_REQUEST_TTL: Final = 60.0
 DEFAULT_BAND_MAX_REQUESTS: Final = 5000
 DEFAULT_BAND_MAX_BYTES: Final = 1_000_000_000
-DEFAULT_ORDERING: Final = "fcfs-ordering-policy"
-DEFAULT_FAIRNESS: Final = "global-strict-fairness-policy"
-DEFAULT_USAGE_LIMIT: Final = "static-usage-limit-policy"
-DEFAULT_POLICY_TYPES: Final = (DEFAULT_ORDERING, DEFAULT_FAIRNESS, DEFAULT_USAGE_LIMIT)
 
 
 class FlowControlConfigError(ValueError):

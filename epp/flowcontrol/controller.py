@@ -53,7 +53,7 @@ from typing import Any, Final
 from prometheus_client import CollectorRegistry
 
 from epp.config.schema import FlowControlSpec
-from epp.flowcontrol.config import DEFAULT_POLICY_TYPES, FlowControlConfig, resolve_config
+from epp.flowcontrol.config import FlowControlConfig, resolve_config
 from epp.flowcontrol.eviction import EVICTION_ATTRIBUTE, Eviction, InFlight, Reclaimer
 from epp.flowcontrol.metrics import FlowControlMetrics
 from epp.flowcontrol.outcomes import (
@@ -70,7 +70,13 @@ from epp.flowcontrol.outcomes import (
 )
 from epp.flowcontrol.queues import Band
 from epp.flowcontrol.saturation import SaturationReader, confirmation_grace
-from epp.plugin import DEFAULT_FAIRNESS_ID, Endpoint, InferenceRequest, SaturationDetector
+from epp.plugin import (
+    DEFAULT_FAIRNESS_ID,
+    Endpoint,
+    InferenceRequest,
+    ReservingDetector,
+    SaturationDetector,
+)
 from epp.plugin.flow import FairnessPolicy, QueuedRequest, prompt_tokens
 
 log = logging.getLogger(__name__)
@@ -78,13 +84,6 @@ log = logging.getLogger(__name__)
 DISPATCH_TICK: Final = 0.001
 SWEEP_INTERVAL: Final = 1.0
 BAND_GC_TIMEOUT: Final = 600.0
-
-
-def ensure_flow_defaults(add: Callable[[str], Any], instances: Mapping[str, Any]) -> None:
-    """Instantiate the default flow-control policies that are not declared (spec §3.3.5)."""
-    for type_name in DEFAULT_POLICY_TYPES:
-        if type_name not in instances:
-            add(type_name)
 
 
 class FlowController:
@@ -98,6 +97,7 @@ class FlowController:
     ) -> None:
         self._config = config
         self._detector = detector
+        self._reserving = detector if isinstance(detector, ReservingDetector) else None
         self._reader = SaturationReader(detector, metrics)
         self._metrics = metrics
         self._clock = clock
@@ -206,9 +206,8 @@ class FlowController:
         _guard(record.fairness.on_complete, record.fairness_id, tokens, output_tokens, now)
         for adjuster in self._config.adjusters:
             _guard(adjuster.on_done, request, now)
-        release = getattr(self._detector, "release", None)
-        if callable(release):
-            _guard(release, request)
+        if self._reserving is not None:
+            _guard(self._reserving.release, request)
         if self._reclaimer is not None and record.eviction is not None:
             self._reclaimer.confirm(record, now)
         self._wakeup.set()
@@ -298,9 +297,8 @@ class FlowController:
         )
         for adjuster in self._config.adjusters:
             _guard(adjuster.on_dispatch, request, now)
-        reserve = getattr(self._detector, "reserve", None)
-        if callable(reserve):
-            _guard(reserve, request)
+        if self._reserving is not None:
+            _guard(self._reserving.reserve, request)
 
     def _reclaim(self, now: float, saturation: float, ceiling: float, priority: int) -> None:
         assert self._reclaimer is not None

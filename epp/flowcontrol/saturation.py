@@ -15,7 +15,13 @@ from collections.abc import Sequence
 from typing import Final
 
 from epp.flowcontrol.metrics import FlowControlMetrics
-from epp.plugin import Endpoint, SaturationDetector
+from epp.plugin import (
+    DEFAULT_CONFIRMATION_GRACE,
+    ConfirmationGrace,
+    Endpoint,
+    SaturationDetector,
+    StaleEndpointCounter,
+)
 
 ROLE_LABEL: Final = "llm-d.ai/role"
 _PREFILL_ROLES: Final = frozenset({"prefill", "encode-prefill"})
@@ -40,6 +46,7 @@ class SaturationReader:
     def __init__(self, detector: SaturationDetector, metrics: FlowControlMetrics) -> None:
         self.detector = detector
         self._metrics = metrics
+        self._stale = detector if isinstance(detector, StaleEndpointCounter) else None
 
     def read(self, endpoints: Sequence[Endpoint], now: float) -> float:
         m = self._metrics
@@ -58,33 +65,15 @@ class SaturationReader:
             saturation = self.detector.saturation(now, endpoints)
         for child in m.pool_saturation.labels(m.pool, "effective"):
             child.set(saturation)
-        stale = stale_count(self.detector, now, endpoints)
-        if stale is not None:
+        if self._stale is not None:
+            stale = self._stale.stale_endpoints(now, endpoints)
             m.stale_endpoints.labels(self.detector.typed_name.type).set(stale)
         return saturation
 
 
-def stale_count(
-    detector: SaturationDetector, now: float, endpoints: Sequence[Endpoint]
-) -> int | None:
-    """Endpoints the detector scores as stale: its own ``stale_endpoints(now, endpoints)`` when it
-    has one, else those past its ``params.staleness_seconds``; None for detectors without."""
-    counter = getattr(detector, "stale_endpoints", None)
-    if callable(counter):
-        return int(counter(now, endpoints))
-    staleness = getattr(getattr(detector, "params", None), "staleness_seconds", None)
-    if staleness is None:
-        return None
-    return sum(
-        1 for ep in endpoints if ep.metrics is None or now - ep.metrics.update_time > staleness
-    )
-
-
 def confirmation_grace(detector: SaturationDetector) -> float:
-    """How long freed capacity takes to show in the saturation signal (upstream's derivation):
-    10 ms for the concurrency detector (it counts at once), else one scrape tick (50 ms) + the
-    staleness window + 250 ms for the engine to release the request's memory."""
-    if detector.typed_name.type == "concurrency-detector":
-        return 0.01
-    staleness = getattr(getattr(detector, "params", None), "staleness_seconds", 0.2)
-    return 0.05 + float(staleness) + 0.25
+    """How long freed capacity takes to show in the detector's reading (its own
+    ``confirmation_grace()``, else upstream's derivation for a scraped signal)."""
+    if isinstance(detector, ConfirmationGrace):
+        return detector.confirmation_grace()
+    return DEFAULT_CONFIRMATION_GRACE

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import aiohttp
 
-from epp.bench.targets import epp_config_text
 from epp.localstack.envoy import Envoy, free_port
+from epp.localstack.eppconfig import epp_config_text
 from epp.localstack.procs import Proc
 from epp.localstack.workload import Summary, drive, mixed_workload, summarize, table
 from epp.plugins.sources.file_discovery import dump_endpoints

@@ -10,20 +10,33 @@
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-if TYPE_CHECKING:
-    from epp.app import App
+from epp.observability.decisions import DecisionLog
+from epp.plugin import Endpoint, StateDumper
+
+
+@dataclass(frozen=True)
+class DebugViews:
+    """What the metrics port shows, each read when asked for."""
+
+    registry: CollectorRegistry
+    config: Callable[[], Mapping[str, Any]]
+    endpoints: Callable[[], Sequence[Endpoint]]
+    decisions: DecisionLog
+    dumpers: Sequence[StateDumper]
 
 
 class MetricsServer:
-    def __init__(self, app: App) -> None:
-        self._app = app
+    def __init__(self, views: DebugViews) -> None:
+        self._views = views
         self._runner: web.AppRunner | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -47,16 +60,16 @@ class MetricsServer:
             await self._runner.cleanup()
 
     async def _metrics(self, _: web.Request) -> web.Response:
-        body = generate_latest(self._app.metrics.registry)
+        body = generate_latest(self._views.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _config(self, _: web.Request) -> web.Response:
-        return web.json_response(self._app.pipeline.describe())
+        return web.json_response(dict(self._views.config()))
 
     async def _endpoints(self, _: web.Request) -> web.Response:
         now = time.monotonic()
         out: list[dict[str, Any]] = []
-        for e in self._app.store.snapshot():
+        for e in self._views.endpoints():
             item: dict[str, Any] = {"id": e.id, "address": e.hostport, "labels": dict(e.labels)}
             if e.metrics is not None:
                 m = asdict(e.metrics)
@@ -72,10 +85,10 @@ class MetricsServer:
             limit = int(request.query.get("limit", "50"))
         except ValueError:
             return web.json_response({"error": "limit must be an integer"}, status=400)
-        return web.json_response({"decisions": self._app.context.decisions.latest(limit)})
+        return web.json_response({"decisions": self._views.decisions.latest(limit)})
 
     async def _decision(self, request: web.Request) -> web.Response:
-        entry = self._app.context.decisions.get(request.match_info["request_id"])
+        entry = self._views.decisions.get(request.match_info["request_id"])
         if entry is None:
             return web.json_response(
                 {"error": "no decision recorded for that request id"}, status=404
@@ -83,11 +96,9 @@ class MetricsServer:
         return web.json_response(entry)
 
     async def _state(self, _: web.Request) -> web.Response:
-        state = {str(p.typed_name): dict(p.dump_state()) for p in self._app.pipeline.dumpers}
+        state = {str(p.typed_name): dict(p.dump_state()) for p in self._views.dumpers}
         return web.json_response(state, dumps=_dumps)
 
 
 def _dumps(obj: Any) -> str:
-    import json
-
     return json.dumps(obj, default=str)

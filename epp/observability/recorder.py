@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from epp.observability.metrics import EppMetrics, LabelCap
-from epp.plugin import InferenceRequest, ResponseInfo
-
-if TYPE_CHECKING:
-    from epp.requestcontrol.director import Decision
+from epp.plugin import InferenceRequest, ResponseInfo, SchedulingResult
 
 
 class RequestStats:
@@ -21,8 +16,7 @@ class RequestStats:
             return ("", "")
         return self.m.models(request.incoming_model, request.target_model)
 
-    def on_scheduled(self, decision: Decision) -> None:
-        req = decision.request
+    def on_scheduled(self, req: InferenceRequest, result: SchedulingResult) -> None:
         model, target = self._models(req)
         prio = str(req.priority)
         self.m.request_total.inc(
@@ -30,7 +24,7 @@ class RequestStats:
         )
         self.m.request_size.observe((model, target), (model, target), req.size_bytes)
         self.m.running.inc((model, target), (model, target))
-        for ep in decision.result.primary.targets[:1]:
+        for ep in result.primary.targets[:1]:
             self.m.scheduler_attempts.labels(
                 "success", target, ep.name, ep.namespace, str(ep.port)
             ).inc()
@@ -46,9 +40,9 @@ class RequestStats:
         self.m.ttft.labels(model, target, "true" if streaming else "false").observe(seconds)
 
     def on_complete(
-        self, decision: Decision, info: ResponseInfo, seconds: float, response_bytes: int
+        self, request: InferenceRequest, info: ResponseInfo, seconds: float, response_bytes: int
     ) -> None:
-        model, target = self._models(decision.request)
+        model, target = self._models(request)
         labels = (model, target)
         self.m.running.inc(labels, labels, -1)
         self.m.request_duration.observe(labels, labels, seconds)

@@ -1,5 +1,21 @@
-"""The public plugin contract. Plugin authors import from here and nothing else in ``epp``."""
+"""The public plugin contract. Plugin authors import from here and nothing else in ``epp``.
 
+Roles (``Filter``, ``Scorer``, ``Picker``, ``DataProducer``, ...) and value types are in
+``protocols`` and ``types``; optional capabilities in ``capabilities``; typed data keys in
+``keys``; the flow-control policy contract in ``flow``; wire constants in ``wire``; the kit
+plugin authors run in their own tests in ``testing``.
+"""
+
+from epp.plugin.capabilities import (
+    DEFAULT_CONFIRMATION_GRACE,
+    DEFAULT_PRODUCE_TIMEOUT,
+    ConfirmationGrace,
+    EndpointForgetter,
+    PollInterval,
+    ProducerTimeout,
+    ReservingDetector,
+    StaleEndpointCounter,
+)
 from epp.plugin.errors import (
     DropReason,
     ErrorCode,
@@ -9,12 +25,12 @@ from epp.plugin.errors import (
     PluginLoadError,
     UnknownPluginType,
 )
+from epp.plugin.keys import DataKey, DataType, data_key
 from epp.plugin.prefix import (
     PREFIX_MATCH_INFO,
     TOKENIZED_PROMPT,
     PrefixMatchInfo,
     TokenizedPrompt,
-    data_key,
 )
 from epp.plugin.protocols import (
     Admitter,
@@ -64,17 +80,23 @@ from epp.plugin.types import (
 )
 
 __all__ = [
+    "DEFAULT_CONFIRMATION_GRACE",
     "DEFAULT_FAIRNESS_ID",
+    "DEFAULT_PRODUCE_TIMEOUT",
     "PREFIX_MATCH_INFO",
     "TOKENIZED_PROMPT",
     "Admitter",
+    "ConfirmationGrace",
     "Consumer",
     "CycleState",
+    "DataKey",
     "DataProducer",
     "DataSource",
+    "DataType",
     "Discovery",
     "DropReason",
     "Endpoint",
+    "EndpointForgetter",
     "ErrorCode",
     "Extractor",
     "Filter",
@@ -94,13 +116,16 @@ __all__ = [
     "PluginConfigError",
     "PluginError",
     "PluginLoadError",
+    "PollInterval",
     "PreRequest",
     "PrefixMatchInfo",
+    "ProducerTimeout",
     "Profile",
     "ProfileHandler",
     "ProfileResult",
     "ReadinessChecker",
     "RequestBody",
+    "ReservingDetector",
     "ResponseComplete",
     "ResponseHeaders",
     "ResponseInfo",
@@ -111,6 +136,7 @@ __all__ = [
     "Scorer",
     "ScorerCategory",
     "Stability",
+    "StaleEndpointCounter",
     "StateDumper",
     "TerminationCause",
     "TokenizedPrompt",

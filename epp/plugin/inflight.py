@@ -1,15 +1,16 @@
 """Data exchanged between in-flight-load plugins.
 
-``inflight-load-producer`` publishes ``InFlightLoad/<name>`` (``data_key(INFLIGHT_LOAD, name)``):
-a ``Mapping[endpoint id, InFlightLoad]`` covering every candidate endpoint.
+``inflight-load-producer`` publishes ``InFlightLoad/<name>`` (``INFLIGHT_LOAD.key(name)``): a
+``Mapping[endpoint id, InFlightLoad]`` covering every candidate endpoint.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-INFLIGHT_LOAD: Final = "InFlightLoad"
+from epp.plugin.keys import DataType
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,3 +20,7 @@ class InFlightLoad:
 
     requests: int
     tokens: int
+
+
+INFLIGHT_LOAD: Final[DataType[Mapping[str, InFlightLoad]]] = DataType("InFlightLoad")
+"""Data type of a ``Mapping[str, InFlightLoad]`` (endpoint id → load)."""

@@ -1,7 +1,7 @@
 """Data exchanged between prefix-aware plugins: tokenized prompts and per-endpoint match info.
 
-Producers publish these values in ``InferenceRequest.attributes`` under *data keys* of the form
-``<data type>/<producer name>`` (``data_key``):
+Producers publish these values in ``InferenceRequest.attributes`` under typed data keys
+(``epp.plugin.keys``) of the form ``<data type>/<producer name>``:
 
 - ``TokenizedPrompt/<name>``: a ``TokenizedPrompt`` (e.g. from ``token-producer``).
 - ``PrefixCacheMatchInfo/<name>``: a ``Mapping[endpoint id, PrefixMatchInfo]`` covering every
@@ -16,23 +16,14 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-PREFIX_MATCH_INFO: Final = "PrefixCacheMatchInfo"
-"""Data type of a ``Mapping[str, PrefixMatchInfo]`` (endpoint id → match info)."""
-
-TOKENIZED_PROMPT: Final = "TokenizedPrompt"
-"""Data type of a ``TokenizedPrompt``."""
+from epp.plugin.keys import DataType
 
 TOKEN_BYTES: Final = 4
 """Bytes per token id in ``TokenizedPrompt.prompts`` (little-endian ``uint32``)."""
-
-
-def data_key(data_type: str, producer_name: str) -> str:
-    """The request attribute key a producer named ``producer_name`` publishes ``data_type`` at."""
-    return f"{data_type}/{producer_name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,3 +87,10 @@ def pack_token_ids(ids: Sequence[int]) -> bytes:
     if _BIG_ENDIAN:  # pragma: no cover - CI runs little-endian
         packed.byteswap()
     return packed.tobytes()
+
+
+PREFIX_MATCH_INFO: Final[DataType[Mapping[str, PrefixMatchInfo]]] = DataType("PrefixCacheMatchInfo")
+"""Data type of a ``Mapping[str, PrefixMatchInfo]`` (endpoint id → match info)."""
+
+TOKENIZED_PROMPT: Final[DataType[TokenizedPrompt]] = DataType("TokenizedPrompt")
+"""Data type of a ``TokenizedPrompt``."""

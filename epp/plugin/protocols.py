@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from epp.plugin.errors import InferenceError
+from epp.plugin.keys import DataKey
 from epp.plugin.types import (
     CycleState,
     Endpoint,
@@ -58,6 +59,14 @@ class Handle(Protocol):
     def endpoints(self) -> Sequence[Endpoint]: ...
 
     def logger(self, typed_name: TypedName) -> logging.Logger: ...
+
+    def create_plugin(
+        self, type_name: str, name: str, parameters: Mapping[str, Any] | None = None
+    ) -> Any:
+        """A new instance of the plugin type ``type_name``, built as the loader builds a configured
+        one (strict ``parameters``, the stability gate). For plugins composed of others: the
+        instance is the caller's; it is not registered, and the caller forwards its hooks."""
+        ...
 
 
 class PluginBase:
@@ -168,11 +177,12 @@ class Parser(Protocol):
 
 @runtime_checkable
 class DataProducer(Protocol):
-    """Fills ``request.attributes[key]`` for each key in ``produces()`` before scheduling."""
+    """Fills ``request.attributes[key]`` for each key in ``produces()`` before scheduling, within
+    its timeout (``ProducerTimeout``, else 400 ms). Producers run in data-dependency order."""
 
     typed_name: TypedName
 
-    def produces(self) -> frozenset[str]: ...
+    def produces(self) -> frozenset[DataKey[Any]]: ...
 
     async def produce(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None: ...
 
@@ -183,7 +193,7 @@ class Consumer(Protocol):
 
     typed_name: TypedName
 
-    def consumes(self) -> frozenset[str]: ...
+    def consumes(self) -> frozenset[DataKey[Any]]: ...
 
 
 @runtime_checkable
@@ -253,7 +263,9 @@ class StateDumper(Protocol):
 
 @runtime_checkable
 class DataSource(Protocol):
-    """Polled per endpoint by the collector; returns the raw payload (e.g. /metrics text)."""
+    """Polled per endpoint by the collector; returns the raw payload (e.g. /metrics text).
+    Capabilities: ``PollInterval`` (poll less often), ``EndpointForgetter`` (drop state of an
+    endpoint that left)."""
 
     typed_name: TypedName
 

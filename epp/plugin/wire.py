@@ -15,7 +15,6 @@ DROPPED_REASON_HEADER: Final = "x-llm-d-request-dropped-reason"
 REQUEST_ID_HEADER: Final = "x-request-id"
 WENT_INTO_RESP_HEADERS: Final = "x-went-into-resp-headers"
 MAX_BODY_CHUNK: Final = 62_000
-DEFAULT_FAIRNESS_ID: Final = "default-flow"
 
 FAIRNESS_HEADERS: Final = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")
 OBJECTIVE_HEADERS: Final = ("x-llm-d-inference-objective", "x-gateway-inference-objective")

@@ -1,14 +1,21 @@
-"""The director: from a complete request (headers + body) to a scheduling decision.
+"""The Director: owns one request from its headers to its completion.
 
-Order (spec §5.3): parse → target model → objective/priority → legacy admission → candidates
-(pool ∩ subset hint) → data producers → admitters → scheduler → pre-request hooks. Every failure
-is an ``InferenceError`` carrying its wire status.
+Request side (spec §5.3): parse → target model → objective/priority → admission (flow control,
+or legacy shedding) → candidates (pool ∩ subset hint) → data producers → admitters → scheduler →
+pre-request hooks. Every failure is an ``InferenceError`` carrying its wire status.
+
+Response side: the response headers run the ``ResponseHeaders`` hooks; body chunks feed the
+parser's usage extraction and get the client's model name back; completion (end of stream,
+trailers, client disconnect or error, exactly once) runs the ``ResponseComplete`` hooks, frees
+the flow-control accounting and records the request's metrics.
 
 Target model (spec §1.7): the ``x-llm-d-model-name-rewrite`` header if present, else the body's
 model; then an InferenceModelRewrite rule matching the *incoming* (body) model overrides it (a
 generic rule also catches a missing model, for parsers that can rewrite the body), the target
 drawn by weight from the director's random source; each such decision is reported to
 ``on_rewrite(rewrite_name, incoming_model, target_model)``.
+
+The ext_proc server (``epp.server``) only translates protocol messages into these calls.
 """
 
 from __future__ import annotations
@@ -19,12 +26,14 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from epp.config.pipeline import Pipeline
 from epp.flowcontrol.controller import FlowController
+from epp.observability.decisions import DecisionLog
+from epp.observability.recorder import RequestStats
 from epp.plugin import (
+    DEFAULT_FAIRNESS_ID,
     CycleState,
     DropReason,
     Endpoint,
@@ -33,9 +42,11 @@ from epp.plugin import (
     InferenceRequest,
     Parser,
     ParseResult,
-    SchedulingResult,
+    ResponseInfo,
+    TerminationCause,
     wire,
 )
+from epp.requestcontrol.exchange import Decision, Exchange, Forward, restore_model
 from epp.requestcontrol.objectives import ObjectiveStore
 from epp.requestcontrol.parsers import ParserRouter
 from epp.requestcontrol.rewrites import RewriteStore
@@ -43,22 +54,7 @@ from epp.scheduling.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
-PRODUCER_TIMEOUT = 0.4  # upstream's per-producer default
-
-
-@dataclass(slots=True)
-class Decision:
-    request: InferenceRequest
-    result: SchedulingResult
-    parser: Parser
-    parsed: ParseResult
-    body: bytes
-    destination: str
-    candidates: Sequence[Endpoint]
-
-    @property
-    def model_rewritten(self) -> bool:
-        return self.request.target_model != self.request.incoming_model
+__all__ = ["Decision", "Director", "Exchange", "Forward"]
 
 
 class Director:
@@ -76,6 +72,8 @@ class Director:
         rewrites: RewriteStore | None = None,
         on_rewrite: Callable[[str, str, str], None] | None = None,
         flow: FlowController | None = None,
+        stats: RequestStats | None = None,
+        decisions: DecisionLog | None = None,
     ) -> None:
         self._flow = flow
         self._pipeline = pipeline
@@ -86,12 +84,17 @@ class Director:
         self._rng = rng or random.Random()
         self._subset_filter = subset_filter
         self._router = ParserRouter(pipeline.parsers)
+        self._producers = tuple(zip(pipeline.producers, pipeline.producer_timeouts, strict=True))
         self._on_scheduled = on_scheduled or (lambda _: None)
         self._rewrites = rewrites if rewrites is not None else RewriteStore()
         self._on_rewrite = on_rewrite or (lambda _n, _m, _t: None)
+        self._stats = stats
+        self.decisions = decisions if decisions is not None else DecisionLog()
+
+    # ---- request side -------------------------------------------------------------------------
 
     def new_request(self, headers: Mapping[str, str]) -> InferenceRequest:
-        request_id = headers.get("x-request-id") or str(uuid.uuid4())
+        request_id = headers.get(wire.REQUEST_ID_HEADER) or str(uuid.uuid4())
         fairness = wire.first_header(headers, wire.FAIRNESS_HEADERS)
         objective = wire.first_header(headers, wire.OBJECTIVE_HEADERS)
         return InferenceRequest(
@@ -99,9 +102,13 @@ class Director:
             headers=headers,
             objective=objective,
             priority=self._objectives.priority(objective),
-            fairness_id=fairness or wire.DEFAULT_FAIRNESS_ID,
+            fairness_id=fairness or DEFAULT_FAIRNESS_ID,
             received_at=self._clock(),
         )
+
+    def begin(self, headers: Mapping[str, str]) -> Exchange:
+        """A request's headers arrived: the exchange the rest of its life is tracked in."""
+        return Exchange(self.new_request(headers), started=time.monotonic())
 
     def candidates(self, metadata: Mapping[str, Any]) -> Sequence[Endpoint]:
         """Pool endpoints, narrowed by the data plane's subset hint (IP match, spec §1.5)."""
@@ -123,6 +130,27 @@ class Director:
             raise InferenceError(ErrorCode.INTERNAL, "no pods available in datastore")
         return self._rng.choice(list(pool))
 
+    async def route(self, ex: Exchange, body: bytes, metadata: Mapping[str, Any]) -> Decision:
+        """The whole body arrived: decide, and record the decision (metrics, explain view)."""
+        t0 = time.perf_counter()
+        decision = await self.decide(ex.request, body, metadata)
+        ex.decision = decision
+        if self._stats is not None:
+            self._stats.on_scheduled(decision.request, decision.result)
+        self.decisions.record(
+            decision.request, decision.result, decision.candidates, time.perf_counter() - t0
+        )
+        return decision
+
+    def fail(self, ex: Exchange | None, err: InferenceError) -> None:
+        """The request is answered with ``err`` instead of being routed."""
+        request = ex.request if ex is not None else None
+        if self._stats is not None:
+            self._stats.on_error(request, err.code.label)
+        self.decisions.record_error(request, err.code.http_status, err.body, err.drop_reason)
+        if err.code.http_status >= 500:
+            log.warning("request %s failed: %s", request and request.request_id, err)
+
     async def decide(
         self, request: InferenceRequest, body: bytes, metadata: Mapping[str, Any]
     ) -> Decision:
@@ -132,20 +160,7 @@ class Director:
         request.body = parsed.body
         request.size_bytes = len(body)
         request.incoming_model = parsed.model
-        target = wire.first_header(request.headers, wire.MODEL_REWRITE_HEADERS)
-        request.target_model = target or parsed.model
-        if len(self._rewrites) and (parsed.model or parser.supports_model_rewrite):
-            decision = self._rewrites.resolve(parsed.model, self._rng)
-            if decision is not None:
-                request.target_model = decision.target_model
-                self._on_rewrite(decision.rewrite_name, parsed.model, decision.target_model)
-        out_body = body
-        if parser.supports_model_rewrite and parsed.body.payload is not None:
-            if not request.target_model:
-                raise InferenceError(ErrorCode.BAD_REQUEST, "model not found in request body")
-            if request.target_model != parsed.model:
-                out_body = parser.rewrite_model(parsed.body, request.target_model)
-
+        out_body = self._target_model(request, parser, parsed, body)
         await self._admit(request)
         try:
             return await self._schedule(request, parser, parsed, out_body, metadata)
@@ -153,6 +168,24 @@ class Director:
             if self._flow is not None:
                 self._flow.done(request)
             raise
+
+    def _target_model(
+        self, request: InferenceRequest, parser: Parser, parsed: ParseResult, body: bytes
+    ) -> bytes:
+        """Sets ``request.target_model``; returns the body to forward (rewritten if needed)."""
+        target = wire.first_header(request.headers, wire.MODEL_REWRITE_HEADERS)
+        request.target_model = target or parsed.model
+        if len(self._rewrites) and (parsed.model or parser.supports_model_rewrite):
+            decision = self._rewrites.resolve(parsed.model, self._rng)
+            if decision is not None:
+                request.target_model = decision.target_model
+                self._on_rewrite(decision.rewrite_name, parsed.model, decision.target_model)
+        if parser.supports_model_rewrite and parsed.body.payload is not None:
+            if not request.target_model:
+                raise InferenceError(ErrorCode.BAD_REQUEST, "model not found in request body")
+            if request.target_model != parsed.model:
+                return parser.rewrite_model(parsed.body, request.target_model)
+        return body
 
     async def _admit(self, request: InferenceRequest) -> None:
         """Flow control (gate on) queues the request until dispatch or rejection; legacy
@@ -177,7 +210,7 @@ class Director:
         pool = self.candidates(metadata)
         if not pool:
             raise _no_candidates()
-        if self._pipeline.producers:
+        if self._producers:
             await self._produce(request, pool)
         cycle = CycleState(now=self._clock(), rng=self._rng)
         for admitter in self._pipeline.admitters:
@@ -195,19 +228,117 @@ class Director:
         destination = ",".join(e.hostport for e in result.primary.targets)
         return Decision(request, result, parser, parsed, out_body, destination, pool)
 
-    def finished(self, request: InferenceRequest, output_tokens: int = 0) -> None:
-        """A scheduled request completed (any cause): frees its flow-control accounting."""
-        if self._flow is not None:
-            self._flow.done(request, output_tokens=output_tokens)
-
     async def _produce(self, request: InferenceRequest, pool: Sequence[Endpoint]) -> None:
-        for producer in self._pipeline.producers:
-            timeout = getattr(producer, "produce_timeout", None)
+        for producer, timeout in self._producers:
             try:
-                async with asyncio.timeout(timeout() if timeout else PRODUCER_TIMEOUT):
+                async with asyncio.timeout(timeout):
                     await producer.produce(request, pool)
             except Exception as exc:  # upstream: producer failures are logged, request goes on
                 log.warning("data producer %s failed: %r", producer.typed_name, exc)
+
+    # ---- response side ------------------------------------------------------------------------
+
+    def on_response_headers(
+        self, ex: Exchange, headers: Mapping[str, str], served_endpoint: str
+    ) -> dict[str, str]:
+        """The model server answered: returns the headers to set on the response."""
+        status = headers.get(":status", "200")
+        decision = ex.decision
+        streaming = "text/event-stream" in headers.get("content-type", "") or bool(
+            decision and decision.parsed.body.stream
+        )
+        ex.response = ResponseInfo(
+            request_id=ex.request.request_id,
+            headers=headers,
+            served_endpoint=served_endpoint,
+            streaming=streaming,
+            status=int(status) if status.isdigit() else 0,
+        )
+        if streaming and decision is not None:
+            ex.state = decision.parser.new_response_state(headers)
+        elif not streaming:
+            ex.buffer = bytearray()
+        if not status.startswith("2") and self._stats is not None:
+            self._stats.on_error(ex.request, "ModelServerError")
+        set_headers = {wire.WENT_INTO_RESP_HEADERS: "true"}
+        for hook in self._pipeline.response_headers:
+            try:
+                hook.response_headers(ex.request, ex.response, set_headers)
+            except Exception:
+                log.exception("response-headers hook %s failed", hook.typed_name)
+        return set_headers
+
+    def on_response_chunk(
+        self, ex: Exchange, data: bytes, end_of_stream: bool, *, hold_limit: int | None
+    ) -> Forward | None:
+        """A response body chunk. Streamed responses pass through at once; a non-streamed one is
+        held until its end to parse its usage (``None`` = held), unless it grows past
+        ``hold_limit`` bytes, in which case it passes through from then on."""
+        if ex.response is None:  # response body without headers (response_header_mode SKIP)
+            ex.response = ResponseInfo(request_id=ex.request.request_id, headers={})
+            ex.buffer = bytearray()
+        if not ex.first_byte_at:
+            ex.first_byte_at = time.monotonic()
+            if self._stats is not None:
+                seconds = ex.first_byte_at - ex.started
+                self._stats.on_first_byte(ex.request, seconds, ex.response.streaming)
+        ex.size += len(data)
+        held = ex.buffer
+        if held is not None and (hold_limit is None or len(held) + len(data) <= hold_limit):
+            held += data
+            return self._release(ex) if end_of_stream else None
+        if held:  # a held response grew past the limit: send what was held first
+            data = bytes(held) + data
+        ex.buffer = None
+        if ex.state is not None:
+            usage = ex.state.feed(data, end_of_stream).usage
+            if usage is not None:
+                ex.response.usage.merge(usage)
+        out = restore_model(ex.decision, data)
+        if end_of_stream:
+            self.complete(ex, TerminationCause.NATURAL)
+        return Forward(out, whole=False, changed=out is not data)
+
+    def on_response_trailers(self, ex: Exchange) -> Forward | None:
+        """Trailers end the response: a held body is released, and the request completes."""
+        forward = self._release(ex) if ex.buffer is not None else None
+        self.complete(ex, TerminationCause.NATURAL)
+        return forward
+
+    def _release(self, ex: Exchange) -> Forward:
+        """Let a held response go: its usage parsed at once, the model name restored."""
+        assert ex.buffer is not None and ex.response is not None
+        body = bytes(ex.buffer)
+        ex.buffer = None
+        decision = ex.decision
+        if decision is not None:
+            parsed = decision.parser.parse_response(
+                body, ex.response.headers, streaming=False, end_of_stream=True
+            )
+            if parsed.usage is not None:
+                ex.response.usage.merge(parsed.usage)
+        out = restore_model(decision, body)
+        self.complete(ex, TerminationCause.NATURAL)
+        return Forward(out, whole=True, changed=out != body)
+
+    def complete(self, ex: Exchange, cause: TerminationCause) -> None:
+        """The request ended (any cause). Runs once, and only for a routed request."""
+        if ex.completed or ex.decision is None:
+            return
+        ex.completed = True
+        request = ex.request
+        info = ex.response or ResponseInfo(request_id=request.request_id, headers={})
+        info.end_of_stream = True
+        info.termination_cause = cause
+        for hook in self._pipeline.response_complete:
+            try:
+                hook.response_complete(request, info)
+            except Exception:
+                log.exception("response-complete hook %s failed", hook.typed_name)
+        if self._flow is not None:
+            self._flow.done(request, output_tokens=info.usage.completion_tokens)
+        if self._stats is not None:
+            self._stats.on_complete(request, info, time.monotonic() - ex.started, ex.size)
 
 
 def _no_candidates() -> InferenceError:

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from epp.plugin import ErrorCode, InferenceError, Parser
-from epp.plugins.parsers.common import SuffixTable, strip_query
+from epp.plugin.paths import SuffixTable, strip_query
 
 _log = logging.getLogger(__name__)
 

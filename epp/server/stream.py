@@ -1,65 +1,47 @@
-"""One ext_proc stream = one HTTP request. A small state machine with one method per phase.
+"""One ext_proc stream = one HTTP request: protocol messages in, Director calls, replies out.
 
 FULL_DUPLEX_STREAMED (the upstream contract): request headers get no reply; body chunks are
 buffered (bounded) until end of stream or trailers; then the EPP sends the request-headers reply
 (destination header + ``envoy.lb`` metadata, ``clear_route_cache``) followed by the body in pieces
 of at most 62,000 bytes. BUFFERED (and STREAMED) request bodies: the headers are answered at once
 with an empty reply and the decision rides on the body reply. Request trailers are always
-answered. Responses are streamed through chunk by chunk when they are SSE and buffered otherwise.
+answered. Response chunks go through the Director, which passes streamed (SSE) responses on at
+once and holds the others until their end (up to the body limit in FULL_DUPLEX_STREAMED).
+
+Everything a request means (routing, usage, hooks, completion, metrics) is the Director's
+(``epp.requestcontrol.director``); this module only maps messages to its calls and back.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from epp.plugin import (
-    ErrorCode,
-    InferenceError,
-    InferenceRequest,
-    ResponseInfo,
-    TerminationCause,
-    wire,
-)
-from epp.requestcontrol.director import Decision
+from epp.plugin import ErrorCode, InferenceError, TerminationCause, wire
+from epp.requestcontrol.director import Decision, Exchange
 from epp.server import messages
 from epp.server.context import ServerContext
 
 log = logging.getLogger(__name__)
 
 _FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
-_NONE = processing_mode_pb2.ProcessingMode.NONE
 Replies = list[pb.ProcessingResponse]
-
-
-@dataclass(slots=True)
-class _Response:
-    info: ResponseInfo
-    state: Any = None  # the parser's incremental response state (streaming)
-    buffer: bytearray | None = None
-    first_byte_at: float = 0.0
-    size: int = 0
 
 
 class RequestStream:
     def __init__(self, ctx: ServerContext) -> None:
         self.ctx = ctx
+        self.director = ctx.director
         self.request_mode = _FULL_DUPLEX
         self.response_mode = _FULL_DUPLEX
-        self.request: InferenceRequest | None = None
+        self.exchange: Exchange | None = None
         self.generated_id = False
         self.metadata: dict[str, Any] = {}
         self.body = bytearray()
-        self.decision: Decision | None = None
-        self.response: _Response | None = None
-        self.completed = False
-        self.started = time.monotonic()
         self.done = False
 
     # ---- dispatch ---------------------------------------------------------------------------
@@ -74,7 +56,7 @@ class RequestStream:
         if kind == "request_body":
             return await self._on_request_body(msg)
         if kind == "request_trailers":
-            return await self._on_request_trailers(msg)
+            return await self._on_request_trailers()
         if kind == "response_headers":
             return self._on_response_headers(msg)
         if kind == "response_body":
@@ -89,7 +71,7 @@ class RequestStream:
     def _on_request_headers(self, msg: pb.ProcessingRequest) -> Replies:
         headers = messages.header_map(msg.request_headers)
         self.generated_id = not headers.get(wire.REQUEST_ID_HEADER)
-        self.request = self.ctx.director.new_request(headers)
+        self.exchange = self.director.begin(headers)
         self.metadata = messages.metadata_namespaces(msg, (wire.SUBSET_NAMESPACE,))
         if msg.request_headers.end_of_stream:
             return self._header_only()
@@ -101,7 +83,7 @@ class RequestStream:
         # The stream stays open: Envoy still sends the response phase (closing here races with
         # Envoy's FULL_DUPLEX response streaming and can drop the response body).
         try:
-            endpoint = self.ctx.director.pick_random(self.metadata)
+            endpoint = self.director.pick_random(self.metadata)
         except InferenceError as err:
             self.done = True
             return [self._fail(err)]
@@ -116,7 +98,8 @@ class RequestStream:
 
     async def _on_request_body(self, msg: pb.ProcessingRequest) -> Replies:
         chunk = msg.request_body
-        if self.decision is not None or self.request is None:
+        ex = self.exchange
+        if ex is None or ex.decision is not None:
             return []  # late chunks after a decision are not expected; nothing to answer
         if len(self.body) + len(chunk.body) > self.ctx.max_body_bytes:
             self.done = True
@@ -132,30 +115,28 @@ class RequestStream:
         if msg.HasField("metadata_context"):
             self.metadata.update(messages.metadata_namespaces(msg, (wire.SUBSET_NAMESPACE,)))
         if chunk.end_of_stream:
-            return await self._decide()
+            return await self._decide(ex)
         return []
 
-    async def _on_request_trailers(self, msg: pb.ProcessingRequest) -> Replies:
+    async def _on_request_trailers(self) -> Replies:
         # Upstream never answers request trailers, which stalls such requests until Envoy's
         # message timeout. Trailers end the body: decide now, then answer them.
         replies: Replies = []
-        if self.decision is None and not self.done and self.request is not None:
-            replies = await self._decide()
+        ex = self.exchange
+        if ex is not None and ex.decision is None and not self.done:
+            replies = await self._decide(ex)
         if not self.done:
             replies.append(messages.EMPTY_REQUEST_TRAILERS)
         return replies
 
-    async def _decide(self) -> Replies:
-        assert self.request is not None
-        ctx = self.ctx
-        t0 = time.perf_counter()
+    async def _decide(self, ex: Exchange) -> Replies:
         try:
-            decision = await ctx.director.decide(self.request, bytes(self.body), self.metadata)
+            decision = await self.director.route(ex, bytes(self.body), self.metadata)
         except InferenceError as err:
             self.done = True
             return [self._fail(err)]
         except Exception:
-            log.exception("request %s: unexpected error while scheduling", self.request.request_id)
+            log.exception("request %s: unexpected error while scheduling", ex.request.request_id)
             self.done = True
             return [
                 self._fail(
@@ -165,15 +146,10 @@ class RequestStream:
                     )
                 )
             ]
-        self.decision = decision
         self.body = bytearray()  # the decision holds the body to forward
-        ctx.stats.on_scheduled(decision)
-        ctx.decisions.record(
-            decision.request, decision.result, decision.candidates, time.perf_counter() - t0
-        )
         dest = decision.destination
         lb: dict[str, Any] = {wire.DESTINATION_HEADER: dest}
-        if ctx.emit_scores:
+        if self.ctx.emit_scores:
             lb[wire.SCORES_KEY] = _scores(decision)
         set_headers = self._set_headers(dest, decision.body)
         if decision.parsed.skip_response_processing:
@@ -190,166 +166,64 @@ class RequestStream:
         out = {wire.DESTINATION_HEADER: dest}
         if body:
             out["content-length"] = str(len(body))
-        if self.generated_id and self.request is not None:
-            out[wire.REQUEST_ID_HEADER] = self.request.request_id
+        if self.generated_id and self.exchange is not None:
+            out[wire.REQUEST_ID_HEADER] = self.exchange.request.request_id
         return out
 
     def _fail(self, err: InferenceError) -> pb.ProcessingResponse:
-        self.ctx.stats.on_error(self.request, err.code.label)
-        self.ctx.decisions.record_error(
-            self.request, err.code.http_status, err.body, err.drop_reason
-        )
-        if err.code.http_status >= 500:
-            log.warning("request %s failed: %s", self.request and self.request.request_id, err)
+        self.director.fail(self.exchange, err)
         return messages.immediate(err)
 
     # ---- response phase ---------------------------------------------------------------------
 
     def _on_response_headers(self, msg: pb.ProcessingRequest) -> Replies:
-        headers = messages.header_map(msg.response_headers)
+        ex = self.exchange
+        if ex is None:  # a response without a request: nothing to track, pass it on
+            return [messages.response_headers_reply({wire.WENT_INTO_RESP_HEADERS: "true"})]
         lb = messages.metadata_namespaces(msg, (wire.LB_NAMESPACE,)).get(wire.LB_NAMESPACE, {})
-        status = headers.get(":status", "200")
-        streaming = "text/event-stream" in headers.get("content-type", "") or bool(
-            self.decision and self.decision.parsed.body.stream
-        )
-        info = ResponseInfo(
-            request_id=self.request.request_id if self.request else "",
-            headers=headers,
-            served_endpoint=str(lb.get(wire.SERVED_HEADER, "")),
-            streaming=streaming,
-            status=int(status) if status.isdigit() else 0,
-        )
-        self.response = _Response(info=info)
-        if streaming and self.decision is not None:
-            self.response.state = self.decision.parser.new_response_state(headers)
-        elif not streaming:
-            self.response.buffer = bytearray()
-        if not status.startswith("2"):
-            self.ctx.stats.on_error(self.request, "ModelServerError")
-        set_headers = {wire.WENT_INTO_RESP_HEADERS: "true"}
-        if self.request is not None:
-            for hook in self.ctx.pipeline.response_headers:
-                try:
-                    hook.response_headers(self.request, info, set_headers)
-                except Exception:
-                    log.exception("response-headers hook %s failed", hook.typed_name)
+        served = str(lb.get(wire.SERVED_HEADER, ""))
+        headers = messages.header_map(msg.response_headers)
+        set_headers = self.director.on_response_headers(ex, headers, served)
         if msg.response_headers.end_of_stream:
-            self._complete(TerminationCause.NATURAL)
+            self.director.complete(ex, TerminationCause.NATURAL)
         return [messages.response_headers_reply(set_headers)]
 
     def _on_response_body(self, chunk: pb.HttpBody) -> Replies:
-        resp = self.response
-        if resp is None:  # response body without headers (response_header_mode SKIP)
-            self.response = resp = _Response(
-                info=ResponseInfo(
-                    request_id=self.request.request_id if self.request else "", headers={}
-                ),
-                buffer=bytearray(),
-            )
-        if not resp.first_byte_at:
-            resp.first_byte_at = time.monotonic()
-            self.ctx.stats.on_first_byte(
-                self.request, resp.first_byte_at - self.started, resp.info.streaming
-            )
-        data = chunk.body
-        resp.size += len(data)
-        eos = chunk.end_of_stream
         duplex = self.response_mode == _FULL_DUPLEX
-        if resp.buffer is None or (
-            duplex and len(resp.buffer) + len(data) > self.ctx.max_body_bytes
-        ):
-            # Streaming, or a buffered response that grew past the limit: pass it through.
-            replies: Replies = []
-            if resp.buffer:
-                replies.extend(
-                    messages.streamed_body(
-                        self._restore(bytes(resp.buffer)), response=True, end_of_stream=False
-                    )
-                )
-                resp.buffer = None
-            if resp.state is not None:
-                usage = resp.state.feed(data, eos).usage
-                if usage is not None:
-                    resp.info.usage.merge(usage)
-            replies.extend(
-                messages.streamed_body(self._restore(data), response=True, end_of_stream=eos)
-            )
-            if eos:
-                self._complete(TerminationCause.NATURAL)
-            return replies
-        resp.buffer += data
-        if not eos:
+        eos = chunk.end_of_stream
+        ex = self.exchange
+        if ex is None:
+            return list(messages.streamed_body(chunk.body, response=True, end_of_stream=eos))
+        limit = self.ctx.max_body_bytes if duplex else None
+        forward = self.director.on_response_chunk(ex, chunk.body, eos, hold_limit=limit)
+        if forward is None:  # held until the end of the response
             return [] if duplex else [messages.buffered_response_body_reply(None)]
-        return self._flush_buffered(end_of_stream=True)
-
-    def _flush_buffered(self, *, end_of_stream: bool) -> Replies:
-        resp = self.response
-        assert resp is not None and resp.buffer is not None
-        body = bytes(resp.buffer)
-        resp.buffer = None
-        if self.decision is not None:
-            parsed = self.decision.parser.parse_response(
-                body, resp.info.headers, streaming=False, end_of_stream=True
-            )
-            if parsed.usage is not None:
-                resp.info.usage.merge(parsed.usage)
-        restored = self._restore(body)
-        self._complete(TerminationCause.NATURAL)
-        if self.response_mode == _FULL_DUPLEX:
-            return list(
-                messages.streamed_body(restored, response=True, end_of_stream=end_of_stream)
-            )
-        return [messages.buffered_response_body_reply(restored if restored != body else None)]
+        if forward.whole and not duplex:
+            return [
+                messages.buffered_response_body_reply(forward.body if forward.changed else None)
+            ]
+        return list(messages.streamed_body(forward.body, response=True, end_of_stream=eos))
 
     def _on_response_trailers(self) -> Replies:
         replies: Replies = []
-        if self.response is not None and self.response.buffer is not None:
-            replies = self._flush_buffered(end_of_stream=False)
-        self._complete(TerminationCause.NATURAL)
+        if self.exchange is not None:
+            forward = self.director.on_response_trailers(self.exchange)
+            if forward is not None:
+                if self.response_mode == _FULL_DUPLEX:
+                    replies.extend(
+                        messages.streamed_body(forward.body, response=True, end_of_stream=False)
+                    )
+                else:
+                    body = forward.body if forward.changed else None
+                    replies.append(messages.buffered_response_body_reply(body))
         replies.append(messages.EMPTY_RESPONSE_TRAILERS)
         return replies
 
-    def _restore(self, data: bytes) -> bytes:
-        """Give the client back the model name it asked for (byte replace, as upstream)."""
-        d = self.decision
-        if d is None or not d.model_rewritten or not data:
-            return data
-        target = d.request.target_model.encode()
-        incoming = d.request.incoming_model.encode()
-        data = data.replace(b'"model":"' + target + b'"', b'"model":"' + incoming + b'"')
-        return data.replace(b'"model": "' + target + b'"', b'"model": "' + incoming + b'"')
-
-    # ---- completion -------------------------------------------------------------------------
-
-    def _complete(self, cause: TerminationCause) -> None:
-        if self.completed or self.decision is None:
-            return
-        self.completed = True
-        request = self.decision.request
-        info = (
-            self.response.info
-            if self.response
-            else ResponseInfo(request_id=request.request_id, headers={})
-        )
-        info.end_of_stream = True
-        info.termination_cause = cause
-        for hook in self.ctx.pipeline.response_complete:
-            try:
-                hook.response_complete(request, info)
-            except Exception:
-                log.exception("response-complete hook %s failed", hook.typed_name)
-        self.ctx.director.finished(request, info.usage.completion_tokens)
-        self.ctx.stats.on_complete(
-            self.decision,
-            info,
-            time.monotonic() - self.started,
-            self.response.size if self.response else 0,
-        )
-
     def close(self, *, error: bool) -> None:
         """Stream ended (normally, by client disconnect or by error)."""
-        if self.decision is not None and not self.completed:
-            self._complete(TerminationCause.ERROR if error else TerminationCause.CLIENT_DISCONNECT)
+        if self.exchange is not None:
+            cause = TerminationCause.ERROR if error else TerminationCause.CLIENT_DISCONNECT
+            self.director.complete(self.exchange, cause)
 
 
 def _scores(decision: Decision) -> dict[str, float]:

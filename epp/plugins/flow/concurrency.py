@@ -145,6 +145,10 @@ class ConcurrencyDetector(PluginBase):
 
     # ---- saturation detector ------------------------------------------------------------------
 
+    def confirmation_grace(self) -> float:
+        # Counts change the moment a request ends: no scrape to wait for.
+        return 0.01
+
     def saturation(self, now: float, endpoints: Sequence[Endpoint]) -> float:
         n = len(endpoints)
         if not n:

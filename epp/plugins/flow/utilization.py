@@ -101,6 +101,15 @@ class UtilizationDetector(PluginBase):
         ]
         return kept if kept else list(endpoints)
 
+    # ---- capabilities: StaleEndpointCounter, ConfirmationGrace ---------------------------------
+
+    def stale_endpoints(self, now: float, endpoints: Sequence[Endpoint]) -> int:
+        return sum(1 for ep in endpoints if self._is_stale(now, ep))
+
+    def confirmation_grace(self) -> float:
+        # One scrape tick, the staleness window, and 250 ms for the engine to free the memory.
+        return 0.05 + self.params.staleness_seconds + 0.25
+
     def _endpoint_saturation(self, now: float, endpoint: Endpoint) -> float:
         metrics = endpoint.metrics
         if metrics is None or self._is_stale(now, endpoint):

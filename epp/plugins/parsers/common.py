@@ -1,5 +1,5 @@
 """Helpers shared by the request parsers: one-shot JSON decoding, field type checks, output-token
-caps, token-id arrays and path-suffix tables.
+caps and token-id arrays (path-suffix tables are ``epp.plugin.paths``).
 
 Every request error is an ``InferenceError`` with code ``BAD_REQUEST`` (HTTP 400); the message
 names the API and the offending field so a client can fix its request.
@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import array
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ClassVar, Generic, TypeVar, cast
+from typing import Any, ClassVar, cast
 
 import orjson
 
 from epp.plugin import ErrorCode, Handle, InferenceError, NoParams, PluginBase
-
-T = TypeVar("T")
 
 MAX_UINT32 = 0xFFFFFFFF
 _INT_ONLY = frozenset({int})
@@ -156,52 +154,3 @@ def text_or_tokens(value: Any, where: str) -> tuple[bool, tuple[int, ...] | None
     if value is None:
         return False, None
     raise bad_request(f"{where} must be a string or an array, got {json_type(value)}")
-
-
-def normalize_suffix(path: str) -> str:
-    return path.strip().strip("/")
-
-
-class SuffixTable(Generic[T]):
-    """Maps path suffixes made of whole segments (``chat/completions``) to values.
-
-    A lookup walks the path's trailing segments from the right, one dictionary probe per segment
-    and never deeper than the longest key, so its cost does not grow with the number of keys. The
-    longest matching suffix wins; for equal keys the first one added is kept.
-    """
-
-    def __init__(self, entries: Iterable[tuple[str, T]]) -> None:
-        self._by_suffix: dict[str, T] = {}
-        self._depth = 0
-        for suffix, value in entries:
-            key = normalize_suffix(suffix)
-            if not key:
-                continue
-            self._by_suffix.setdefault(key, value)
-            self._depth = max(self._depth, key.count("/") + 1)
-
-    def __len__(self) -> int:
-        return len(self._by_suffix)
-
-    def lookup(self, path: str) -> T | None:
-        """``path`` must already be query-free; surrounding blanks and one trailing ``/`` are
-        ignored."""
-        path = path.strip()
-        if path.endswith("/"):
-            path = path[:-1]
-        found: T | None = None
-        end = len(path)
-        for _ in range(self._depth):
-            start = path.rfind("/", 0, end)
-            hit = self._by_suffix.get(path[start + 1 :])
-            if hit is not None:
-                found = hit
-            if start < 0:
-                break
-            end = start
-        return found
-
-
-def strip_query(path: str) -> str:
-    cut = path.find("?")
-    return path if cut < 0 else path[:cut]

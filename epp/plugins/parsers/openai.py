@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 import orjson
 
 from epp.plugin import ParsedResponse, ParseResult, RequestBody
+from epp.plugin.paths import SuffixTable, strip_query
 from epp.plugins.parsers.common import (
     ARRAY,
     BOOLEAN,
@@ -48,7 +49,6 @@ from epp.plugins.parsers.common import (
     STRING,
     FieldCheck,
     ParserBase,
-    SuffixTable,
     bad_request,
     cache_salt,
     check_fields,
@@ -56,7 +56,6 @@ from epp.plugins.parsers.common import (
     decode_object,
     json_type,
     max_output_tokens,
-    strip_query,
     text_or_tokens,
 )
 from epp.plugins.parsers.usage import (

@@ -31,13 +31,13 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from epp.plugin import ParsedResponse, ParseResult, RequestBody
+from epp.plugin.paths import SuffixTable, strip_query
 from epp.plugins.parsers.common import (
     INTEGER,
     OBJECT,
     STRING,
     FieldCheck,
     ParserBase,
-    SuffixTable,
     bad_request,
     cache_salt,
     check_fields,
@@ -45,7 +45,6 @@ from epp.plugins.parsers.common import (
     decode_object,
     json_type,
     max_output_tokens,
-    strip_query,
     token_ids,
 )
 from epp.plugins.parsers.openai import rewrite_model

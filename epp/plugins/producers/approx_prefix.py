@@ -61,6 +61,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram
 from epp.plugin import (
     PREFIX_MATCH_INFO,
     TOKENIZED_PROMPT,
+    DataKey,
     Endpoint,
     Handle,
     InferenceRequest,
@@ -68,7 +69,6 @@ from epp.plugin import (
     PrefixMatchInfo,
     SchedulingResult,
     TokenizedPrompt,
-    data_key,
 )
 from epp.plugin.prefix import TOKEN_BYTES
 from epp.plugins.producers.prefix_index import PrefixIndex, block_hashes, seed_hash
@@ -157,18 +157,18 @@ class ApproxPrefixCacheProducer(PluginBase):
                 self._block_size_tokens,
                 MIN_BLOCK_SIZE_TOKENS,
             )
-        self._key = data_key(PREFIX_MATCH_INFO, self.typed_name.name)
+        self._key = PREFIX_MATCH_INFO.key(self.typed_name.name)
         self._state_key = f"{self.TYPE}:{self.typed_name.name}:hashes"  # private scratch
-        self._input_key = data_key(TOKENIZED_PROMPT, TOKEN_PRODUCER)
+        self._input_key = TOKENIZED_PROMPT.key(TOKEN_PRODUCER)
         self._default_capacity = p.lru_capacity_per_server or DEFAULT_LRU_CAPACITY
         self.index = PrefixIndex(self._default_capacity)
         self._last_purge = handle.clock()
         self._metrics = _IndexerMetrics(handle.registry, self.typed_name.name, self.TYPE)
 
-    def produces(self) -> frozenset[str]:
+    def produces(self) -> frozenset[DataKey[Any]]:
         return frozenset({self._key})
 
-    def consumes(self) -> frozenset[str]:
+    def consumes(self) -> frozenset[DataKey[Any]]:
         return frozenset({self._input_key})
 
     async def produce(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:

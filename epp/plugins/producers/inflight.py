@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from epp.plugin import (
+    DataKey,
     Endpoint,
     Handle,
     InferenceRequest,
@@ -42,7 +43,7 @@ from epp.plugin import (
     SchedulingResult,
 )
 from epp.plugin.inflight import INFLIGHT_LOAD, InFlightLoad
-from epp.plugin.prefix import PREFIX_MATCH_INFO, TOKENIZED_PROMPT, data_key
+from epp.plugin.prefix import PREFIX_MATCH_INFO, TOKENIZED_PROMPT
 
 _IDLE: Final = InFlightLoad(0, 0)
 
@@ -66,15 +67,15 @@ class InflightLoadProducer(PluginBase):
 
     def __init__(self, *, name: str, params: Params, handle: Handle) -> None:
         super().__init__(name=name, params=params, handle=handle)
-        self._key = data_key(INFLIGHT_LOAD, self.typed_name.name)
-        self._tokens_key = data_key(TOKENIZED_PROMPT, params.token_producer_name)
-        self._prefix_key = data_key(PREFIX_MATCH_INFO, params.prefix_producer_name)
+        self._key = INFLIGHT_LOAD.key(self.typed_name.name)
+        self._tokens_key = TOKENIZED_PROMPT.key(params.token_producer_name)
+        self._prefix_key = PREFIX_MATCH_INFO.key(params.prefix_producer_name)
         self._requests: dict[str, int] = {}
         self._tokens: dict[str, int] = {}
         # request id → (endpoint id, tokens still counted)
         self._open: dict[str, tuple[str, int]] = {}
 
-    def produces(self) -> frozenset[str]:
+    def produces(self) -> frozenset[DataKey[Any]]:
         return frozenset({self._key})
 
     async def produce(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:

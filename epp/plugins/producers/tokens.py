@@ -68,13 +68,13 @@ from xxhash import xxh64_intdigest
 
 from epp.plugin import (
     TOKENIZED_PROMPT,
+    DataKey,
     Endpoint,
     Handle,
     InferenceRequest,
     PluginBase,
     RequestBody,
     TokenizedPrompt,
-    data_key,
 )
 from epp.plugin.prefix import TOKEN_BYTES, pack_token_ids
 from epp.plugin.units import parse_duration
@@ -123,7 +123,7 @@ class TokenProducer(PluginBase):
 
     def __init__(self, *, name: str, params: Any, handle: Handle) -> None:
         super().__init__(name=name, params=params, handle=handle)
-        self._key = data_key(TOKENIZED_PROMPT, self.typed_name.name)
+        self._key = TOKENIZED_PROMPT.key(self.typed_name.name)
         self._log = handle.logger(self.typed_name)
         self._render: RenderClient | None = None
         if self.params.backend == "vllm":
@@ -136,7 +136,7 @@ class TokenProducer(PluginBase):
             )
             self._fallbacks = _counter(handle, FALLBACKS_METRIC)
 
-    def produces(self) -> frozenset[str]:
+    def produces(self) -> frozenset[DataKey[Any]]:
         return frozenset({self._key})
 
     def produce_timeout(self) -> float:

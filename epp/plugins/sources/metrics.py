@@ -14,7 +14,9 @@ Parameters:
 * ``clientCertPath`` / ``clientKeyPath``: client certificate for mTLS (both or neither);
 * ``port``: 0 (default) scrapes the endpoint's own port, otherwise this port;
 * ``interval``: Go duration; empty scrapes every collector tick, otherwise the collector rounds it
-  to a multiple of its tick (exposed as ``interval_seconds``).
+  to a multiple of its tick (the ``PollInterval`` capability, ``interval_seconds``).
+
+Connections to an endpoint that left the pool are closed (``EndpointForgetter``).
 
 YAML example::
 
@@ -110,6 +112,11 @@ class MetricsDataSource(PluginBase):
         client, self._client = self._client, None
         if client is not None:
             await client.close()
+
+    def forget(self, endpoint: Endpoint) -> None:
+        """``EndpointForgetter``: close the kept-alive connection to an endpoint that left."""
+        if self._client is not None:
+            self._client.forget(endpoint.address, self.params.port or endpoint.port)
 
     async def poll(self, endpoint: Endpoint) -> bytes:
         port = self.params.port or endpoint.port

@@ -21,9 +21,9 @@ from epp.bench.peers import (
 )
 from epp.bench.runner import Options, run
 from epp.bench.spec import FleetSpec
-from epp.bench.targets import epp_config_text
 from epp.config.loader import parse_config
 from epp.config.schema import DEFAULT_CONFIG_TEXT
+from epp.localstack.eppconfig import epp_config_text
 from epp.localstack.procs import Proc, cpu_seconds, peak_rss_bytes
 
 

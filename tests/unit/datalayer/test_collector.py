@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from epp.datalayer.collector import Collector
+from epp.datalayer.collector import Collector, SourcePipeline
 from epp.datalayer.store import Datastore
 from epp.plugin import Metrics
 from epp.plugin.params import decode
@@ -58,7 +58,7 @@ async def _running(
     source = source or _source()
     collector = Collector(
         store=store,
-        pipelines=[(source, [_extractor()])],
+        pipelines=[SourcePipeline.of(source, [_extractor()])],
         interval=INTERVAL,
         poll_timeout=poll_timeout,
         clock=time.monotonic,

@@ -14,8 +14,9 @@ from typing import Any
 import yaml
 from prometheus_client import CollectorRegistry
 
+from epp.config.loader import ensure_flow_defaults
 from epp.config.schema import FlowControlSpec
-from epp.flowcontrol.controller import FlowController, ensure_flow_defaults
+from epp.flowcontrol.controller import FlowController
 from epp.plugin import Endpoint, InferenceRequest, SaturationDetector
 from epp.plugin.params import decode
 from epp.plugins.flow.admitter import ProbabilisticAdmitter

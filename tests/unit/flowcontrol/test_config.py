@@ -4,9 +4,9 @@ from typing import Any
 
 import pytest
 
+from epp.config.loader import ensure_flow_defaults
 from epp.config.schema import FlowControlSpec
 from epp.flowcontrol.config import FlowControlConfigError, resolve_config
-from epp.flowcontrol.controller import ensure_flow_defaults
 from epp.plugin.params import decode
 from tests.builders import handle
 from tests.unit.flowcontrol.flow_builders import build_plugin

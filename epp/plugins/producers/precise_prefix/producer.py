@@ -81,6 +81,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from epp.plugin import (
     PREFIX_MATCH_INFO,
     TOKENIZED_PROMPT,
+    DataKey,
     Endpoint,
     Handle,
     InferenceRequest,
@@ -88,7 +89,6 @@ from epp.plugin import (
     PrefixMatchInfo,
     SchedulingResult,
     TokenizedPrompt,
-    data_key,
 )
 from epp.plugin.units import parse_duration
 from epp.plugins.producers.precise_prefix.index import PreciseIndex
@@ -140,8 +140,8 @@ class PrecisePrefixCacheProducer(PluginBase):
         self._metrics = _Metrics(handle.registry, self.typed_name.name)
         self.applier = EventApplier(self.index, self.hasher, self._log, self._metrics.count)
         self._ttl = parse_duration(p.speculative_ttl)
-        self._key = data_key(PREFIX_MATCH_INFO, self.typed_name.name)
-        self._input_key = data_key(TOKENIZED_PROMPT, TOKEN_PRODUCER)
+        self._key = PREFIX_MATCH_INFO.key(self.typed_name.name)
+        self._input_key = TOKENIZED_PROMPT.key(TOKEN_PRODUCER)
         self._state_key = f"{self.TYPE}:{self.typed_name.name}:prompts"
         self._selector = parse_selector(p.kv_events_config.pod_discovery_config.pod_label_selector)
         self._pods: dict[str, str] = {}
@@ -154,10 +154,10 @@ class PrecisePrefixCacheProducer(PluginBase):
 
     # ---- data producer ------------------------------------------------------------------------
 
-    def produces(self) -> frozenset[str]:
+    def produces(self) -> frozenset[DataKey[Any]]:
         return frozenset({self._key})
 
-    def consumes(self) -> frozenset[str]:
+    def consumes(self) -> frozenset[DataKey[Any]]:
         return frozenset({self._input_key})
 
     async def produce(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:

@@ -1,0 +1,74 @@
+"""Kubernetes mode as the command line asks for it: the pool source and the leader elector.
+
+``--pool-name`` watches that InferencePool (only ``inference.networking.k8s.io``, v1);
+``--endpoint-selector`` with ``--endpoint-target-ports`` builds a standalone pool named after
+this pod's Deployment. ``--ha-enable-leader-election`` adds a Lease elector. The ``kubernetes``
+client is imported only here, so it is never loaded outside Kubernetes mode.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from epp.config.loader import ConfigError
+from epp.k8s.client import KubeConfigError, KubeLeases, load_api_client
+from epp.k8s.leader import ElectionConfig, LeaderElector, default_identity, lease_name
+from epp.k8s.selector import parse_selector
+from epp.k8s.sink import ObjectSink
+from epp.k8s.source import KubernetesSource, PoolMode, StandaloneMode, standalone_pool
+from epp.plugin import Endpoint
+from epp.settings import Settings
+
+
+def kubernetes_mode(
+    settings: Settings, *, publish: Callable[[Sequence[Endpoint]], None], sink: ObjectSink
+) -> tuple[KubernetesSource, LeaderElector | None]:
+    """The pool source and, when asked for, the elector; ``ConfigError`` says what is wrong."""
+    s = settings
+    namespace = s.pool_namespace or "default"
+    mode, pool_name = _pool_mode(s, namespace)
+    try:
+        api = load_api_client(s.kubeconfig)
+    except KubeConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    source = KubernetesSource(
+        api,
+        mode,
+        publish=publish,
+        sink=sink,
+        watch_timeout=s.kube_watch_timeout,
+        logger=logging.getLogger("epp.k8s"),
+    )
+    if not s.ha_enable_leader_election:
+        return source, None
+    try:
+        cfg = ElectionConfig(
+            lease_name=lease_name(namespace, pool_name),
+            namespace=namespace,
+            identity=default_identity(),
+            lease_duration=s.ha_lease_duration,
+            renew_deadline=s.ha_renew_deadline,
+            retry_period=s.ha_retry_period,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    leases = KubeLeases(api, namespace, timeout=s.ha_renew_deadline)
+    return source, LeaderElector(leases, cfg, logger=logging.getLogger("epp.k8s.leader"))
+
+
+def _pool_mode(s: Settings, namespace: str) -> tuple[PoolMode | StandaloneMode, str]:
+    if s.pool_name:
+        if s.pool_group != "inference.networking.k8s.io":
+            raise ConfigError(
+                f"--pool-group {s.pool_group!r}: only inference.networking.k8s.io (v1) is supported"
+            )
+        return PoolMode(name=s.pool_name, namespace=namespace, group=s.pool_group), s.pool_name
+    try:
+        selector = parse_selector(s.endpoint_selector)
+    except ValueError as exc:
+        raise ConfigError(f"--endpoint-selector: {exc}") from None
+    if not s.endpoint_target_ports:
+        raise ConfigError("--endpoint-selector needs --endpoint-target-ports")
+    pool = standalone_pool(selector, s.endpoint_target_ports, namespace, s.pod_name)
+    return StandaloneMode(pool), pool.name

@@ -1,0 +1,83 @@
+"""Optional capabilities: narrow Protocols a plugin may implement besides its roles.
+
+A capability changes how the framework drives a plugin it already runs in a role. Each one is
+detected once, when the configuration is loaded (or when the engine that owns the plugin is
+built), with ``isinstance``; nothing on the request path asks a plugin what it can do.
+
+- ``ProducerTimeout`` (``DataProducer``): its own budget instead of the default 400 ms.
+- ``PollInterval`` (``DataSource``): polled every ``interval_seconds`` instead of every tick.
+- ``EndpointForgetter`` (``DataSource``): told when an endpoint leaves, to drop its state.
+- ``ReservingDetector`` (``SaturationDetector``): flow control reserves and releases capacity.
+- ``StaleEndpointCounter`` and ``ConfirmationGrace`` (``SaturationDetector``): how stale its
+  inputs are, and how long freed capacity takes to show in its reading.
+
+Typed data keys (``Consumer``, ``DataProducer``) are in ``epp.plugin.keys`` and
+``epp.plugin.protocols``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from epp.plugin.types import Endpoint, InferenceRequest
+
+DEFAULT_PRODUCE_TIMEOUT = 0.4
+"""Seconds a ``DataProducer`` without ``ProducerTimeout`` may take (upstream's default)."""
+
+DEFAULT_CONFIRMATION_GRACE = 0.5
+"""Seconds a detector without ``ConfirmationGrace`` is given: one 50 ms scrape tick, a 200 ms
+staleness window and 250 ms for the engine to release the request's memory."""
+
+
+@runtime_checkable
+class ProducerTimeout(Protocol):
+    """A ``DataProducer`` whose ``produce`` needs another budget (e.g. a remote tokenizer). A
+    producer that overruns is cancelled and the request is scheduled without its data."""
+
+    def produce_timeout(self) -> float: ...
+
+
+@runtime_checkable
+class PollInterval(Protocol):
+    """A ``DataSource`` polled every ``interval_seconds`` (rounded to a multiple of the
+    collector's tick; ``0`` = every tick)."""
+
+    @property
+    def interval_seconds(self) -> float: ...
+
+
+@runtime_checkable
+class EndpointForgetter(Protocol):
+    """A ``DataSource`` holding per-endpoint state (connections, subscriptions). ``forget`` is
+    called once when an endpoint leaves the pool, and for the old address when an endpoint's
+    address changes."""
+
+    def forget(self, endpoint: Endpoint) -> None: ...
+
+
+@runtime_checkable
+class ReservingDetector(Protocol):
+    """A ``SaturationDetector`` that counts requests itself. Flow control calls ``reserve`` when
+    it dispatches a request (before its endpoint is known) and ``release`` when that request ends
+    for any reason, so the reading accounts for a request from the moment it leaves the queue."""
+
+    def reserve(self, request: InferenceRequest) -> None: ...
+
+    def release(self, request: InferenceRequest) -> None: ...
+
+
+@runtime_checkable
+class StaleEndpointCounter(Protocol):
+    """A ``SaturationDetector`` that reads scraped metrics: how many endpoints it currently
+    treats as stale (exported as ``llm_d_epp_flow_control_stale_endpoints``)."""
+
+    def stale_endpoints(self, now: float, endpoints: Sequence[Endpoint]) -> int: ...
+
+
+@runtime_checkable
+class ConfirmationGrace(Protocol):
+    """Seconds between a request ending and its freed capacity showing in the detector's reading
+    (flow control waits this long before it trusts a lower saturation)."""
+
+    def confirmation_grace(self) -> float: ...
