@@ -89,7 +89,8 @@ class PrefixCacheScorer(PluginBase):
     def score(
         self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Mapping[str, float]:
-        infos = self._key.get(request)
+        # A plain dict probe (what DataKey.get does, without the call): this runs per request.
+        infos: Mapping[str, PrefixMatchInfo] | None = request.attributes.get(self._key)
         if infos is None:
             if self._log.isEnabledFor(logging.DEBUG):
                 self._log.debug("request %s has no %s attribute", request.request_id, self._key)

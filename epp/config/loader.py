@@ -56,7 +56,6 @@ DEFAULT_PRODUCERS = {
     "PrefixCacheMatchInfo": "approx-prefix-cache-producer",
     "TokenizedPrompt": "token-producer",
     "InFlightLoad": "inflight-load-producer",
-    "SessionID": "session-id-producer",
 }
 
 

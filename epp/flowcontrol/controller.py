@@ -54,7 +54,7 @@ from prometheus_client import CollectorRegistry
 
 from epp.config.schema import FlowControlSpec
 from epp.flowcontrol.config import FlowControlConfig, resolve_config
-from epp.flowcontrol.eviction import EVICTION_ATTRIBUTE, Eviction, InFlight, Reclaimer
+from epp.flowcontrol.eviction import InFlight, Reclaimer
 from epp.flowcontrol.metrics import FlowControlMetrics
 from epp.flowcontrol.outcomes import (
     DISPATCHED,
@@ -96,33 +96,26 @@ class FlowController:
         clock: Callable[[], float],
     ) -> None:
         self._config = config
-        self._detector = detector
         self._reserving = detector if isinstance(detector, ReservingDetector) else None
         self._reader = SaturationReader(detector, metrics)
         self._metrics = metrics
         self._clock = clock
-        self._bands: dict[int, Band] = {}
-        self._order: list[int] = []  # provisioned priorities, highest first
-        for priority, band_config in config.bands.items():
-            self._bands[priority] = Band(priority, band_config)
+        self._bands = {priority: Band(priority, cfg) for priority, cfg in config.bands.items()}
         if 0 not in self._bands:
             self._bands[0] = Band(0, config.default_band)
-        self._order = sorted(self._bands, reverse=True)
+        self._order = sorted(self._bands, reverse=True)  # provisioned priorities, highest first
         self._queued = 0
         self._queued_bytes = 0
         self._seq = itertools.count()
         self._waiters: dict[int, asyncio.Future[None]] = {}
-        self._labels: dict[int, tuple[str, ...]] = {}
         self._in_flight: dict[int, InFlight] = {}
         self._closed = False
         self._wakeup = asyncio.Event()
         self._next_sweep: float | None = None
         self._next_expiry = math.inf  # earliest queue-wait deadline known at the last sweep
-        self._reclaimer = (
-            Reclaimer(metrics, grace=confirmation_grace(detector))
-            if config.enable_eviction
-            else None
-        )
+        self._reclaimer: Reclaimer | None = None
+        if config.enable_eviction:
+            self._reclaimer = Reclaimer(metrics, grace=confirmation_grace(detector))
 
     @classmethod
     def from_config(
@@ -149,7 +142,7 @@ class FlowController:
     ) -> None:
         now = self._clock()
         if self._closed:
-            self._count(REJECTED_OTHER, request.priority)
+            self._metrics.count(REJECTED_OTHER, request.priority)
             raise outcome_error(REJECTED_OTHER, has_endpoints=True)
         priority = self._priority_for(request, now)
         band = self._band(priority, now)
@@ -166,25 +159,21 @@ class FlowController:
         )
         started = time.perf_counter()
         item.regime_empty = not candidates()
-        labels = self._queue_labels(item)
+        labels = self._metrics.queue_labels(item)
         if not self._has_capacity(band, item.size_bytes):
             outcome = REJECTED_NO_ENDPOINTS if item.regime_empty else REJECTED_CAPACITY
             item.outcome = outcome
-            self._observe_enqueue(item, outcome, started)
-            self._finished(item, labels, now)
+            self._metrics.observe_enqueue(item, outcome, time.perf_counter() - started)
+            self._metrics.finished(item, now, labels)  # no waiter yet: never queued
             raise outcome_error(outcome, has_endpoints=not item.regime_empty)
         band.push(item)
         self._next_expiry = min(self._next_expiry, self._deadline(item))
         self._queued += 1
         self._queued_bytes += item.size_bytes
-        self._labels[item.seq] = labels
-        for child in self._metrics.queue_size.labels(*labels):
-            child.inc()
-        for child in self._metrics.queue_bytes.labels(*labels):
-            child.inc(item.size_bytes)
+        self._metrics.enter_queue(item, labels)
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[item.seq] = waiter
-        self._observe_enqueue(item, NOT_YET_FINALIZED, started)
+        self._metrics.observe_enqueue(item, NOT_YET_FINALIZED, time.perf_counter() - started)
         self._wakeup.set()
         self.step()
         try:
@@ -248,9 +237,8 @@ class FlowController:
                 dispatched = self._dispatch_once(now)
             except Exception:
                 log.exception("flow control: dispatch cycle failed")
-        self._record_capacity()
-        for child in self._metrics.dispatch_cycle.labels():
-            child.observe(time.perf_counter() - started)
+        self._metrics.record_capacity(self._bands, self._config, self._queued, self._queued_bytes)
+        self._metrics.observe_cycle(time.perf_counter() - started)
         return dispatched
 
     def _dispatch_once(self, now: float) -> bool:
@@ -275,53 +263,26 @@ class FlowController:
                 ceilings = self._ceilings(saturation)
             if saturation >= ceilings[index]:
                 if self._reclaimer is not None:
-                    self._reclaim(now, saturation, ceilings[index], priority)
+                    in_flight = self._in_flight.values()
+                    self._reclaimer.revoke(now, saturation, ceilings[index], priority, in_flight)
                 return False
             band.pop(band.flows[flow.flow_id], now)
             self._left_queue(item)
             _guard(policy.on_dispatch, band, flow, item, now)
             item.outcome = DISPATCHED
             self._on_dispatched(item, policy, now)
-            self._finished(item, self._labels.pop(item.seq, ()), now)
+            self._finished(item, now)
             return True
         return False
 
     def _on_dispatched(self, item: QueuedRequest, policy: FairnessPolicy, now: float) -> None:
         request = item.request
-        eviction = None
-        if self._reclaimer is not None and item.priority < 0:
-            eviction = Eviction()
-            request.attributes[EVICTION_ATTRIBUTE] = eviction
-        self._in_flight[id(request)] = InFlight(
-            request, item.priority, item.fairness_id, now, item.seq, policy, eviction
-        )
+        evictable = self._reclaimer is not None
+        self._in_flight[id(request)] = InFlight.dispatched(item, policy, now, evictable=evictable)
         for adjuster in self._config.adjusters:
             _guard(adjuster.on_dispatch, request, now)
         if self._reserving is not None:
             _guard(self._reserving.reserve, request)
-
-    def _reclaim(self, now: float, saturation: float, ceiling: float, priority: int) -> None:
-        assert self._reclaimer is not None
-        if not self._reclaimer.gate_open(now):
-            return
-        victims = self._reclaimer.reclaim(
-            now=now,
-            saturation=saturation,
-            ceiling=ceiling,
-            demand_priority=priority,
-            in_flight=self._in_flight.values(),
-        )
-        for record in victims:
-            assert record.eviction is not None
-            record.eviction.fire()
-            log.info(
-                "flow control: evicting in-flight request %s (priority %d) for band %d",
-                record.request.request_id,
-                record.priority,
-                priority,
-            )
-
-    # ---- saturation and ceilings --------------------------------------------------------------
 
     def _ceilings(self, saturation: float) -> list[float]:
         n = len(self._order)
@@ -392,7 +353,7 @@ class FlowController:
         item.outcome = outcome
         band.discard(item, now)
         self._left_queue(item)
-        self._finished(item, self._labels.pop(item.seq, ()), now)
+        self._finished(item, now)
 
     def _on_cancelled(self, item: QueuedRequest) -> None:
         now = self._clock()
@@ -405,48 +366,13 @@ class FlowController:
     def _left_queue(self, item: QueuedRequest) -> None:
         self._queued -= 1
         self._queued_bytes -= item.size_bytes
-        labels = self._labels.get(item.seq)
-        if labels is not None:
-            for child in self._metrics.queue_size.labels(*labels):
-                child.dec()
-            for child in self._metrics.queue_bytes.labels(*labels):
-                child.dec(item.size_bytes)
+        self._metrics.leave_queue(item)
 
-    def _finished(self, item: QueuedRequest, labels: tuple[str, ...], now: float) -> None:
+    def _finished(self, item: QueuedRequest, now: float) -> None:
         waiter = self._waiters.pop(item.seq, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
-        m = self._metrics
-        if labels:
-            fairness, priority, pool, model, target = labels
-            for child in m.queue_duration.labels(
-                fairness, priority, item.outcome, pool, model, target
-            ):
-                child.observe(max(0.0, now - item.enqueue_time))
-        self._count(item.outcome, item.priority)
-
-    # ---- metrics ------------------------------------------------------------------------------
-
-    def _queue_labels(self, item: QueuedRequest) -> tuple[str, ...]:
-        r = item.request
-        return self._metrics.queue_labels(
-            item.fairness_id, item.priority, r.incoming_model, r.target_model
-        )
-
-    def _observe_enqueue(self, item: QueuedRequest, outcome: str, started: float) -> None:
-        self._metrics.observe_enqueue(
-            item.fairness_id, item.priority, outcome, time.perf_counter() - started
-        )
-
-    def _count(self, outcome: str, priority: int) -> None:
-        self._metrics.requests_total.labels(outcome, str(priority), self._metrics.pool).inc()
-
-    def _record_capacity(self) -> None:
-        self._metrics.record_capacity(
-            ((b.priority, b.live, b.bytes, b.config) for b in self._bands.values()),
-            (self._queued, self._config.max_requests),
-            (self._queued_bytes, self._config.max_bytes),
-        )
+        self._metrics.finished(item, now)
 
     # ---- introspection (tests, admin view) ----------------------------------------------------
 

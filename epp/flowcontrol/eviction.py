@@ -22,6 +22,7 @@ ImmediateResponse carrying ``x-llm-d-request-dropped-reason: evicted``, even mid
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -29,7 +30,9 @@ from typing import Final
 
 from epp.flowcontrol.metrics import FlowControlMetrics
 from epp.plugin import DropReason, ErrorCode, InferenceError, InferenceRequest
-from epp.plugin.flow import FairnessPolicy
+from epp.plugin.flow import FairnessPolicy, QueuedRequest
+
+log = logging.getLogger(__name__)
 
 EVICTION_ATTRIBUTE: Final = "flow-control/eviction"
 MAX_REVOCATIONS_PER_DECISION: Final = 2
@@ -74,6 +77,18 @@ class InFlight:
     fairness: FairnessPolicy
     eviction: Eviction | None = None
 
+    @classmethod
+    def dispatched(
+        cls, item: QueuedRequest, fairness: FairnessPolicy, now: float, *, evictable: bool
+    ) -> InFlight:
+        """The record of ``item``, dispatched at ``now``. With eviction enabled (``evictable``), a
+        sheddable request gets its ``Eviction`` in ``attributes[EVICTION_ATTRIBUTE]``."""
+        request, eviction = item.request, None
+        if evictable and item.priority < 0:
+            eviction = Eviction()
+            request.attributes[EVICTION_ATTRIBUTE] = eviction
+        return cls(request, item.priority, item.fairness_id, now, item.seq, fairness, eviction)
+
 
 @dataclass
 class Reclaimer:
@@ -99,6 +114,35 @@ class Reclaimer:
         self.metrics.pending_reclaim.labels(self.metrics.pool).set(self.pending)
         return not self.outstanding and not self.cooling
 
+    def revoke(
+        self,
+        now: float,
+        saturation: float,
+        ceiling: float,
+        demand_priority: int,
+        in_flight: Iterable[InFlight],
+    ) -> None:
+        """One eviction decision for the gated band ``demand_priority``: once earlier revocations
+        are confirmed (``gate_open``), fire the eviction signal of each chosen victim."""
+        if not self.gate_open(now):
+            return
+        victims = self.reclaim(
+            now=now,
+            saturation=saturation,
+            ceiling=ceiling,
+            demand_priority=demand_priority,
+            in_flight=in_flight,
+        )
+        for record in victims:
+            assert record.eviction is not None
+            record.eviction.fire()
+            log.info(
+                "flow control: evicting in-flight request %s (priority %d) for band %d",
+                record.request.request_id,
+                record.priority,
+                demand_priority,
+            )
+
     def reclaim(
         self,
         *,
@@ -108,7 +152,7 @@ class Reclaimer:
         demand_priority: int,
         in_flight: Iterable[InFlight],
     ) -> list[InFlight]:
-        """Choose and register the victims of one decision (the caller fires them)."""
+        """Choose and register the victims of one decision (``revoke`` fires them)."""
         records = list(in_flight)
         victims = sorted(
             (

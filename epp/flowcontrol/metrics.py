@@ -9,15 +9,17 @@ keeps at most 1000 distinct values and the model labels 1000 (shared by ``model_
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from epp.observability.metrics import LabelCap
+from epp.observability.metrics import LabelCap, MetricSpec, build_families
 
 if TYPE_CHECKING:
-    from epp.flowcontrol.queues import BandConfig
+    from epp.flowcontrol.config import FlowControlConfig
+    from epp.flowcontrol.queues import Band
+    from epp.plugin.flow import QueuedRequest
 
 FAIRNESS_LABEL_CAP: Final = 1000
 
@@ -57,6 +59,8 @@ _QUEUE_DURATION_LABELS: Final = (
     "model_name",
     "target_model_name",
 )
+_BAND_LABELS: Final = ("priority", "inference_pool")
+_POOL_LABELS: Final = ("inference_pool",)
 
 
 class _Pair:
@@ -69,176 +73,245 @@ class _Pair:
         return [f.labels(*values) if values else f for f in self._families]
 
 
+# Registration order is exposition order; keep it. Upstream names, help and labels verbatim
+# (tests/unit/observability/test_metric_tables.py holds the golden list).
+FLOW_CONTROL_METRICS: Final = (
+    MetricSpec(
+        "queue_duration",
+        Histogram,
+        "llm_d_epp_flow_control_request_queue_duration_seconds",
+        "Time requests spend in flow control, from enqueue to outcome",
+        _QUEUE_DURATION_LABELS,
+        buckets=_QUEUE_BUCKETS,
+        twin="inference_extension_flow_control_request_queue_duration_seconds",
+    ),
+    MetricSpec(
+        "dispatch_cycle",
+        Histogram,
+        "llm_d_epp_flow_control_dispatch_cycle_duration_seconds",
+        "Duration of one flow-control dispatch cycle",
+        (),
+        buckets=_CYCLE_BUCKETS,
+        twin="inference_extension_flow_control_dispatch_cycle_duration_seconds",
+    ),
+    MetricSpec(
+        "enqueue_duration",
+        Histogram,
+        "llm_d_epp_flow_control_request_enqueue_duration_seconds",
+        "Time taken to enqueue a request into flow control",
+        ("fairness_id", "priority", "outcome"),
+        buckets=_CYCLE_BUCKETS,
+        twin="inference_extension_flow_control_request_enqueue_duration_seconds",
+    ),
+    MetricSpec(
+        "queue_size",
+        Gauge,
+        "llm_d_epp_flow_control_queue_size",
+        "Requests held in flow-control queues",
+        _QUEUE_LABELS,
+        twin="inference_extension_flow_control_queue_size",
+    ),
+    MetricSpec(
+        "queue_bytes",
+        Gauge,
+        "llm_d_epp_flow_control_queue_bytes",
+        "Bytes of requests held in flow-control queues",
+        _QUEUE_LABELS,
+        twin="inference_extension_flow_control_queue_bytes",
+    ),
+    MetricSpec(
+        "pool_saturation",
+        Gauge,
+        "llm_d_epp_flow_control_pool_saturation",
+        "Pool saturation gating dispatch (stage prefill, decode or effective)",
+        ("inference_pool", "stage"),
+        twin="inference_extension_flow_control_pool_saturation",
+    ),
+    MetricSpec(
+        "stale_endpoints",
+        Gauge,
+        "llm_d_epp_flow_control_stale_endpoints",
+        "Candidate endpoints with missing or stale metrics at the last saturation reading",
+        ("detector",),
+    ),
+    MetricSpec(
+        "capacity_requests",
+        Gauge,
+        "llm_d_epp_flow_control_capacity_utilization_requests",
+        "Fraction of a band's request capacity in use",
+        _BAND_LABELS,
+    ),
+    MetricSpec(
+        "capacity_bytes",
+        Gauge,
+        "llm_d_epp_flow_control_capacity_utilization_bytes",
+        "Fraction of a band's byte capacity in use",
+        _BAND_LABELS,
+    ),
+    MetricSpec(
+        "global_requests",
+        Gauge,
+        "llm_d_epp_flow_control_global_capacity_utilization_requests",
+        "Fraction of the global request capacity in use (only when one is set)",
+        _POOL_LABELS,
+    ),
+    MetricSpec(
+        "global_bytes",
+        Gauge,
+        "llm_d_epp_flow_control_global_capacity_utilization_bytes",
+        "Fraction of the global byte capacity in use (only when one is set)",
+        _POOL_LABELS,
+    ),
+    MetricSpec(
+        "requests_total",
+        Counter,
+        "llm_d_epp_flow_control_requests_total",
+        "Requests processed by flow control, by outcome",
+        ("outcome", "priority", "inference_pool"),
+    ),
+    MetricSpec(
+        "revocations_issued",
+        Counter,
+        "llm_d_epp_flow_control_revocations_issued_total",
+        "In-flight evictions issued, by the demand band's priority",
+        _BAND_LABELS,
+    ),
+    MetricSpec(
+        "revocations",
+        Counter,
+        "llm_d_epp_flow_control_revocations_total",
+        "In-flight evictions by terminal outcome (confirmed, timed_out)",
+        ("outcome", "inference_pool"),
+    ),
+    MetricSpec(
+        "reclaim_target",
+        Gauge,
+        "llm_d_epp_flow_control_reclaim_target",
+        "Last computed reclamation deficit (saturation units)",
+        _POOL_LABELS,
+    ),
+    MetricSpec(
+        "pending_reclaim",
+        Gauge,
+        "llm_d_epp_flow_control_pending_reclaim",
+        "Outstanding and cooling reclaim debits (saturation units)",
+        _POOL_LABELS,
+    ),
+    MetricSpec(
+        "confirmation",
+        Histogram,
+        "llm_d_epp_flow_control_revocation_confirmation_seconds",
+        "Time from eviction to the end of the evicted request's stream",
+        _POOL_LABELS,
+        _CONFIRM_BUCKETS,
+    ),
+)
+
+
 class FlowControlMetrics:
+    """Every flow-control family, one attribute per ``FLOW_CONTROL_METRICS`` row (a ``_Pair`` when
+    the row has a deprecated twin), plus the recording helpers of one controller: it keeps the
+    queue labels of that controller's queued requests (by ``seq``) between enqueue and outcome."""
+
+    pool: str
+    fairness_cap: LabelCap
+    model_cap: LabelCap
+    queue_duration: _Pair
+    dispatch_cycle: _Pair
+    enqueue_duration: _Pair
+    queue_size: _Pair
+    queue_bytes: _Pair
+    pool_saturation: _Pair
+    stale_endpoints: Gauge
+    capacity_requests: Gauge
+    capacity_bytes: Gauge
+    global_requests: Gauge
+    global_bytes: Gauge
+    requests_total: Counter
+    revocations_issued: Counter
+    revocations: Counter
+    reclaim_target: Gauge
+    pending_reclaim: Gauge
+    confirmation: Histogram
+
     def __init__(self, registry: CollectorRegistry, pool: str) -> None:
         self.pool = pool
         self.fairness_cap = LabelCap(FAIRNESS_LABEL_CAP)
         self.model_cap = LabelCap()
-        r = registry
-        self.queue_duration = self._pair(
-            Histogram,
-            "request_queue_duration_seconds",
-            "Time requests spend in flow control, from enqueue to outcome",
-            _QUEUE_DURATION_LABELS,
-            r,
-            buckets=_QUEUE_BUCKETS,
-        )
-        self.dispatch_cycle = self._pair(
-            Histogram,
-            "dispatch_cycle_duration_seconds",
-            "Duration of one flow-control dispatch cycle",
-            (),
-            r,
-            buckets=_CYCLE_BUCKETS,
-        )
-        self.enqueue_duration = self._pair(
-            Histogram,
-            "request_enqueue_duration_seconds",
-            "Time taken to enqueue a request into flow control",
-            ("fairness_id", "priority", "outcome"),
-            r,
-            buckets=_CYCLE_BUCKETS,
-        )
-        self.queue_size = self._pair(
-            Gauge, "queue_size", "Requests held in flow-control queues", _QUEUE_LABELS, r
-        )
-        self.queue_bytes = self._pair(
-            Gauge, "queue_bytes", "Bytes of requests held in flow-control queues", _QUEUE_LABELS, r
-        )
-        self.pool_saturation = self._pair(
-            Gauge,
-            "pool_saturation",
-            "Pool saturation gating dispatch (stage prefill, decode or effective)",
-            ("inference_pool", "stage"),
-            r,
-        )
-        fc = "llm_d_epp_flow_control_"
-        self.stale_endpoints = Gauge(
-            fc + "stale_endpoints",
-            "Candidate endpoints with missing or stale metrics at the last saturation reading",
-            ("detector",),
-            registry=r,
-        )
-        band = ("priority", "inference_pool")
-        self.capacity_requests = Gauge(
-            fc + "capacity_utilization_requests",
-            "Fraction of a band's request capacity in use",
-            band,
-            registry=r,
-        )
-        self.capacity_bytes = Gauge(
-            fc + "capacity_utilization_bytes",
-            "Fraction of a band's byte capacity in use",
-            band,
-            registry=r,
-        )
-        self.global_requests = Gauge(
-            fc + "global_capacity_utilization_requests",
-            "Fraction of the global request capacity in use (only when one is set)",
-            ("inference_pool",),
-            registry=r,
-        )
-        self.global_bytes = Gauge(
-            fc + "global_capacity_utilization_bytes",
-            "Fraction of the global byte capacity in use (only when one is set)",
-            ("inference_pool",),
-            registry=r,
-        )
-        self.requests_total = Counter(
-            fc + "requests_total",
-            "Requests processed by flow control, by outcome",
-            ("outcome", "priority", "inference_pool"),
-            registry=r,
-        )
-        self.revocations_issued = Counter(
-            fc + "revocations_issued_total",
-            "In-flight evictions issued, by the demand band's priority",
-            band,
-            registry=r,
-        )
-        self.revocations = Counter(
-            fc + "revocations_total",
-            "In-flight evictions by terminal outcome (confirmed, timed_out)",
-            ("outcome", "inference_pool"),
-            registry=r,
-        )
-        self.reclaim_target = Gauge(
-            fc + "reclaim_target",
-            "Last computed reclamation deficit (saturation units)",
-            ("inference_pool",),
-            registry=r,
-        )
-        self.pending_reclaim = Gauge(
-            fc + "pending_reclaim",
-            "Outstanding and cooling reclaim debits (saturation units)",
-            ("inference_pool",),
-            registry=r,
-        )
-        self.confirmation = Histogram(
-            fc + "revocation_confirmation_seconds",
-            "Time from eviction to the end of the evicted request's stream",
-            ("inference_pool",),
-            buckets=_CONFIRM_BUCKETS,
-            registry=r,
-        )
+        self._labels: dict[int, tuple[str, ...]] = {}  # queue labels by item seq, while queued
+        for spec in FLOW_CONTROL_METRICS:
+            families = build_families(spec, registry)
+            setattr(self, spec.attr, _Pair(*families) if spec.twin else families[0])
 
-    @staticmethod
-    def _pair(
-        kind: Any,
-        name: str,
-        doc: str,
-        labels: Sequence[str],
-        registry: CollectorRegistry,
-        **kw: Any,
-    ) -> _Pair:
-        canonical = kind(f"llm_d_epp_flow_control_{name}", doc, labels, registry=registry, **kw)
-        twin = kind(
-            f"inference_extension_flow_control_{name}",
-            f"Deprecated: llm_d_epp_flow_control_{name}",
-            labels,
-            registry=registry,
-            **kw,
-        )
-        return _Pair(canonical, twin)
-
-    def queue_labels(
-        self, fairness_id: str, priority: int, model: str, target: str
-    ) -> tuple[str, ...]:
+    def queue_labels(self, item: QueuedRequest) -> tuple[str, ...]:
+        """The ``queue_size`` / ``queue_bytes`` labels of ``item``, label caps applied."""
         return (
-            self.fairness_cap(fairness_id),
-            str(priority),
+            self.fairness_cap(item.fairness_id),
+            str(item.priority),
             self.pool,
-            self.model_cap(model),
-            self.model_cap(target),
+            self.model_cap(item.request.incoming_model),
+            self.model_cap(item.request.target_model),
         )
 
-    def observe_enqueue(
-        self, fairness_id: str, priority: int, outcome: str, seconds: float
-    ) -> None:
-        labels = (self.fairness_cap(fairness_id), str(priority), outcome)
+    def observe_enqueue(self, item: QueuedRequest, outcome: str, seconds: float) -> None:
+        labels = (self.fairness_cap(item.fairness_id), str(item.priority), outcome)
         for child in self.enqueue_duration.labels(*labels):
             child.observe(seconds)
 
-    def record_capacity(
-        self,
-        bands: Iterable[tuple[int, int, int, BandConfig]],
-        global_requests: tuple[int, int],
-        global_bytes: tuple[int, int],
+    def enter_queue(self, item: QueuedRequest, labels: tuple[str, ...]) -> None:
+        """``item`` now waits in a queue; its ``labels`` are kept until ``finished``."""
+        self._labels[item.seq] = labels
+        for child in self.queue_size.labels(*labels):
+            child.inc()
+        for child in self.queue_bytes.labels(*labels):
+            child.inc(item.size_bytes)
+
+    def leave_queue(self, item: QueuedRequest) -> None:
+        labels = self._labels.get(item.seq)
+        if labels is None:
+            return
+        for child in self.queue_size.labels(*labels):
+            child.dec()
+        for child in self.queue_bytes.labels(*labels):
+            child.dec(item.size_bytes)
+
+    def finished(
+        self, item: QueuedRequest, now: float, labels: tuple[str, ...] | None = None
     ) -> None:
-        """Occupancy / capacity per band (priority, requests, bytes, limits) and, when a global
-        cap is set, overall; ``global_*`` are (in use, cap) pairs, cap 0 = none."""
-        for priority, live, size, limits in bands:
-            labels = (str(priority), self.pool)
+        """``item`` left flow control with ``item.outcome``. ``labels``: those of an item that
+        never queued; by default the ones kept by ``enter_queue`` (none: no duration sample)."""
+        if labels is None:
+            labels = self._labels.pop(item.seq, ())
+        if labels:
+            fairness, priority, pool, model, target = labels
+            for child in self.queue_duration.labels(
+                fairness, priority, item.outcome, pool, model, target
+            ):
+                child.observe(max(0.0, now - item.enqueue_time))
+        self.count(item.outcome, item.priority)
+
+    def count(self, outcome: str, priority: int) -> None:
+        self.requests_total.labels(outcome, str(priority), self.pool).inc()
+
+    def observe_cycle(self, seconds: float) -> None:
+        for child in self.dispatch_cycle.labels():
+            child.observe(seconds)
+
+    def record_capacity(
+        self, bands: Mapping[int, Band], config: FlowControlConfig, queued: int, queued_bytes: int
+    ) -> None:
+        """Occupancy / capacity per band and, when ``config`` sets a global cap, overall."""
+        for band in bands.values():
+            labels = (str(band.priority), self.pool)
+            limits = band.config
             if limits.max_requests:
-                self.capacity_requests.labels(*labels).set(live / limits.max_requests)
+                self.capacity_requests.labels(*labels).set(band.live / limits.max_requests)
             if limits.max_bytes:
-                self.capacity_bytes.labels(*labels).set(size / limits.max_bytes)
-        used, cap = global_requests
-        if cap:
-            self.global_requests.labels(self.pool).set(used / cap)
-        used, cap = global_bytes
-        if cap:
-            self.global_bytes.labels(self.pool).set(used / cap)
+                self.capacity_bytes.labels(*labels).set(band.bytes / limits.max_bytes)
+        if config.max_requests:
+            self.global_requests.labels(self.pool).set(queued / config.max_requests)
+        if config.max_bytes:
+            self.global_bytes.labels(self.pool).set(queued_bytes / config.max_bytes)
 
     def forget_band(self, priority: int) -> None:
         for gauge in (self.capacity_requests, self.capacity_bytes):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from epp.config.loader import ConfigError
 from epp.k8s.client import KubeConfigError, KubeLeases, load_api_client
@@ -18,11 +19,50 @@ from epp.k8s.selector import parse_selector
 from epp.k8s.sink import ObjectSink
 from epp.k8s.source import KubernetesSource, PoolMode, StandaloneMode, standalone_pool
 from epp.plugin import Endpoint
-from epp.settings import Settings
+
+
+class KubeSettings(Protocol):
+    """The command-line options Kubernetes mode reads (``epp.settings.Settings`` has them)."""
+
+    @property
+    def pool_name(self) -> str: ...
+
+    @property
+    def pool_namespace(self) -> str: ...
+
+    @property
+    def pool_group(self) -> str: ...
+
+    @property
+    def endpoint_selector(self) -> str: ...
+
+    @property
+    def endpoint_target_ports(self) -> tuple[int, ...]: ...
+
+    @property
+    def pod_name(self) -> str: ...
+
+    @property
+    def kubeconfig(self) -> str: ...
+
+    @property
+    def kube_watch_timeout(self) -> int: ...
+
+    @property
+    def ha_enable_leader_election(self) -> bool: ...
+
+    @property
+    def ha_lease_duration(self) -> float: ...
+
+    @property
+    def ha_renew_deadline(self) -> float: ...
+
+    @property
+    def ha_retry_period(self) -> float: ...
 
 
 def kubernetes_mode(
-    settings: Settings, *, publish: Callable[[Sequence[Endpoint]], None], sink: ObjectSink
+    settings: KubeSettings, *, publish: Callable[[Sequence[Endpoint]], None], sink: ObjectSink
 ) -> tuple[KubernetesSource, LeaderElector | None]:
     """The pool source and, when asked for, the elector; ``ConfigError`` says what is wrong."""
     s = settings
@@ -57,7 +97,7 @@ def kubernetes_mode(
     return source, LeaderElector(leases, cfg, logger=logging.getLogger("epp.k8s.leader"))
 
 
-def _pool_mode(s: Settings, namespace: str) -> tuple[PoolMode | StandaloneMode, str]:
+def _pool_mode(s: KubeSettings, namespace: str) -> tuple[PoolMode | StandaloneMode, str]:
     if s.pool_name:
         if s.pool_group != "inference.networking.k8s.io":
             raise ConfigError(

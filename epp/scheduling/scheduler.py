@@ -124,14 +124,11 @@ class Scheduler:
                 if breakdown is not None:
                     breakdown.setdefault(eid, {})[label] = s
         scored = [ScoredEndpoint(e, totals[e.id]) for e in endpoints]
+        picker = profile.picker
         t0 = time.perf_counter()
-        pick = profile.picker.pick(cycle, scored)
-        self._observe(
-            "Picker",
-            profile.picker.typed_name.type,
-            profile.picker.typed_name.name,
-            time.perf_counter() - t0,
-        )
+        pick = picker.pick(cycle, scored)
+        elapsed = time.perf_counter() - t0
+        self._observe("Picker", picker.typed_name.type, picker.typed_name.name, elapsed)
         if not pick.targets:
             return None
         return ProfileResult(targets=pick.targets, scores=totals)

@@ -42,6 +42,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=ENGINE_KINDS, default=_D.engine, help="metric naming")
     p.add_argument("--lora", default="", help="comma-separated LoRA adapter names")
     p.add_argument("--max-loras", type=int, default=_D.max_loras, help="LoRA slots per batch")
+    _engine_options(p)
+    p.add_argument(
+        "--kv-events-endpoint",
+        default=None,
+        help="ZMQ endpoint of vLLM KV events (bind if it has '*', else connect); pod i: port + i",
+    )
+    p.add_argument(
+        "--kv-events-shared",
+        action="store_true",
+        help="in connect mode, let every pod connect to the same endpoint (one bound indexer)",
+    )
+    p.add_argument(
+        "--responses-cache-size",
+        type=int,
+        default=_D.responses_cache_size,
+        help="stored Responses API turns per pod (LRU)",
+    )
+    p.add_argument("--seed", type=int, default=_D.seed, help="seed of the fault injector")
+    return p
+
+
+def _engine_options(p: argparse.ArgumentParser) -> None:
+    """The engine model of every pod: cache, batch, speeds."""
     p.add_argument("--block-size", type=int, default=_D.block_size, help="tokens per KV block")
     p.add_argument("--num-gpu-blocks", type=int, default=_D.num_gpu_blocks, help="KV blocks")
     p.add_argument("--max-num-seqs", type=int, default=_D.max_num_seqs, help="max batch size")
@@ -73,24 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=_D.time_scale,
         help="simulation speed-up (10 = ten times faster than real time)",
     )
-    p.add_argument(
-        "--kv-events-endpoint",
-        default=None,
-        help="ZMQ endpoint of vLLM KV events (bind if it has '*', else connect); pod i: port + i",
-    )
-    p.add_argument(
-        "--kv-events-shared",
-        action="store_true",
-        help="in connect mode, let every pod connect to the same endpoint (one bound indexer)",
-    )
-    p.add_argument(
-        "--responses-cache-size",
-        type=int,
-        default=_D.responses_cache_size,
-        help="stored Responses API turns per pod (LRU)",
-    )
-    p.add_argument("--seed", type=int, default=_D.seed, help="seed of the fault injector")
-    return p
 
 
 def configs_from_args(args: argparse.Namespace) -> list[PodConfig]:

@@ -1,8 +1,29 @@
 from __future__ import annotations
 
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from epp.cli import settings_from_args
+from epp.cli import _REJECTED, build_parser, settings_from_args
+from epp.settings import (
+    BOOL,
+    DURATION,
+    INT,
+    OPTIONAL_TEXT,
+    PATHS,
+    PORTS,
+    QUANTITY,
+    TEXT,
+    Flag,
+    Kind,
+    Settings,
+    SettingsError,
+    flag_of,
+    flags,
+)
 
 
 @pytest.mark.parametrize(
@@ -86,7 +107,221 @@ def test_bad_flags_exit_with_a_clear_message(
     assert message in capsys.readouterr().err
 
 
-def test_config_file_is_read(tmp_path) -> None:
+def test_config_file_is_read(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n")
     assert settings_from_args(["--config-file", str(path)]).config_text == path.read_text()
+
+
+# --- Settings is the one declaration of every flag -------------------------------------------
+
+NOT_FLAGS = {"log_json", "pod_name", "kube_watch_timeout"}
+
+
+def _samples(spec: Flag, default: object) -> tuple[str, object]:
+    """A command-line value for a flag of this kind and what it parses to (never the default)."""
+    if spec.kind is BOOL:
+        return str(not default).lower(), not default
+    table: dict[Kind, tuple[str, object]] = {
+        TEXT: ("x", "x"),
+        OPTIONAL_TEXT: ("x", "x"),
+        INT: ("7", 7),
+        DURATION: ("1m30s", 90.0),
+        QUANTITY: ("1Ki", 1024),
+        PORTS: ("81,82", (81, 82)),
+        PATHS: ("a,b", ("a", "b")),
+    }
+    return table[spec.kind]
+
+
+def test_the_parser_has_exactly_the_flags_settings_declares() -> None:
+    declared = {opt for _, spec in flags() for opt in spec.option_strings}
+    special = {"-h", "--help"} | {f"--{name}" for name in _REJECTED}
+    parsed = {opt for action in build_parser()._actions for opt in action.option_strings}
+    assert parsed - special == declared
+    assert "--objectives-file" in declared and {"-v", "--v"} <= declared
+
+
+def test_every_settings_field_but_a_few_is_a_flag() -> None:
+    assert {f.name for f in dataclasses.fields(Settings) if flag_of(f) is None} == NOT_FLAGS
+
+
+@pytest.mark.parametrize(("name", "spec"), [pytest.param(f.name, s, id=s.name) for f, s in flags()])
+def test_a_flag_lands_in_its_field(name: str, spec: Flag) -> None:
+    default = next(f.default for f in dataclasses.fields(Settings) if f.name == name)
+    text, value = _samples(spec, default)
+    assert value != default
+    namespace = build_parser().parse_args([f"--{spec.name}={text}"])
+    assert getattr(namespace, name) == value
+    assert getattr(Settings(**{name: value}), name) == value
+
+
+def _fields_of(s: Settings, expected: dict[str, Any]) -> dict[str, Any]:
+    return {name: getattr(s, name) for name in expected}
+
+
+def test_flags_accepted_for_compatibility_are_fields() -> None:
+    argv = [
+        "--tracing=false",
+        "--enable-pprof=false",
+        "--enable-cert-reload",
+        "--metrics-endpoint-auth=false",
+        "--zap-devel",
+        "--zap-encoder=json",
+        "--zap-log-level=debug",
+    ]
+    expected = {
+        "tracing": False,
+        "enable_pprof": False,
+        "enable_cert_reload": True,
+        "metrics_endpoint_auth": False,
+        "enable_grpc_stream_metrics": False,
+        "zap_devel": True,
+        "zap_encoder": "json",
+        "log_json": True,
+        "zap_log_level": "debug",
+    }
+    assert _fields_of(settings_from_args(argv), expected) == expected
+
+
+def test_the_environment_fills_namespace_and_pod_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NAMESPACE", "team-a")
+    monkeypatch.setenv("POD_NAME", "epp-5d8f9c-abcde")
+    s = settings_from_args([])
+    assert (s.pool_namespace, s.pod_name) == ("team-a", "epp-5d8f9c-abcde")
+    assert settings_from_args(["--pool-namespace=b"]).pool_namespace == "b"
+
+
+def test_settings_keep_their_keyword_defaults() -> None:
+    expected = {
+        "grpc_port": 9002,
+        "grpc_health_port": 9003,
+        "metrics_port": 9090,
+        "bind_address": "0.0.0.0",
+        "config_text": None,
+        "pool_name": "",
+        "pool_namespace": "",
+        "pool_group": "inference.networking.k8s.io",
+        "endpoint_selector": "",
+        "endpoint_target_ports": (),
+        "pod_name": "",
+        "kubeconfig": "",
+        "kube_watch_timeout": 300,
+        "objectives_files": (),
+        "objectives_poll_interval": 1.0,
+        "ha_enable_leader_election": False,
+        "ha_lease_duration": 15.0,
+        "ha_renew_deadline": 10.0,
+        "ha_retry_period": 2.0,
+        "secure_serving": True,
+        "cert_path": "",
+        "refresh_metrics_interval": 0.05,
+        "refresh_prometheus_metrics_interval": 5.0,
+        "metrics_staleness_threshold": 2.0,
+        "drain_timeout": 30.0,
+        "grpc_max_recv_msg_size": 64 << 20,
+        "grpc_max_send_msg_size": 64 << 20,
+        "max_request_body_bytes": 64 << 20,
+        "emit_endpoint_scores": False,
+        "disable_endpoint_subset_filter": False,
+        "allow_experimental_plugins": False,
+        "health_checking": False,
+        "verbosity": 2,
+        "log_json": False,
+        "seed": None,
+    }
+    assert _fields_of(Settings(), expected) == expected
+    Settings().validate()
+
+
+def test_a_read_config_file_leaves_settings_that_still_validate(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("kind: EndpointPickerConfig\n")
+    s = settings_from_args(["--config-file", str(path)])
+    assert (s.config_file, s.config_text) == ("", path.read_text())
+    s.validate()
+
+
+def test_a_missing_config_file_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        settings_from_args(["--config-file", str(tmp_path / "none.yaml")])
+    assert info.value.code == 2
+    assert "epp: error: --config-file: [Errno 2] No such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        pytest.param(
+            {"config_file": "a", "config_text": "b"},
+            "--config-file and --config-text are mutually exclusive",
+            id="config-both",
+        ),
+        pytest.param(
+            {"pool_name": "p", "endpoint_selector": "a=b", "endpoint_target_ports": (1,)},
+            "--pool-name and --endpoint-selector are mutually exclusive",
+            id="both-modes",
+        ),
+        pytest.param(
+            {"endpoint_selector": "a in (", "endpoint_target_ports": (1,)},
+            "--endpoint-selector: label selector 'a in (': cannot parse 'a in ('",
+            id="bad-selector",
+        ),
+        pytest.param(
+            {"endpoint_selector": "a=b"},
+            "--endpoint-selector needs --endpoint-target-ports",
+            id="no-ports",
+        ),
+        pytest.param(
+            {"endpoint_target_ports": (1,)},
+            "--endpoint-target-ports is only used with --endpoint-selector",
+            id="ports-alone",
+        ),
+        pytest.param(
+            {"ha_enable_leader_election": True},
+            "--ha-enable-leader-election needs Kubernetes mode "
+            "(--pool-name or --endpoint-selector)",
+            id="ha-no-k8s",
+        ),
+        *(
+            pytest.param(
+                {"pool_name": "p", "ha_enable_leader_election": True, **timings},
+                "leader election needs 0 < --ha-retry-period < --ha-renew-deadline < "
+                "--ha-lease-duration",
+                id=f"ha-timings-{i}",
+            )
+            for i, timings in enumerate(
+                [
+                    {"ha_retry_period": 0.0},
+                    {"ha_retry_period": 10.0},
+                    {"ha_renew_deadline": 15.0},
+                    {"ha_lease_duration": 1.0},
+                ]
+            )
+        ),
+    ],
+)
+def test_validate_refuses_each_inconsistent_combination(
+    fields: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(SettingsError, match=f"^{re.escape(message)}$"):
+        Settings(**fields).validate()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"pool_name": "p", "ha_enable_leader_election": True},
+        {"endpoint_selector": "app in (a,b)", "endpoint_target_ports": (8000,)},
+        {"config_text": "x", "ha_lease_duration": 1.0},
+    ],
+    ids=["pool-mode-with-leader-election", "standalone", "leader-election-off"],
+)
+def test_validate_accepts_consistent_settings(fields: dict[str, Any]) -> None:
+    Settings(**fields).validate()
+
+
+def test_settings_errors_are_value_errors() -> None:
+    assert issubclass(SettingsError, ValueError)

@@ -70,6 +70,7 @@ from epp.plugin import (
     SchedulingResult,
     TokenizedPrompt,
 )
+from epp.plugin.metrics import metric_family
 from epp.plugin.prefix import TOKEN_BYTES
 from epp.plugins.producers.prefix_index import PrefixIndex, block_hashes, seed_hash
 
@@ -314,16 +315,7 @@ def _family(
     name: str,
     doc: str,
     labels: Sequence[str],
-    buckets: Sequence[float] = (),
+    buckets: Sequence[float],
 ) -> Any:
-    """The metric ``name`` on ``registry``, created on first use.
-
-    Several producer instances (different names) share one App registry, and prometheus_client
-    refuses a second registration of a name, so a later instance reuses the first one's family.
-    """
-    existing = registry._names_to_collectors.get(name)  # no public lookup exists
-    if existing is not None:
-        return existing
-    if kind is Histogram:
-        return Histogram(name, doc, labels, registry=registry, buckets=(*buckets, math.inf))
-    return Gauge(name, doc, labels, registry=registry)
+    extra = {"buckets": (*buckets, math.inf)} if kind is Histogram else {}
+    return metric_family(registry, kind, name, doc, labels, **extra)

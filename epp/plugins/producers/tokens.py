@@ -67,6 +67,7 @@ from prometheus_client import Counter
 from xxhash import xxh64_intdigest
 
 from epp.plugin import (
+    DEFAULT_PRODUCE_TIMEOUT,
     TOKENIZED_PROMPT,
     DataKey,
     Endpoint,
@@ -76,6 +77,7 @@ from epp.plugin import (
     RequestBody,
     TokenizedPrompt,
 )
+from epp.plugin.metrics import metric_family
 from epp.plugin.prefix import TOKEN_BYTES, pack_token_ids
 from epp.plugin.units import parse_duration
 from epp.plugins.producers.render import RenderClient, RenderError
@@ -134,7 +136,13 @@ class TokenProducer(PluginBase):
                 timeout=parse_duration(cfg.timeout),
                 mm_timeout=parse_duration(cfg.mm_timeout),
             )
-            self._fallbacks = _counter(handle, FALLBACKS_METRIC)
+            self._fallbacks = metric_family(
+                handle.registry,
+                Counter,
+                FALLBACKS_METRIC,
+                "Requests the vllm backend could not tokenize (estimated instead), by reason.",
+                ("plugin_name", "reason"),
+            )
 
     def produces(self) -> frozenset[DataKey[Any]]:
         return frozenset({self._key})
@@ -142,7 +150,11 @@ class TokenProducer(PluginBase):
     def produce_timeout(self) -> float:
         """How long this producer may take (upstream's ``ProduceTimeout``)."""
         render = self._render
-        return max(render.timeout, render.mm_timeout) if render is not None else 0.4
+        return (
+            max(render.timeout, render.mm_timeout)
+            if render is not None
+            else DEFAULT_PRODUCE_TIMEOUT
+        )
 
     async def start(self) -> None:
         """Nothing to start: the render client opens its session on first use."""
@@ -168,20 +180,6 @@ class TokenProducer(PluginBase):
             request.attributes[self._key] = prompt
         elif self._log.isEnabledFor(logging.DEBUG):
             self._log.debug("request %s (%s): nothing to tokenize", request.request_id, body.kind)
-
-
-def _counter(handle: Handle, name: str) -> Any:
-    """The fallback counter on the App registry (shared by every token-producer instance)."""
-    registry = handle.registry
-    existing = registry._names_to_collectors.get(name)  # no public lookup exists
-    if existing is not None:
-        return existing
-    return Counter(
-        name,
-        "Requests the vllm backend could not tokenize (estimated instead), by reason.",
-        ("plugin_name", "reason"),
-        registry=registry,
-    )
 
 
 def estimate(body: RequestBody) -> TokenizedPrompt | None:

@@ -194,3 +194,55 @@ def test_alpha_plugin_needs_allow_experimental(registry: PluginRegistry) -> None
     text = HEAD + "plugins:\n- type: priority-holdback-policy\n  parameters: {minCeiling: 0.5}\n"
     with pytest.raises(ConfigError, match="allow-experimental-plugins"):
         load(text, registry)
+
+
+def test_capabilities_are_read_once_at_load_when_plugins_declare_them(
+    registry: PluginRegistry,
+) -> None:
+    p = load(
+        HEAD
+        + textwrap.dedent(
+            """
+        plugins:
+          - type: token-producer
+            parameters: {backend: vllm, modelName: m, vllm: {timeout: 3s, mmTimeout: 7s}}
+          - type: approx-prefix-cache-producer
+          - {type: metrics-data-source, name: slow, parameters: {interval: 200ms}}
+          - type: core-metrics-extractor
+          - type: prefix-cache-scorer
+        dataLayer:
+          sources:
+            - pluginRef: slow
+              extractors: [{pluginRef: core-metrics-extractor}]
+        """
+        ),
+        registry,
+    )
+    budgets = {
+        producer.typed_name.type: timeout
+        for producer, timeout in zip(p.producers, p.producer_timeouts, strict=True)
+    }
+    # token-producer is a ProducerTimeout; the approximate producer gets the default budget.
+    assert budgets == {"token-producer": 7.0, "approx-prefix-cache-producer": 0.4}
+    [source] = p.sources
+    assert (source.source.typed_name.name, source.interval) == ("slow", pytest.approx(0.2))
+
+
+def test_composed_plugin_is_built_through_the_handle_when_deprecated_scorer_is_configured(
+    registry: PluginRegistry,
+) -> None:
+    p = load(
+        HEAD + "plugins:\n  - {type: precise-prefix-cache-scorer, name: pp, parameters: "
+        "{tokenProcessorConfig: {blockSizeTokens: 8}}}\n",
+        registry,
+    )
+    scorer = p.instances["pp"]
+    assert str(scorer.producer.typed_name) == "pp/precise-prefix-cache-producer"
+    assert scorer.producer.params.token_processor_config.block_size_tokens == 8
+    assert p.profiles["default"].scorers[0][0] is scorer
+    with pytest.raises(PluginConfigError, match=r"blockSizeTokens.*must be > 0"):
+        load(
+            HEAD + "plugins:\n  - {type: precise-prefix-cache-scorer, parameters: "
+            "{tokenProcessorConfig: {blockSizeTokens: 0}}}\n",
+            registry,
+        )

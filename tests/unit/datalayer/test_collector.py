@@ -11,7 +11,7 @@ import pytest
 
 from epp.datalayer.collector import Collector, SourcePipeline
 from epp.datalayer.store import Datastore
-from epp.plugin import Metrics
+from epp.plugin import Endpoint, Metrics
 from epp.plugin.params import decode
 from epp.plugins.sources.core_extractor import CoreMetricsExtractor
 from epp.plugins.sources.metrics import MetricsDataSource
@@ -260,3 +260,31 @@ async def test_collector_never_stores_metrics_when_endpoint_was_removed_mid_poll
         await asyncio.sleep(0.3)
     assert store.snapshot() == ()
     assert errors.polls == []
+
+
+class _ForgetfulSource(MetricsDataSource):
+    """The real metrics source, recording the endpoints it is told to forget."""
+
+    def __init__(self) -> None:
+        super().__init__(name="", params=MetricsDataSource.Params(), handle=handle())
+        self.forgotten: list[str] = []
+
+    def forget(self, endpoint: Endpoint) -> None:
+        self.forgotten.append(endpoint.hostport)
+        super().forget(endpoint)
+
+
+async def test_collector_tells_sources_to_forget_when_endpoint_leaves_or_moves(
+    metrics_server: ServerFactory,
+) -> None:
+    first, second, moved = [await metrics_server(payload=PAYLOAD) for _ in range(3)]
+    store, errors = Datastore(time.monotonic), _Errors()
+    source = _ForgetfulSource()
+    store.set_endpoints([first.endpoint("a"), second.endpoint("b")])
+    async with _running(store, errors, source=source):
+        await _until(lambda: len(first.arrivals) >= 1 and len(second.arrivals) >= 1)
+        store.set_endpoints([second.endpoint("b")])
+        assert source.forgotten == [first.endpoint("a").hostport]
+        store.set_endpoints([moved.endpoint("b")])  # same pod id, new address
+        await _until(lambda: len(moved.arrivals) >= 1)
+    assert source.forgotten == [first.endpoint("a").hostport, second.endpoint("b").hostport]

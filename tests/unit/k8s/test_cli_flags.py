@@ -86,3 +86,25 @@ def test_flags_are_refused_when_inconsistent(
         settings_from_args(argv)
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_refused_combination_prints_the_usage_and_one_error_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        settings_from_args(["--pool-name", "x", "--endpoint-selector", "a=b"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: epp [-h]")
+    assert err.splitlines()[-1] == (
+        "epp: error: --pool-name and --endpoint-selector are mutually exclusive"
+    )
+
+
+def test_pool_namespace_defaults_to_the_namespace_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NAMESPACE", "team-a")
+    assert settings_from_args(["--pool-name=p"]).pool_namespace == "team-a"
+    monkeypatch.delenv("NAMESPACE")
+    assert settings_from_args(["--pool-name=p"]).pool_namespace == "default"

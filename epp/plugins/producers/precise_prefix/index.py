@@ -256,9 +256,6 @@ class PreciseIndex:
             expired += 1
         return expired
 
-    def pending_speculative(self) -> int:
-        return len(self._speculative)
-
     def _expire_one(self) -> None:
         _, endpoint, keys = self._speculative.popleft()
         spec = self._endpoints.get(endpoint, {}).get((SPECULATIVE, 0))

@@ -29,14 +29,14 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from epp.plugins.producers.precise_prefix.index import UNALIGNED, Keys, PreciseIndex
-from epp.plugins.producers.precise_prefix.keys import TOKEN_BYTES, Extra, ExtraItem, KeyHasher
-from epp.plugins.producers.precise_prefix.kvevents import (
+from epp.plugins.producers.precise_prefix.events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     EventBatch,
 )
+from epp.plugins.producers.precise_prefix.index import UNALIGNED, Keys, PreciseIndex
+from epp.plugins.producers.precise_prefix.keys import TOKEN_BYTES, Extra, ExtraItem, KeyHasher
 
 EngineExtras = tuple[tuple[ExtraItem, ...] | None, ...] | None
 

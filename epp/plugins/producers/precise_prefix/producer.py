@@ -2,7 +2,7 @@
 engines' own KV-cache events report it (spec §4.9).
 
 Each model server publishes ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` events over
-ZMQ (``kvevents`` in this package). The producer recomputes its own *request keys* from the
+ZMQ (``events``, ``kvevents``). The producer recomputes its own *request keys* from the
 events' token ids (``keys``; engine hashes are opaque), indexes them per endpoint (``index``,
 applied by ``ingest``) and, before scheduling, hashes the
 request's prompt the same way and publishes ``PrefixCacheMatchInfo/<name>``: for every candidate
@@ -76,8 +76,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
-
 from epp.plugin import (
     PREFIX_MATCH_INFO,
     TOKENIZED_PROMPT,
@@ -91,10 +89,12 @@ from epp.plugin import (
     TokenizedPrompt,
 )
 from epp.plugin.units import parse_duration
+from epp.plugins.producers.precise_prefix.events import EventBatch
 from epp.plugins.producers.precise_prefix.index import PreciseIndex
 from epp.plugins.producers.precise_prefix.ingest import EventApplier
 from epp.plugins.producers.precise_prefix.keys import Extra, KeyHasher
-from epp.plugins.producers.precise_prefix.kvevents import EventBatch, KVEventHub, tcp_url
+from epp.plugins.producers.precise_prefix.kvevents import KVEventHub, tcp_url
+from epp.plugins.producers.precise_prefix.metrics import IndexMetrics
 from epp.plugins.producers.precise_prefix.params import PreciseParams, parse_selector
 
 TOKEN_PRODUCER: Final = "token-producer"
@@ -137,7 +137,7 @@ class PrecisePrefixCacheProducer(PluginBase):
         )
         memory = p.indexer_config.kv_block_index_config.in_memory_config
         self.index = PreciseIndex(memory.size, memory.pod_cache_size)
-        self._metrics = _Metrics(handle.registry, self.typed_name.name)
+        self._metrics = IndexMetrics(handle.registry, self.typed_name.name)
         self.applier = EventApplier(self.index, self.hasher, self._log, self._metrics.count)
         self._ttl = parse_duration(p.speculative_ttl)
         self._key = PREFIX_MATCH_INFO.key(self.typed_name.name)
@@ -345,75 +345,3 @@ class PrecisePrefixCacheProducer(PluginBase):
                 "messages": hub.messages if hub else 0,
             },
         }
-
-
-_FAMILIES: Final[dict[str, tuple[type[Any], str, str, tuple[str, ...]]]] = {
-    "blocks": (
-        Gauge,
-        "llm_d_epp_precise_prefix_index_blocks",
-        "(endpoint, block) entries in the precise prefix index.",
-        (),
-    ),
-    "bytes": (
-        Gauge,
-        "llm_d_epp_precise_prefix_index_bytes",
-        "Estimated memory of the precise prefix index.",
-        (),
-    ),
-    "applied": (
-        Counter,
-        "llm_d_epp_kv_events",
-        "KV events applied to the index, by event type.",
-        ("event",),
-    ),
-    "skipped": (
-        Counter,
-        "llm_d_epp_kv_events_skipped",
-        "KV events not applied, by reason.",
-        ("reason",),
-    ),
-    "dropped": (
-        Counter,
-        "llm_d_epp_kv_events_dropped",
-        "KV-event messages dropped before decoding, by reason.",
-        ("reason",),
-    ),
-    "lost": (
-        Counter,
-        "llm_d_epp_kv_events_lost",
-        "KV-event messages missing from the publishers' sequence numbers.",
-        (),
-    ),
-}
-
-
-class _Metrics:
-    """The producer's families on the App registry, labelled with the plugin name."""
-
-    def __init__(self, registry: CollectorRegistry, name: str) -> None:
-        self._name = name
-        self._families = {
-            key: _family(registry, kind, metric, doc, ("plugin_name", *labels))
-            for key, (kind, metric, doc, labels) in _FAMILIES.items()
-        }
-
-    def count(self, kind: str, label: str = "", n: int = 1) -> None:
-        family = self._families[kind]
-        (family.labels(self._name, label) if label else family.labels(self._name)).inc(n)
-
-    def size(self, index: PreciseIndex) -> None:
-        self._families["blocks"].labels(self._name).set(index.entries)
-        self._families["bytes"].labels(self._name).set(index.approx_bytes())
-
-
-def _family(
-    registry: CollectorRegistry, kind: type[Any], name: str, doc: str, labels: Sequence[str]
-) -> Any:
-    """The metric ``name`` on ``registry``, created on first use: several producer instances
-    share one App registry, which refuses a second registration of a name."""
-    existing = registry._names_to_collectors.get(name)  # no public lookup exists
-    if existing is None and kind is Counter:
-        existing = registry._names_to_collectors.get(f"{name}_total")
-    if existing is not None:
-        return existing
-    return kind(name, doc, labels, registry=registry)

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from epp.plugin import DataSource, Endpoint, Lifecycle, PluginConfigError
+from epp.plugin import DataSource, Endpoint, EndpointForgetter, Lifecycle, PluginConfigError
 from epp.plugin.params import ParamError, decode
 from epp.plugins.sources.metrics import MetricsDataSource
 from tests.builders import handle
@@ -136,3 +136,21 @@ def test_source_fills_data_source_and_lifecycle_roles_when_checked_at_runtime() 
     source = _source()
     assert isinstance(source, DataSource)
     assert isinstance(source, Lifecycle)
+
+
+async def test_forget_closes_the_kept_alive_connection_when_endpoint_leaves(
+    metrics_server: ServerFactory,
+) -> None:
+    server = await metrics_server(payload=PAYLOAD)
+    source = _source()
+    endpoint = server.endpoint("a")
+    await source.start()
+    try:
+        await source.poll(endpoint)
+        await source.poll(endpoint)
+        assert isinstance(source, EndpointForgetter)
+        source.forget(endpoint)
+        await source.poll(endpoint)
+        assert len(set(server.peers)) == 2  # the third scrape needed a new connection
+    finally:
+        await source.stop()

@@ -1,4 +1,4 @@
-"""KV-event decoding (``precise_prefix.kvevents``) and how events change the precise index."""
+"""KV-event decoding (``precise_prefix.events``, ``kvevents``) and how events change the index."""
 
 from __future__ import annotations
 
@@ -9,6 +9,17 @@ import msgspec
 import pytest
 
 from epp.plugin.prefix import pack_token_ids
+from epp.plugins.producers.precise_prefix.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    MalformedMessage,
+    decode_event,
+    decode_payload,
+    normalize_hash,
+    parse_topic,
+)
 from epp.plugins.producers.precise_prefix.index import PreciseIndex
 from epp.plugins.producers.precise_prefix.ingest import (
     EventApplier,
@@ -16,18 +27,7 @@ from epp.plugins.producers.precise_prefix.ingest import (
     realign_extras,
 )
 from epp.plugins.producers.precise_prefix.keys import KeyHasher
-from epp.plugins.producers.precise_prefix.kvevents import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    EventBatch,
-    KVEventHub,
-    MalformedMessage,
-    decode_event,
-    decode_payload,
-    normalize_hash,
-    parse_topic,
-)
+from epp.plugins.producers.precise_prefix.kvevents import KVEventHub
 from tests.conftest import wait_for
 
 EP = "default/pod-0"

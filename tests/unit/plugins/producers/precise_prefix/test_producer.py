@@ -24,7 +24,7 @@ from epp.plugin import (
 )
 from epp.plugin.params import ParamError, decode
 from epp.plugin.prefix import pack_token_ids
-from epp.plugins.producers.precise_prefix.kvevents import BlockStored, EventBatch
+from epp.plugins.producers.precise_prefix.events import BlockStored, EventBatch
 from epp.plugins.producers.precise_prefix.producer import PrecisePrefixCacheProducer
 from scorers.precise_prefix_cache import PrecisePrefixCacheScorer
 from tests.builders import NOW, FakeHandle, make_cycle, make_endpoint, make_request

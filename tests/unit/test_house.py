@@ -1,0 +1,127 @@
+"""The house rules that keep the layout legible (DESIGN.md): where each plugin lives, no import
+cycles, and modules and functions of a readable size. The import contracts themselves are
+checked by ``lint-imports`` (``[tool.importlinter]`` in pyproject.toml)."""
+
+from __future__ import annotations
+
+import ast
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import grimp
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("epp", "scorers", "filters")
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def _entry_points() -> dict[str, str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return dict(project["entry-points"]["epp.plugins"])
+
+
+def test_every_builtin_plugin_lives_where_its_type_name_says() -> None:
+    misplaced = []
+    for type_name, target in _entry_points().items():
+        module = target.partition(":")[0]
+        if type_name.endswith("-scorer"):
+            home = "scorers."
+        elif type_name.endswith("-filter"):
+            home = "filters."
+        else:
+            home = "epp.plugins."
+        if not module.startswith(home):
+            misplaced.append(f"{type_name} -> {target} (expected under {home})")
+    assert not misplaced, "\n".join(misplaced)
+    assert len(_entry_points()) >= 40  # the check above ran over the real table
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_cycle_finder_finds_a_planted_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_module_imports_in_a_cycle() -> None:
+    # Every import counts, including ones inside functions and under TYPE_CHECKING.
+    sys.path.insert(0, str(ROOT))
+    built = grimp.build_graph(*PACKAGES, include_external_packages=False)
+    graph = {m: set(built.find_modules_directly_imported_by(m)) for m in built.modules}
+    assert len(graph) > 150  # the whole tree was read
+    assert _cycles(graph) == []
+
+
+def _functions(tree: ast.AST) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+def _sources() -> list[Path]:
+    return sorted(
+        p for package in PACKAGES for p in (ROOT / package).rglob("*.py") if "_proto" not in p.parts
+    )
+
+
+def test_modules_and_functions_stay_small() -> None:
+    too_big = []
+    for path in _sources():
+        text = path.read_text()
+        rel = path.relative_to(ROOT)
+        lines = len(text.splitlines())
+        if lines > MAX_MODULE_LINES:
+            too_big.append(f"{rel}: {lines} lines")
+        for fn in _functions(ast.parse(text)):
+            assert fn.end_lineno is not None
+            length = fn.end_lineno - fn.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                too_big.append(f"{rel}:{fn.lineno} {fn.name}(): {length} lines")
+    assert not too_big, "\n".join(too_big)
