@@ -8,6 +8,7 @@ extension point and the data-layer pipelines. Every error names what is wrong an
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -15,7 +16,10 @@ from typing import Any
 
 import yaml
 
+from epp.config.builder import Builder, PluginFactory
+from epp.config.errors import ConfigError
 from epp.config.pipeline import Pipeline
+from epp.config.profiles import build_profiles, profile_handler
 from epp.config.schema import (
     API_VERSIONS,
     DEFAULT_CONFIG_TEXT,
@@ -24,8 +28,6 @@ from epp.config.schema import (
     FEATURE_GATES,
     KIND,
     EndpointPickerConfig,
-    ProfilePluginRef,
-    SchedulingProfileSpec,
 )
 from epp.datalayer.collector import SourcePipeline
 from epp.plugin import (
@@ -34,21 +36,16 @@ from epp.plugin import (
     DataSource,
     Discovery,
     Extractor,
-    Filter,
     Handle,
     Parser,
-    Picker,
-    PluginConfigError,
-    Profile,
-    ProfileHandler,
     SaturationDetector,
-    Scorer,
-    Stability,
 )
 from epp.plugin.params import ParamError, decode
 from epp.plugin.registry import PluginRegistry
 
 log = logging.getLogger(__name__)
+
+__all__ = ["ConfigError", "LoadOptions", "PluginFactory", "load_config", "parse_config"]
 
 DEFAULT_PARSERS = ("openai-parser", "anthropic-parser", "vllmhttp-parser", "passthrough-parser")
 # Data type consumed → type of the producer auto-created when nothing produces it (spec §3.3.9).
@@ -56,11 +53,9 @@ DEFAULT_PRODUCERS = {
     "PrefixCacheMatchInfo": "approx-prefix-cache-producer",
     "TokenizedPrompt": "token-producer",
     "InFlightLoad": "inflight-load-producer",
+    # upstream's name of the SessionID data type (attrsession.SessionIDDataKey)
+    "SessionIDDataKey": "session-id-producer",
 }
-
-
-class ConfigError(Exception):
-    """The configuration cannot be used; the message says where and why."""
 
 
 @dataclass
@@ -105,72 +100,9 @@ def parse_feature_gates(gates: tuple[str, ...]) -> dict[str, bool]:
     return result
 
 
-class PluginFactory:
-    """Builds one plugin instance from its type name and YAML ``parameters``: loads the class
-    from the registry, applies the stability gate, decodes the parameters strictly and
-    constructs it. The loader uses it for every configured plugin, and ``Handle.create_plugin``
-    for plugins composed of others."""
-
-    def __init__(self, registry: PluginRegistry, *, allow_experimental: bool = False) -> None:
-        self.registry = registry
-        self.allow_experimental = allow_experimental
-
-    def create(self, type_name: str, name: str, parameters: Any, handle: Handle) -> Any:
-        cls = self.registry.load(type_name)
-        stability = getattr(cls, "STABILITY", Stability.BETA)
-        if stability is Stability.ALPHA and not self.allow_experimental:
-            raise ConfigError(
-                f"plugin {name!r} (type {type_name!r}) is alpha; "
-                "start with --allow-experimental-plugins to use it"
-            )
-        try:
-            params = decode(cls.Params, parameters)
-        except ParamError as exc:
-            raise PluginConfigError(
-                plugin=name, type_name=type_name, path=exc.path, problem=exc.problem
-            ) from None
-        try:
-            return cls(name=name, params=params, handle=handle)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise PluginConfigError(
-                plugin=name, type_name=type_name, path="", problem=str(exc)
-            ) from None
-
-
-class _Builder:
-    """Phase 2 state: instances by name, in declaration order."""
-
-    def __init__(
-        self, registry: PluginRegistry, handle_for: Callable[[], Handle], options: LoadOptions
-    ) -> None:
-        self.registry = registry
-        self.factory = PluginFactory(registry, allow_experimental=options.allow_experimental)
-        self.handle = handle_for()
-        self.instances: dict[str, Any] = {}
-
-    def add(self, type_name: str, name: str = "", parameters: Any = None) -> Any:
-        name = name or type_name
-        if name in self.instances:
-            raise ConfigError(f"config: plugins: duplicate plugin name {name!r}")
-        inst = self.factory.create(type_name, name, parameters, self.handle)
-        self.instances[name] = inst
-        return inst
-
-    def ensure(self, type_name: str) -> Any:
-        """The instance named ``type_name``, created with default parameters if absent."""
-        return self.instances.get(type_name) or self.add(type_name)
-
-    def ref(self, name: str, where: str) -> Any:
-        inst = self.instances.get(name)
-        if inst is None:
-            # Upstream auto-instantiates a referenced-but-undeclared plugin when it names a type.
-            if name in self.registry:
-                return self.add(name)
-            raise ConfigError(f"config: {where}: pluginRef {name!r} names no declared plugin")
-        return inst
-
-    def of(self, role: type) -> list[Any]:
-        return [p for p in self.instances.values() if isinstance(p, role)]
+@functools.cache
+def _builtin_default() -> EndpointPickerConfig:
+    return parse_config(DEFAULT_CONFIG_TEXT)
 
 
 def ensure_flow_defaults(add: Callable[[str], Any], instances: Mapping[str, Any]) -> None:
@@ -190,14 +122,15 @@ def load_config(
     """Parse ``text`` (``None`` = the built-in default config) and build the pipeline."""
     cfg = parse_config(DEFAULT_CONFIG_TEXT if text is None else text)
     gates = parse_feature_gates(cfg.feature_gates)
-    b = _Builder(registry, handle_for, options or LoadOptions())
+    opts = options or LoadOptions()
+    b = Builder(registry, handle_for, opts.allow_experimental)
     for i, spec in enumerate(cfg.plugins):
         if not spec.type:
             raise ConfigError(f"config: plugins[{i}].type: required")
         b.add(spec.type, spec.name, spec.parameters)
 
-    profiles = _build_profiles(b, cfg.scheduling_profiles)
-    handler = _profile_handler(b, profiles)
+    profiles = build_profiles(b, cfg.scheduling_profiles, _builtin_default())
+    handler = profile_handler(b, profiles)
     parsers = _parsers(b, cfg)
     detector = _saturation_detector(b, cfg)
     ensure_flow_defaults(b.add, b.instances)  # spec §3.3.5, whether or not the gate is on
@@ -217,66 +150,7 @@ def load_config(
     )
 
 
-def _build_profiles(b: _Builder, specs: tuple[SchedulingProfileSpec, ...]) -> dict[str, Profile]:
-    if not specs:
-        refs = tuple(
-            ProfilePluginRef(name)
-            for name, p in b.instances.items()
-            if isinstance(p, (Filter, Scorer, Picker))
-        )
-        specs = (SchedulingProfileSpec(name="default", plugins=refs),)
-    if not b.of(Picker):
-        b.add("max-score-picker")
-    first_picker = b.of(Picker)[0]
-    profiles: dict[str, Profile] = {}
-    for i, spec in enumerate(specs):
-        where = f"schedulingProfiles[{i}]"
-        if not spec.name:
-            raise ConfigError(f"config: {where}.name: required")
-        if spec.name in profiles:
-            raise ConfigError(f"config: {where}.name: duplicate profile {spec.name!r}")
-        filters: list[Filter] = []
-        scorers: list[tuple[Scorer, float]] = []
-        pickers: list[Picker] = []
-        for j, ref in enumerate(spec.plugins):
-            inst = b.ref(ref.plugin_ref, f"{where}.plugins[{j}]")
-            if not isinstance(inst, (Filter, Scorer, Picker)):
-                raise ConfigError(
-                    f"config: {where}.plugins[{j}]: {ref.plugin_ref!r} is not a filter, "
-                    "scorer or picker"
-                )
-            if isinstance(inst, Filter):
-                filters.append(inst)
-            if isinstance(inst, Scorer):
-                weight = 1.0 if ref.weight is None else float(ref.weight)
-                if weight < 0:
-                    raise ConfigError(f"config: {where}.plugins[{j}].weight: must be >= 0")
-                scorers.append((inst, weight))
-            if isinstance(inst, Picker):
-                pickers.append(inst)
-        if len(pickers) > 1:
-            raise ConfigError(f"config: {where}: more than one picker in profile {spec.name!r}")
-        picker = pickers[0] if pickers else first_picker
-        profiles[spec.name] = Profile(spec.name, tuple(filters), tuple(scorers), picker)
-    return profiles
-
-
-def _profile_handler(b: _Builder, profiles: dict[str, Profile]) -> ProfileHandler:
-    handlers = b.of(ProfileHandler)
-    if len(handlers) > 1:
-        names = ", ".join(h.typed_name.name for h in handlers)
-        raise ConfigError(f"config: more than one profile handler ({names})")
-    if not handlers:
-        if len(profiles) != 1:
-            raise ConfigError("config: several scheduling profiles need a profile handler plugin")
-        return b.add("single-profile-handler")  # type: ignore[no-any-return]
-    handler: ProfileHandler = handlers[0]
-    if handler.typed_name.type == "single-profile-handler" and len(profiles) != 1:
-        raise ConfigError("config: single-profile-handler needs exactly one scheduling profile")
-    return handler
-
-
-def _parsers(b: _Builder, cfg: EndpointPickerConfig) -> list[Parser]:
+def _parsers(b: Builder, cfg: EndpointPickerConfig) -> list[Parser]:
     refs = [r.plugin_ref for r in cfg.request_handler.parsers] if cfg.request_handler else []
     if not refs and cfg.parser is not None:
         refs = [cfg.parser.plugin_ref]
@@ -292,7 +166,7 @@ def _parsers(b: _Builder, cfg: EndpointPickerConfig) -> list[Parser]:
     return parsers
 
 
-def _saturation_detector(b: _Builder, cfg: EndpointPickerConfig) -> SaturationDetector:
+def _saturation_detector(b: Builder, cfg: EndpointPickerConfig) -> SaturationDetector:
     ref = None
     if cfg.flow_control and cfg.flow_control.saturation_detector:
         ref = cfg.flow_control.saturation_detector.plugin_ref
@@ -309,7 +183,7 @@ def _saturation_detector(b: _Builder, cfg: EndpointPickerConfig) -> SaturationDe
 
 
 def _data_layer(
-    b: _Builder, cfg: EndpointPickerConfig
+    b: Builder, cfg: EndpointPickerConfig
 ) -> tuple[list[SourcePipeline], Discovery | None]:
     dl = cfg.data_layer
     sources: list[SourcePipeline] = []
@@ -342,7 +216,7 @@ def _data_layer(
     return sources, discovery
 
 
-def _auto_producers(b: _Builder) -> None:
+def _auto_producers(b: Builder) -> None:
     """Create the default producer for every consumed key that nothing produces (spec §3.3.9)."""
     for _ in range(8):  # producers may consume keys themselves; the chain is short
         produced = {k for p in b.of(DataProducer) for k in p.produces()}

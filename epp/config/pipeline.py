@@ -24,6 +24,7 @@ from epp.plugin import (
     Profile,
     ProfileHandler,
     ReadinessChecker,
+    RequestHeaderProcessor,
     ResponseComplete,
     ResponseHeaders,
     SaturationDetector,
@@ -46,6 +47,8 @@ class Pipeline:
     producers: list[DataProducer] = field(default_factory=list)
     producer_timeouts: list[float] = field(default_factory=list)
     """Each producer's budget in seconds, in ``producers`` order."""
+    request_header: list[RequestHeaderProcessor] = field(default_factory=list)
+    """RequestHeader processors, in configuration order."""
     admitters: list[Admitter] = field(default_factory=list)
     pre_request: list[PreRequest] = field(default_factory=list)
     response_headers: list[ResponseHeaders] = field(default_factory=list)
@@ -65,6 +68,7 @@ class Pipeline:
             else DEFAULT_PRODUCE_TIMEOUT
             for x in p.producers
         ]
+        p.request_header = [x for x in everything if isinstance(x, RequestHeaderProcessor)]
         p.admitters = [x for x in everything if isinstance(x, Admitter)]
         p.pre_request = [x for x in everything if isinstance(x, PreRequest)]
         p.response_headers = [x for x in everything if isinstance(x, ResponseHeaders)]
@@ -90,6 +94,7 @@ class Pipeline:
             "parsers": [str(p.typed_name) for p in self.parsers],
             "saturationDetector": str(self.saturation_detector.typed_name),
             "producers": [str(p.typed_name) for p in self.producers],
+            "requestHeaderProcessors": [str(p.typed_name) for p in self.request_header],
             "featureGates": self.feature_gates,
         }
 

@@ -162,6 +162,7 @@ DEFAULT_CONFIG_TEXT: Final = """\
 apiVersion: llm-d.ai/v1alpha1
 kind: EndpointPickerConfig
 plugins:
+- type: response-affinity-filter
 - type: kv-cache-utilization-scorer
 - type: prefix-cache-scorer
 - type: active-request-scorer
@@ -171,6 +172,7 @@ plugins:
 schedulingProfiles:
 - name: default
   plugins:
+  - pluginRef: response-affinity-filter
   - pluginRef: kv-cache-utilization-scorer
     weight: 1
   - pluginRef: prefix-cache-scorer
@@ -185,7 +187,9 @@ dataLayer:
     extractors:
     - pluginRef: core-metrics-extractor
 """
-"""This EPP's built-in default: prefix affinity first, then this EPP's own in-flight requests
+"""This EPP's built-in default: a Responses API follow-up goes to the server holding its previous
+response (``response-affinity-filter``); then prefix affinity first, then this EPP's own in-flight
+requests
 (exact at the moment of the decision, unlike scraped queues that are up to one scrape old), then
 KV-cache headroom; cold requests go to the least recently used pod. On the agentic benchmark the
 upstream default reached 97.8% of the achievable prefix reuse with the busiest pod at 3.1x the

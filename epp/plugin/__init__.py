@@ -2,8 +2,9 @@
 
 Roles (``Filter``, ``Scorer``, ``Picker``, ``DataProducer``, ...) and value types are in
 ``protocols`` and ``types``; optional capabilities in ``capabilities``; typed data keys in
-``keys``; the flow-control policy contract in ``flow``; wire constants in ``wire``; the kit
-plugin authors run in their own tests in ``testing``.
+``keys``; session and agent identity in ``session``; the flow-control policy contract in
+``flow``; wire constants in ``wire``; the kit plugin authors run in their own tests in
+``testing``.
 """
 
 from epp.plugin.capabilities import (
@@ -51,12 +52,20 @@ from epp.plugin.protocols import (
     Profile,
     ProfileHandler,
     ReadinessChecker,
+    RequestHeaderProcessor,
     ResponseComplete,
     ResponseHeaders,
     ResponseState,
     SaturationDetector,
     Scorer,
     StateDumper,
+)
+from epp.plugin.session import (
+    AGENT_IDENTITY,
+    SESSION_ID,
+    SESSION_ID_PRODUCER,
+    agent_identity,
+    cookie_value,
 )
 from epp.plugin.types import (
     DEFAULT_FAIRNESS_ID,
@@ -80,10 +89,13 @@ from epp.plugin.types import (
 )
 
 __all__ = [
+    "AGENT_IDENTITY",
     "DEFAULT_CONFIRMATION_GRACE",
     "DEFAULT_FAIRNESS_ID",
     "DEFAULT_PRODUCE_TIMEOUT",
     "PREFIX_MATCH_INFO",
+    "SESSION_ID",
+    "SESSION_ID_PRODUCER",
     "TOKENIZED_PROMPT",
     "Admitter",
     "ConfirmationGrace",
@@ -125,6 +137,7 @@ __all__ = [
     "ProfileResult",
     "ReadinessChecker",
     "RequestBody",
+    "RequestHeaderProcessor",
     "ReservingDetector",
     "ResponseComplete",
     "ResponseHeaders",
@@ -143,5 +156,7 @@ __all__ = [
     "TypedName",
     "UnknownPluginType",
     "Usage",
+    "agent_identity",
+    "cookie_value",
     "data_key",
 ]

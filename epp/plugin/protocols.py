@@ -197,6 +197,20 @@ class Consumer(Protocol):
 
 
 @runtime_checkable
+class RequestHeaderProcessor(Protocol):
+    """Runs as soon as a request's headers arrive, before its body is read, before admission and
+    scheduling (upstream's ``RequestHeaderProcessor``). It reads ``request.headers`` (lower-cased
+    names; ``request.body`` is still ``None``) and may publish request attributes, e.g.
+    ``epp.plugin.session.AGENT_IDENTITY``. Synchronous and cheap: it runs on every request.
+    Processors run in configuration order; one that raises is logged and skipped, and the
+    request goes on (upstream fails the request)."""
+
+    typed_name: TypedName
+
+    def request_header(self, request: InferenceRequest) -> None: ...
+
+
+@runtime_checkable
 class Admitter(Protocol):
     typed_name: TypedName
 

@@ -195,13 +195,18 @@ class Usage:
 
 @dataclass(slots=True)
 class ParsedResponse:
+    """What a parser read from (part of) a response: usage, streamed events, and the id of a
+    stored Responses API response (``""`` when the response has none)."""
+
     usage: Usage | None = None
     streamed_events: int = 0
+    response_id: str = ""
 
 
 @dataclass(slots=True)
 class ResponseInfo:
-    """What response hooks see: headers (lower-cased), served endpoint, usage so far."""
+    """What response hooks see: headers (lower-cased), served endpoint, usage so far, and the
+    Responses API response id once the model server has sent it."""
 
     request_id: str
     headers: Mapping[str, str]
@@ -212,6 +217,7 @@ class ResponseInfo:
     end_of_stream: bool = False
     termination_cause: TerminationCause | None = None
     dynamic_metadata: dict[str, dict[str, Any]] = field(default_factory=dict)
+    response_id: str = ""
 
 
 class Stability(enum.Enum):

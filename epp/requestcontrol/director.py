@@ -40,10 +40,12 @@ from epp.plugin import (
     ErrorCode,
     InferenceError,
     InferenceRequest,
+    ParsedResponse,
     Parser,
     ParseResult,
     ResponseInfo,
     TerminationCause,
+    agent_identity,
     wire,
 )
 from epp.requestcontrol.exchange import Decision, Exchange, Forward, restore_model
@@ -85,6 +87,7 @@ class Director:
         self._subset_filter = subset_filter
         self._router = ParserRouter(pipeline.parsers)
         self._producers = tuple(zip(pipeline.producers, pipeline.producer_timeouts, strict=True))
+        self._header_processors = tuple(pipeline.request_header)
         self._on_scheduled = on_scheduled or (lambda _: None)
         self._rewrites = rewrites if rewrites is not None else RewriteStore()
         self._on_rewrite = on_rewrite or (lambda _n, _m, _t: None)
@@ -94,10 +97,13 @@ class Director:
     # ---- request side -------------------------------------------------------------------------
 
     def new_request(self, headers: Mapping[str, str]) -> InferenceRequest:
+        """The request as its headers describe it. RequestHeader processors run here (one that
+        raises is logged and skipped); the fairness id is the fairness header, else the
+        ``agent-identity`` attribute a processor published, else ``default-flow`` (spec §5.3)."""
         request_id = headers.get(wire.REQUEST_ID_HEADER) or str(uuid.uuid4())
         fairness = wire.first_header(headers, wire.FAIRNESS_HEADERS)
         objective = wire.first_header(headers, wire.OBJECTIVE_HEADERS)
-        return InferenceRequest(
+        request = InferenceRequest(
             request_id=request_id,
             headers=headers,
             objective=objective,
@@ -105,6 +111,14 @@ class Director:
             fairness_id=fairness or DEFAULT_FAIRNESS_ID,
             received_at=self._clock(),
         )
+        for processor in self._header_processors:
+            try:
+                processor.request_header(request)
+            except Exception:
+                log.exception("request-header processor %s failed", processor.typed_name)
+        if not fairness and self._header_processors:
+            request.fairness_id = agent_identity(request) or DEFAULT_FAIRNESS_ID
+        return request
 
     def begin(self, headers: Mapping[str, str]) -> Exchange:
         """A request's headers arrived: the exchange the rest of its life is tracked in."""
@@ -291,9 +305,7 @@ class Director:
             data = bytes(held) + data
         ex.buffer = None
         if ex.state is not None:
-            usage = ex.state.feed(data, end_of_stream).usage
-            if usage is not None:
-                ex.response.usage.merge(usage)
+            _learn(ex.response, ex.state.feed(data, end_of_stream))
         out = restore_model(ex.decision, data)
         if end_of_stream:
             self.complete(ex, TerminationCause.NATURAL)
@@ -315,8 +327,7 @@ class Director:
             parsed = decision.parser.parse_response(
                 body, ex.response.headers, streaming=False, end_of_stream=True
             )
-            if parsed.usage is not None:
-                ex.response.usage.merge(parsed.usage)
+            _learn(ex.response, parsed)
         out = restore_model(decision, body)
         self.complete(ex, TerminationCause.NATURAL)
         return Forward(out, whole=True, changed=out != body)
@@ -339,6 +350,14 @@ class Director:
             self._flow.done(request, output_tokens=info.usage.completion_tokens)
         if self._stats is not None:
             self._stats.on_complete(request, info, time.monotonic() - ex.started, ex.size)
+
+
+def _learn(info: ResponseInfo, parsed: ParsedResponse) -> None:
+    """Fold what the parser read from a response chunk or body into the response info."""
+    if parsed.usage is not None:
+        info.usage.merge(parsed.usage)
+    if parsed.response_id and not info.response_id:
+        info.response_id = parsed.response_id
 
 
 def _no_candidates() -> InferenceError:

@@ -6,7 +6,9 @@ priority band of a *continuation turn*. The exact rule:
 
 1. **Session key** of a request: the first non-empty header among ``additionalSessionHeaders``
    (in order), ``x-claude-code-session-id``, ``x-session-affinity``, ``session-id``,
-   ``session_id`` (the agent-identity headers, spec §4.5). No such header: no session.
+   ``session_id`` (the agent-identity headers, spec §4.5). No such header: the ``agent-identity``
+   request attribute, when an ``agent-identity`` plugin published one (it may know headers this
+   plugin was not told about). Neither: no session.
 2. A session is **live** at time ``t`` while one of its requests has been dispatched and is not
    done, and for ``sessionIdleTimeout`` after its last request finished.
 3. A request is a **continuation** when (a) its session key names a live session, or (b) it is a
@@ -42,7 +44,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
-from epp.plugin import Handle, InferenceRequest, PluginBase
+from epp.plugin import Handle, InferenceRequest, PluginBase, agent_identity
 from epp.plugin.units import parse_duration
 
 SESSION_HEADERS: Final = (
@@ -99,7 +101,7 @@ class TurnPriority(PluginBase):
             value = request.headers.get(name, "")
             if value:
                 return value
-        return ""
+        return agent_identity(request)
 
     def is_continuation(self, request: InferenceRequest, now: float) -> bool:
         key = self.session_key(request)

@@ -33,6 +33,11 @@ Anthropic:
   chunk reports only the fields it saw and leaves ``total_tokens`` at 0 unless it saw both halves;
   ``Usage.merge`` on the caller's side then derives the total. Streamed events are not counted.
 
+Responses API ids (OpenAI dialect): a JSON body whose ``object`` is ``response`` gives its ``id``;
+in a stream, the ``response.created`` and ``response.completed`` events give ``response.id``. A
+model server keeps that response's state, so a follow-up naming it in ``previous_response_id``
+must reach the same server (``response-affinity-filter`` learns the binding from this id).
+
 Malformed responses never raise: they yield ``ParsedResponse()`` (no usage).
 """
 
@@ -58,6 +63,10 @@ MAX_JSON_BODY: Final = 64 << 20
 """A streamed JSON body larger than this is not buffered for usage extraction."""
 
 _FIRST_BYTE = re.compile(rb"\s*(\S)")
+_RESPONSE_ID_EVENTS: Final = frozenset({"response.created", "response.completed"})
+_RESPONSE_EVENT_MARK: Final = b'"response.c'
+"""Found in ``response.created``/``response.completed`` lines (and a few other event types);
+token deltas (``response.output_text.delta``) never carry it, so they are never decoded."""
 
 
 def to_int(value: Any) -> int:
@@ -119,6 +128,23 @@ class OpenAIDialect:
         return openai_usage(usage) if isinstance(usage, dict) else None
 
     @staticmethod
+    def body_response_id(obj: Any) -> str:
+        if isinstance(obj, dict) and obj.get("object") == "response":
+            rid = obj.get("id")
+            return rid if isinstance(rid, str) else ""
+        return ""
+
+    @staticmethod
+    def events_response_id(events: Iterable[dict[str, Any]]) -> str:
+        for event in events:
+            if event.get("type") in _RESPONSE_ID_EVENTS:
+                response = event.get("response")
+                rid = response.get("id") if isinstance(response, dict) else None
+                if isinstance(rid, str) and rid:
+                    return rid
+        return ""
+
+    @staticmethod
     def events_usage(events: Iterable[dict[str, Any]]) -> Usage | None:
         found: Usage | None = None
         for event in events:
@@ -138,6 +164,14 @@ class AnthropicDialect:
     """Usage extraction for Anthropic Messages responses."""
 
     counts_events: Final = False
+
+    @staticmethod
+    def body_response_id(obj: Any) -> str:
+        return ""  # Messages responses hold no server-side state to continue from
+
+    @staticmethod
+    def events_response_id(events: Iterable[dict[str, Any]]) -> str:
+        return ""
 
     @staticmethod
     def body_usage(obj: Any) -> Usage | None:
@@ -191,7 +225,7 @@ def _decode(data: bytes) -> Any:
 def _scan_lines(dialect: Dialect, lines: Iterable[bytes]) -> ParsedResponse:
     """Count ``data: `` events and extract usage from complete SSE lines."""
     events = 0
-    with_usage: list[dict[str, Any]] = []
+    decoded: list[dict[str, Any]] = []
     for line in lines:
         if not line.startswith(DATA_PREFIX):
             continue
@@ -199,17 +233,24 @@ def _scan_lines(dialect: Dialect, lines: Iterable[bytes]) -> ParsedResponse:
         if content.rstrip(b"\r") == DONE:
             continue
         events += 1
-        # Cheap substring test first: most events carry no usage and are never decoded.
-        if b"usage" in content:
+        # Cheap substring tests first: most events carry neither usage nor a response id and
+        # are never decoded.
+        if b"usage" in content or _RESPONSE_EVENT_MARK in content:
             event = _decode(content)
             if isinstance(event, dict):
-                with_usage.append(event)
-    usage = dialect.events_usage(with_usage) if with_usage else None
-    return ParsedResponse(usage=usage, streamed_events=events if dialect.counts_events else 0)
+                decoded.append(event)
+    if not decoded:
+        return ParsedResponse(streamed_events=events if dialect.counts_events else 0)
+    return ParsedResponse(
+        usage=dialect.events_usage(decoded),
+        streamed_events=events if dialect.counts_events else 0,
+        response_id=dialect.events_response_id(decoded),
+    )
 
 
 def _body(dialect: Dialect, body: bytes) -> ParsedResponse:
-    return ParsedResponse(usage=dialect.body_usage(_decode(body)))
+    obj = _decode(body)
+    return ParsedResponse(usage=dialect.body_usage(obj), response_id=dialect.body_response_id(obj))
 
 
 def _looks_like_json(data: bytes) -> bool | None:

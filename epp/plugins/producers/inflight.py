@@ -1,4 +1,5 @@
-"""``inflight-load-producer``: the load this EPP itself has put on each endpoint, right now.
+"""``inflight-load-producer``: the load on each endpoint, from this EPP's own requests and from
+the model servers' scraped queues.
 
 Scraped queue lengths are up to one scrape interval old; every request scheduled inside that
 window sees the same numbers and picks the same "least loaded" pod. The EPP, however, knows
@@ -14,24 +15,50 @@ have not completed, and their uncached prompt tokens.
   prefix producer ran), plus, with ``addEstimatedOutputTokens``, ``min(outputRatio · prompt,
   maxEstimatedOutputTokens)``.
 
-It publishes ``InFlightLoad/<name>``: ``Mapping[endpoint id, InFlightLoad(requests, tokens)]`` for
-every candidate, read by ``active-request-scorer`` and ``token-load-scorer``.
+It publishes, for every candidate:
+
+- ``InFlightLoad/<name>``: ``Mapping[endpoint id, InFlightLoad(requests, tokens)]``, read by
+  ``active-request-scorer`` and ``token-load-scorer`` (upstream's data, unchanged);
+- ``LoadEstimate/<name>``: ``Mapping[endpoint id, float]``, read by ``estimated-load-scorer``
+  (this EPP's own data; formula in ``epp.plugin.inflight.LOAD_ESTIMATE``): the endpoint's scraped
+  ``waiting + running`` as of its scrape time ``t``, plus this EPP's requests dispatched there
+  after ``t`` and still in flight, minus those dispatched at or before ``t`` that completed
+  after ``t``; never below this EPP's own in-flight count there. It stays exact between scrapes
+  and true across EPP replicas, restarts and traffic this EPP never sees. Metrics missing or
+  older than ``metricsStalenessThreshold`` → this EPP's in-flight count alone. It is computed
+  for all candidates when first read (during scoring, so with every dispatch and completion up
+  to then) and fixed from there; a configuration that never reads it pays one small object per
+  request.
+
+To know which of its requests a scrape has seen, the producer keeps each in-flight request's
+dispatch time, and per endpoint the (completion, dispatch) times of recent completions. A record
+is dropped when the endpoint is estimated from a scrape taken after the completion (that scrape
+has seen it), or once older than ``metricsStalenessThreshold`` (a scrape that old is not used),
+and an endpoint keeps at most 4096: memory is the requests in flight plus, per endpoint, about
+one scrape interval of completions. Times are the handle's monotonic clock, the clock
+``Metrics.update_time`` is read on (so dispatch times come in order). ``update_time`` is taken
+when a scrape's response has arrived, so a request dispatched while that scrape was on the wire
+counts as seen by it; the ``own`` floor keeps such a request counted.
 
 Parameters: ``addEstimatedOutputTokens`` (false), ``outputRatio`` (1.5),
 ``maxEstimatedOutputTokens`` (0 = no cap), ``tokenProducerName`` (``token-producer``),
-``prefixProducerName`` (``approx-prefix-cache-producer``).
+``prefixProducerName`` (``approx-prefix-cache-producer``), ``metricsStalenessThreshold`` (Go
+duration, ``2s``, > 0; the EPP's ``--metrics-staleness-threshold`` default: about forty missed
+50 ms scrapes, long enough to ride out a slow scrape, short enough that a pod whose scrapes stop
+is judged by what this EPP knows rather than by a number that no longer describes it).
 
 YAML::
 
     - type: inflight-load-producer
-      parameters: {addEstimatedOutputTokens: true, outputRatio: 1.5}
+      parameters: {addEstimatedOutputTokens: true, outputRatio: 1.5, metricsStalenessThreshold: 2s}
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, Final
+from collections import deque
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Final, TypeVar, overload
 
 from epp.plugin import (
     DataKey,
@@ -42,10 +69,14 @@ from epp.plugin import (
     ResponseInfo,
     SchedulingResult,
 )
-from epp.plugin.inflight import INFLIGHT_LOAD, InFlightLoad
+from epp.plugin.inflight import INFLIGHT_LOAD, LOAD_ESTIMATE, InFlightLoad
 from epp.plugin.prefix import PREFIX_MATCH_INFO, TOKENIZED_PROMPT
+from epp.plugin.units import parse_duration
 
+_T = TypeVar("_T")
 _IDLE: Final = InFlightLoad(0, 0)
+MAX_COMPLETIONS: Final = 4096
+"""Completion records kept per endpoint at most (oldest dropped first)."""
 
 
 class InflightLoadProducer(PluginBase):
@@ -58,42 +89,63 @@ class InflightLoadProducer(PluginBase):
         max_estimated_output_tokens: int = 0
         token_producer_name: str = "token-producer"
         prefix_producer_name: str = "approx-prefix-cache-producer"
+        metrics_staleness_threshold: str = "2s"
+        staleness_seconds: float = field(init=False, default=2.0)
 
         def __post_init__(self) -> None:
             if self.output_ratio < 0:
                 raise ValueError("outputRatio must be >= 0")
             if self.max_estimated_output_tokens < 0:
                 raise ValueError("maxEstimatedOutputTokens must be >= 0")
+            seconds = parse_duration(self.metrics_staleness_threshold)
+            if seconds <= 0.0:
+                raise ValueError(
+                    "metricsStalenessThreshold must be > 0, "
+                    f"got {self.metrics_staleness_threshold!r}"
+                )
+            object.__setattr__(self, "staleness_seconds", seconds)
 
     def __init__(self, *, name: str, params: Params, handle: Handle) -> None:
         super().__init__(name=name, params=params, handle=handle)
         self._key = INFLIGHT_LOAD.key(self.typed_name.name)
+        self._estimate_key = LOAD_ESTIMATE.key(self.typed_name.name)
         self._tokens_key = TOKENIZED_PROMPT.key(params.token_producer_name)
         self._prefix_key = PREFIX_MATCH_INFO.key(params.prefix_producer_name)
-        self._requests: dict[str, int] = {}
+        self._stale = params.staleness_seconds
+        # endpoint id → {request id: dispatch time} of its in-flight requests, in dispatch order
+        self._dispatched: dict[str, dict[str, float]] = {}
         self._tokens: dict[str, int] = {}
         # request id → (endpoint id, tokens still counted)
         self._open: dict[str, tuple[str, int]] = {}
+        # endpoint id → (completion time, dispatch time) of recent completions, completion order
+        self._completed: dict[str, deque[tuple[float, float]]] = {}
+        self._swept_at = 0.0
 
     def produces(self) -> frozenset[DataKey[Any]]:
-        return frozenset({self._key})
+        return frozenset({self._key, self._estimate_key})
 
     async def produce(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
-        req, tok = self._requests, self._tokens
-        request.attributes[self._key] = {
-            e.id: InFlightLoad(req.get(e.id, 0), tok.get(e.id, 0)) if e.id in req else _IDLE
+        disp, tok = self._dispatched, self._tokens
+        attributes = request.attributes
+        attributes[self._key] = {
+            e.id: InFlightLoad(len(disp[e.id]), tok.get(e.id, 0)) if e.id in disp else _IDLE
             for e in endpoints
         }
+        attributes[self._estimate_key] = LoadEstimates(self, endpoints)
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         targets = result.primary.targets
-        if not targets or request.request_id in self._open:
+        rid = request.request_id
+        if not targets or rid in self._open:
             return
         eid = targets[0].id
         tokens = self._uncached_tokens(request, eid)
-        self._requests[eid] = self._requests.get(eid, 0) + 1
+        opened = self._dispatched.get(eid)
+        if opened is None:
+            opened = self._dispatched[eid] = {}
+        opened[rid] = self.handle.clock()
         self._tokens[eid] = self._tokens.get(eid, 0) + tokens
-        self._open[request.request_id] = (eid, tokens)
+        self._open[rid] = (eid, tokens)
 
     def response_headers(
         self, request: InferenceRequest, response: ResponseInfo, set_headers: dict[str, str]
@@ -105,24 +157,87 @@ class InflightLoadProducer(PluginBase):
             self._open[request.request_id] = (eid, 0)
 
     def response_complete(self, request: InferenceRequest, response: ResponseInfo) -> None:
-        entry = self._open.pop(request.request_id, None)
+        rid = request.request_id
+        entry = self._open.pop(rid, None)
         if entry is None:
             return
         eid, tokens = entry
-        left = self._requests.get(eid, 0) - 1
-        if left > 0:
-            self._requests[eid] = left
+        now = self.handle.clock()
+        opened = self._dispatched.get(eid, {})
+        dispatched_at = opened.pop(rid, now)
+        if opened:
             self._tokens[eid] = max(0, self._tokens.get(eid, 0) - tokens)
         else:
-            self._requests.pop(eid, None)
+            self._dispatched.pop(eid, None)
             self._tokens.pop(eid, None)
+        done = self._completed.get(eid)
+        if done is None:
+            done = self._completed[eid] = deque(maxlen=MAX_COMPLETIONS)
+        done.append((now, dispatched_at))
+        _drop_until(done, now - self._stale)
+        if now - self._swept_at > self._stale:
+            self._sweep(now)
+
+    def estimates(self, endpoints: Sequence[Endpoint]) -> dict[str, float]:
+        """``LoadEstimate`` of each endpoint now (see the module docstring)."""
+        now = self.handle.clock()
+        fresh_after = now - self._stale
+        tracked, done = self._dispatched, self._completed
+        out: dict[str, float] = {}
+        for e in endpoints:
+            eid = e.id
+            if eid in tracked or eid in done:
+                out[eid] = self._estimate(e, now)
+                continue
+            m = e.metrics  # nothing of ours there: the scrape alone, when fresh
+            if m is not None and m.update_time >= fresh_after and m.update_time > 0.0:
+                out[eid] = float(m.waiting_queue_size + m.running_requests_size)
+            else:
+                out[eid] = 0.0
+        return out
 
     def dump_state(self) -> dict[str, Any]:
         return {
-            "requests": dict(self._requests),
+            "requests": {eid: len(opened) for eid, opened in self._dispatched.items()},
             "tokens": dict(self._tokens),
             "open": len(self._open),
+            "completionRecords": {eid: len(done) for eid, done in self._completed.items()},
         }
+
+    def _estimate(self, endpoint: Endpoint, now: float) -> float:
+        eid = endpoint.id
+        opened = self._dispatched.get(eid)
+        own = len(opened) if opened else 0
+        m = endpoint.metrics
+        if m is None or m.update_time <= 0.0 or m.update_time < now - self._stale:
+            return float(own)
+        scraped_at = m.update_time
+        completed = 0
+        done = self._completed.get(eid)
+        if done is not None:
+            _drop_until(done, scraped_at)  # the scrape has seen every earlier completion
+            if done:
+                completed = sum(1 for _, sent in done if sent <= scraped_at)
+            else:
+                del self._completed[eid]
+        dispatched = 0
+        if opened:
+            for sent in reversed(opened.values()):  # newest first; stop at the scrape
+                if sent <= scraped_at:
+                    break
+                dispatched += 1
+        seen = m.waiting_queue_size + m.running_requests_size - completed
+        return float(max(own, max(0, seen) + dispatched))
+
+    def _sweep(self, now: float) -> None:
+        """Drop completion records nobody can use any more (endpoints that are not scored)."""
+        self._swept_at = now
+        horizon = now - self._stale
+        for eid in list(self._completed):
+            done = self._completed[eid]
+            _drop_until(done, horizon)
+            if not done:
+                del self._completed[eid]
 
     def _uncached_tokens(self, request: InferenceRequest, endpoint_id: str) -> int:
         prompt = request.attributes.get(self._tokens_key)
@@ -137,3 +252,65 @@ class InflightLoadProducer(PluginBase):
                 est = min(est, self.params.max_estimated_output_tokens)
             tokens += est
         return tokens
+
+
+def _drop_until(done: deque[tuple[float, float]], until: float) -> None:
+    """Drop the records of completions at or before ``until`` (the oldest come first)."""
+    while done and done[0][0] <= until:
+        done.popleft()
+
+
+class LoadEstimates(Mapping[str, float]):
+    """``LoadEstimate/<name>`` of one request: computed for all its candidates on first read
+    (so at scoring time, with everything dispatched and completed until then), then fixed."""
+
+    __slots__ = ("_endpoints", "_producer", "_values")
+
+    def __init__(self, producer: InflightLoadProducer, endpoints: Sequence[Endpoint]) -> None:
+        self._producer: InflightLoadProducer | None = producer
+        self._endpoints = endpoints
+        self._values: dict[str, float] | None = None
+
+    def values_by_id(self) -> dict[str, float]:
+        """The estimates as a plain dict (computed on the first call)."""
+        values = self._values
+        if values is None:
+            assert self._producer is not None
+            values = self._values = self._producer.estimates(self._endpoints)
+            self._producer, self._endpoints = None, ()
+        return values
+
+    def __getitem__(self, endpoint_id: str) -> float:
+        return self.values_by_id()[endpoint_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.values_by_id())
+
+    def __len__(self) -> int:
+        return len(self.values_by_id())
+
+    def __contains__(self, endpoint_id: object) -> bool:
+        return endpoint_id in self.values_by_id()
+
+    # The plain dict's own methods, so a consumer's lookups run at dict speed.
+    @overload
+    def get(self, endpoint_id: str, /) -> float | None: ...
+    @overload
+    def get(self, endpoint_id: str, /, default: float | _T) -> float | _T: ...
+    def get(self, endpoint_id: str, /, default: object = None) -> object:
+        values = self._values
+        if values is None:
+            values = self.values_by_id()
+        return values.get(endpoint_id, default)
+
+    def items(self) -> ItemsView[str, float]:
+        return self.values_by_id().items()
+
+    def keys(self) -> KeysView[str]:
+        return self.values_by_id().keys()
+
+    def values(self) -> ValuesView[float]:
+        return self.values_by_id().values()
+
+    def __repr__(self) -> str:
+        return f"LoadEstimates({self.values_by_id()!r})"

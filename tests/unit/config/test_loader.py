@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -246,3 +247,44 @@ def test_composed_plugin_is_built_through_the_handle_when_deprecated_scorer_is_c
             "{tokenProcessorConfig: {blockSizeTokens: 0}}}\n",
             registry,
         )
+
+
+def test_partial_config_gets_builtin_default_scheduling_when_it_declares_none(
+    registry: PluginRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="epp.config.profiles")
+    partial = load(
+        HEAD + "plugins:\n  - {type: file-discovery, parameters: {path: /x}}\n", registry
+    )
+    builtin = load(None, registry)
+
+    def shape(p: Any) -> tuple[Any, ...]:
+        prof = p.profiles["default"]
+        return (
+            [f.typed_name.type for f in prof.filters],
+            [(s.typed_name.type, w) for s, w in prof.scorers],
+            prof.picker.typed_name.type,
+        )
+
+    assert shape(partial) == shape(builtin)
+    assert sorted(x.typed_name.type for x in partial.producers) == sorted(
+        x.typed_name.type for x in builtin.producers
+    )
+    [record] = [r for r in caplog.records if "built-in default scheduling" in r.getMessage()]
+    assert "prefix-cache-scorer (weight 4)" in record.getMessage()
+
+
+def test_profile_without_scorer_is_named_in_a_warning_when_loaded(
+    registry: PluginRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("WARNING", logger="epp.config.profiles")
+    load(
+        HEAD
+        + "plugins:\n  - type: random-picker\nschedulingProfiles:\n"
+        + "  - name: bare\n    plugins: [{pluginRef: random-picker}]\n",
+        registry,
+    )
+    assert any(
+        r.levelname == "WARNING" and "'bare' has no scorer" in r.getMessage()
+        for r in caplog.records
+    )

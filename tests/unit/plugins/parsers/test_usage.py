@@ -345,3 +345,51 @@ def test_is_event_stream_reads_content_type_when_headers_given(
 
 def test_null_state_reports_nothing_when_fed_usage() -> None:
     assert NullResponseState().feed(OPENAI_STREAM, True) == ParsedResponse()
+
+
+# ---- Responses API response ids ----------------------------------------------------------------
+
+RESPONSES_STREAM = (
+    b"event: response.created\n"
+    b'data: {"type": "response.created", "response": {"id": "resp_abc", "object": "response",'
+    b' "status": "in_progress", "usage": null}}\n\n'
+    b"event: response.output_text.delta\n"
+    b'data: {"type":"response.output_text.delta","delta":"Hi"}\n\n'
+    b"event: response.completed\n"
+    b'data: {"type":"response.completed","response":{"id":"resp_abc","object":"response",'
+    b'"usage":{"input_tokens":5,"output_tokens":2,"total_tokens":7}}}\n\n'
+)
+
+
+@pytest.mark.parametrize("cut", [1, 17, 60, 150, len(RESPONSES_STREAM) - 1])
+def test_response_id_read_from_created_event_when_stream_is_split_anywhere(cut: int) -> None:
+    state = ResponseUsageState(OpenAIDialect, SSE)
+    first = state.feed(RESPONSES_STREAM[:cut], False)
+    second = state.feed(RESPONSES_STREAM[cut:], True)
+    assert (first.response_id or second.response_id) == "resp_abc"
+    usage = Usage()
+    for parsed in (first, second):
+        if parsed.usage is not None:
+            usage.merge(parsed.usage)
+    assert (usage.prompt_tokens, usage.completion_tokens) == (5, 2)
+
+
+def test_response_id_read_from_json_body_only_for_stored_responses() -> None:
+    body = b'{"id":"resp_9","object":"response","usage":{"input_tokens":3,"output_tokens":1}}'
+    assert parse_whole(OpenAIDialect, body, JSON).response_id == "resp_9"
+    chat = b'{"id":"chatcmpl-1","object":"chat.completion","usage":{"prompt_tokens":3}}'
+    assert parse_whole(OpenAIDialect, chat, JSON).response_id == ""
+    assert parse_whole(AnthropicDialect, b'{"id":"msg_1","type":"message"}', JSON).response_id == ""
+
+
+def test_token_deltas_are_never_decoded_when_scanning_a_responses_stream(monkeypatch: Any) -> None:
+    decoded: list[bytes] = []
+    real = usage_mod._decode
+
+    def spy(data: bytes) -> Any:
+        decoded.append(data)
+        return real(data)
+
+    monkeypatch.setattr(usage_mod, "_decode", spy)
+    parse_whole(OpenAIDialect, RESPONSES_STREAM, SSE)
+    assert len(decoded) == 2  # response.created and response.completed only

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from epp.plugin import ProfileResult, ResponseInfo, SchedulingResult
-from epp.plugin.inflight import InFlightLoad
+from epp.plugin import Endpoint, ProfileResult, ResponseInfo, SchedulingResult
+from epp.plugin.inflight import LOAD_ESTIMATE, InFlightLoad
 from epp.plugin.prefix import PrefixMatchInfo, TokenizedPrompt
-from epp.plugins.producers.inflight import InflightLoadProducer
+from epp.plugins.producers.inflight import MAX_COMPLETIONS, InflightLoadProducer
 from scorers.active_request import ActiveRequestScorer
 from scorers.token_load import TokenLoadScorer
 from tests.builders import handle, make_cycle, make_endpoint, make_request
@@ -106,3 +108,151 @@ def test_token_load_scorer_formula() -> None:
         EPS[1].id: InFlightLoad(1, 5000),
     }
     assert list(s.score(make_cycle(), req, EPS).values()) == [0.75, 0.0, 1.0]
+
+
+# ---- LoadEstimate: the scrape, brought up to date with this EPP's own traffic ----------------
+
+T0 = 1000.0
+
+
+def at(p: InflightLoadProducer, now: float) -> None:
+    p.handle.now = now  # type: ignore[attr-defined]
+
+
+def complete(p: InflightLoadProducer, rid: str) -> None:
+    p.response_complete(make_request(request_id=rid), ResponseInfo(request_id=rid, headers={}))
+
+
+def scraped(queue: int = 0, running: int = 0, when: float = T0, i: int = 0) -> Endpoint:
+    return make_endpoint(i, queue=queue, running=running, update_time=when)
+
+
+async def estimate(p: InflightLoadProducer, ep: Endpoint) -> float:
+    req = make_request()
+    await p.produce(req, [ep])
+    return LOAD_ESTIMATE.key(p.typed_name.name).get(req)[ep.id]
+
+
+async def test_estimate_is_the_scrape_when_this_epp_sent_nothing() -> None:
+    p = producer()
+    at(p, T0 + 0.01)
+    assert await estimate(p, scraped(queue=3, running=2)) == 5.0
+
+
+async def test_dispatches_after_the_scrape_add_and_earlier_ones_are_in_it() -> None:
+    p = producer()
+    at(p, T0 - 0.02)
+    dispatch(p, "before", 0)  # the scrape at T0 saw it: part of running=1
+    at(p, T0 + 0.01)
+    dispatch(p, "after-1", 0)
+    dispatch(p, "after-2", 0)
+    assert await estimate(p, scraped(queue=2, running=1)) == 3 + 2
+    complete(p, "after-1")  # completed after the scrape but sent after it too: just gone
+    assert await estimate(p, scraped(queue=2, running=1)) == 3 + 1
+
+
+async def test_completions_of_requests_the_scrape_saw_subtract() -> None:
+    p = producer()
+    at(p, T0 - 0.03)
+    dispatch(p, "a", 0)
+    dispatch(p, "b", 0)
+    at(p, T0 + 0.01)
+    complete(p, "a")
+    # scrape: 4 foreign + a + b; a finished since
+    assert await estimate(p, scraped(queue=4, running=2)) == 5.0
+    complete(p, "b")
+    assert await estimate(p, scraped(queue=4, running=2)) == 4.0
+
+
+async def test_a_newer_scrape_resets_the_corrections() -> None:
+    p = producer()
+    at(p, T0 - 0.03)
+    dispatch(p, "old", 0)
+    at(p, T0 + 0.01)
+    complete(p, "old")
+    dispatch(p, "new", 0)
+    assert await estimate(p, scraped(queue=5, when=T0)) == 5 - 1 + 1
+    at(p, T0 + 0.06)
+    # the scrape at T0+0.05 saw "old" gone and "new" running: it counts neither again
+    assert await estimate(p, scraped(queue=1, running=1, when=T0 + 0.05)) == 2.0
+    assert p.dump_state()["completionRecords"] == {}  # pruned: that scrape saw the completion
+
+
+async def test_estimate_never_goes_below_this_epps_own_requests_or_zero() -> None:
+    p = producer()
+    at(p, T0 - 0.001)
+    dispatch(p, "in-transit-1", 0)  # sent just before the scrape, which missed them
+    dispatch(p, "in-transit-2", 0)
+    at(p, T0 + 0.01)
+    assert await estimate(p, scraped(queue=0)) == 2.0
+    dispatch(p, "c", 0)
+    complete(p, "c")
+    complete(p, "in-transit-1")
+    assert await estimate(p, scraped(queue=0)) == 1.0  # never negative, floor = own
+
+
+async def test_missing_or_stale_metrics_fall_back_to_the_in_flight_count() -> None:
+    p = producer(metrics_staleness_threshold="500ms")
+    at(p, T0)
+    dispatch(p, "a", 0)
+    dispatch(p, "b", 0)
+    ep = dataclasses.replace(scraped(queue=9), metrics=None)
+    assert await estimate(p, ep) == 2.0
+    assert await estimate(p, scraped(queue=9, when=0.0)) == 2.0  # never scraped
+    at(p, T0 + 0.4)
+    assert await estimate(p, scraped(queue=9, when=T0 - 0.01)) == 9 + 2  # fresh enough
+    at(p, T0 + 0.6)
+    assert await estimate(p, scraped(queue=9, when=T0 - 0.01)) == 2.0  # stale
+    assert await estimate(p, make_endpoint(1, queue=9, update_time=T0 - 0.01)) == 0.0
+
+
+async def test_estimate_is_computed_when_first_read_then_fixed() -> None:
+    p = producer()
+    at(p, T0 + 0.01)
+    ep = scraped(queue=1)
+    req = make_request()
+    await p.produce(req, [ep])
+    dispatch(p, "x", 0)  # scheduled for another request between produce and scoring
+    estimates = req.attributes["LoadEstimate/inflight-load-producer"]
+    assert dict(estimates) == {ep.id: 2.0}
+    dispatch(p, "y", 0)
+    assert estimates[ep.id] == 2.0 and estimates.get(ep.id) == 2.0
+    assert estimates.get("nope", -1.0) == -1.0 and "nope" not in estimates
+    assert len(estimates) == 1 and list(estimates.items()) == [(ep.id, 2.0)]
+
+
+async def test_completion_records_stay_bounded() -> None:
+    p = producer(metrics_staleness_threshold="1s")
+    at(p, T0 - 10)
+    for i in range(MAX_COMPLETIONS + 100):
+        dispatch(p, f"r{i}", 0)
+    at(p, T0)
+    for i in range(MAX_COMPLETIONS + 100):  # no scrape ever comes: capped per endpoint
+        complete(p, f"r{i}")
+    assert p.dump_state()["completionRecords"] == {EPS[0].id: MAX_COMPLETIONS}
+    at(p, T0 + 0.5)
+    assert await estimate(p, scraped(queue=0, when=T0 + 0.1)) == 0.0
+    assert p.dump_state()["completionRecords"] == {}  # a newer scrape saw them all
+    dispatch(p, "z", 1)
+    complete(p, "z")  # an endpoint that is never scored again ...
+    at(p, T0 + 2.0)
+    dispatch(p, "w", 2)
+    complete(p, "w")  # ... is swept once its records are older than the staleness bound
+    assert p.dump_state()["completionRecords"] == {EPS[2].id: 1}
+    assert p.dump_state()["requests"] == {} and p.dump_state()["open"] == 0
+
+
+def test_staleness_threshold_must_be_a_positive_duration() -> None:
+    assert producer(metrics_staleness_threshold="250ms").params.staleness_seconds == 0.25
+    assert producer().params.staleness_seconds == 2.0
+    with pytest.raises(ValueError, match="metricsStalenessThreshold"):
+        producer(metrics_staleness_threshold="0s")
+    with pytest.raises(ValueError):
+        producer(metrics_staleness_threshold="soon")
+
+
+def test_produces_both_keys() -> None:
+    assert producer().produces() == {
+        "InFlightLoad/inflight-load-producer",
+        "LoadEstimate/inflight-load-producer",
+    }

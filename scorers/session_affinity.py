@@ -1,0 +1,360 @@
+"""``session-affinity-scorer`` (alpha, category Affinity): a session's requests prefer the endpoint
+its earlier requests went to.
+
+Score: the session's endpoint scores 1.0 when it is a candidate, every other candidate 0.0; a
+request with no usable session scores 0.0 everywhere (no preference; the other scorers decide).
+``session-affinity-filter`` applies the same rule as a hard pin.
+
+Two strategies (``strategy``):
+
+``encoded_endpoint_header`` (default, stateless). The session's endpoint travels with the client:
+the request header ``encodedEndpointHeaderConfig.header`` (default ``x-session-token``) holds the
+standard, padded base64 of the endpoint id. Endpoint ids are ``<namespace>/<pod>-rank-<rank>``
+(one per data-parallel rank / target port; ``<namespace>/<name>`` under file discovery), so a
+token names one rank, not just a pod. After scheduling, the response carries the token of the
+endpoint this instance binds (see ``profileName``) in the same header, for the client to echo.
+
+``session_id`` (stateful). The client sends an opaque session id, read from the first source of
+``sessionIdConfig.sources`` that yields a non-empty value (stripped): ``{header: <name>}`` or
+``{attribute: <data type>, producer: <name>}``, a request attribute another plugin published, e.g.
+``{attribute: agent-identity}`` (``agent-identity`` plugin) or ``{attribute: SessionIDDataKey,
+producer: session-id-producer}`` (``session-id-producer``, which reads a header or a cookie). This
+instance keeps a binding session id → endpoint id in memory. An unbound session has no
+preference; after scheduling it is bound to the endpoint picked for it. A bound session whose
+endpoint is not a candidate has no preference either, and is rebound to the endpoint picked
+instead. A binding unused for ``evictionTtlSeconds`` is forgotten (swept every
+``evictionSweepSeconds``). Nothing is written back to the client.
+
+A malformed or spoofed token never fails a request: a value that is not valid padded base64, is
+longer than 1024 characters, or does not decode to the id of a candidate endpoint gives no
+affinity, exactly as no token. The token is not authenticated (as upstream): a client may name any
+endpoint, but only among the candidates its request already has.
+
+Parameters:
+
+- ``strategy`` (``encoded_endpoint_header`` | ``session_id``, default ``encoded_endpoint_header``).
+  Only the block of the chosen strategy is read and validated.
+- ``profileName`` (string, default empty): which profile's pick is bound and written back, e.g.
+  ``prefill``; empty = the primary profile (the only one with a single profile).
+- ``encodedEndpointHeaderConfig.header`` (string, default ``x-session-token``, matched
+  lower-cased).
+- ``encodedEndpointHeaderConfig.cookieName`` (string, default ``llm-d-session``; empty = off):
+  also carry the token in this cookie. It is read when the header is absent, and set on the response
+  (``Set-Cookie: <name>=<token>; Path=/; HttpOnly; SameSite=Lax``) unless the model server's
+  response or another plugin already sets a cookie (one Set-Cookie per response; none is ever
+  overwritten). A browser-like client that keeps cookies then sticks without echoing a header.
+- ``sessionIdConfig.sources`` (list, default ``[{header: x-session-id}]``): each entry sets exactly
+  one of ``header`` and ``attribute``; ``producer`` names the publisher of ``attribute``.
+- ``sessionIdConfig.evictionTtlSeconds`` (number > 0, default 300; 0 = default).
+- ``sessionIdConfig.evictionSweepSeconds`` (number > 0, default 10; 0 = default).
+
+Differences from the llm-d-router snapshot read (``ebab687``), all deliberate: it writes no
+cookie (llm-d-router issue 28); the ``llm-d-session`` cookie here follows what llm-d's session
+affinity is moving to, and ``cookieName: ""`` turns it off; bindings are capped at 100 000 per
+instance, the least recently used dropped first, and one past its TTL is not used even before the
+sweep; the sweep runs after
+scheduling instead of on a timer; ``{attribute: SessionIDDataKey}`` without ``producer`` reads the
+default ``session-id-producer`` (upstream reads a key no producer writes), and ``SessionID`` is
+accepted for ``SessionIDDataKey``.
+
+YAML, a P/D pair (one instance per profile, each with its own header)::
+
+    plugins:
+      - name: session-affinity-decode
+        type: session-affinity-scorer
+      - name: session-affinity-prefill
+        type: session-affinity-scorer
+        parameters:
+          profileName: prefill
+          encodedEndpointHeaderConfig: {header: x-session-token-prefill}
+
+YAML, server-side sessions keyed by a header, else by the agent's own session header::
+
+    plugins:
+      - type: agent-identity
+      - type: session-affinity-scorer
+        parameters:
+          strategy: session_id
+          sessionIdConfig:
+            sources: [{header: x-session-id}, {attribute: agent-identity}]
+            evictionTtlSeconds: 600
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Final
+
+from epp.plugin import (
+    SESSION_ID,
+    SESSION_ID_PRODUCER,
+    CycleState,
+    DataKey,
+    Endpoint,
+    Handle,
+    InferenceRequest,
+    PluginBase,
+    ResponseInfo,
+    SchedulingResult,
+    ScorerCategory,
+    Stability,
+    cookie_value,
+)
+from epp.plugin.session import COOKIE_HEADER
+
+STRATEGY_HEADER: Final = "encoded_endpoint_header"
+STRATEGY_SESSION_ID: Final = "session_id"
+DEFAULT_TOKEN_HEADER: Final = "x-session-token"
+DEFAULT_SESSION_HEADER: Final = "x-session-id"
+DEFAULT_TTL_SECONDS: Final = 300.0
+DEFAULT_SWEEP_SECONDS: Final = 10.0
+MAX_BINDINGS: Final = 100_000
+MAX_TOKEN_LENGTH: Final = 1024
+SET_COOKIE: Final = "set-cookie"
+_SESSION_ID_TYPES: Final = frozenset({str(SESSION_ID), "SessionID"})
+
+
+@dataclass(frozen=True)
+class EncodedEndpointHeaderConfig:
+    header: str = DEFAULT_TOKEN_HEADER
+    cookie_name: str = "llm-d-session"
+
+
+@dataclass(frozen=True)
+class SessionIDSource:
+    header: str = ""
+    attribute: str = ""
+    producer: str = ""
+
+
+@dataclass(frozen=True)
+class SessionIDConfig:
+    sources: tuple[SessionIDSource, ...] = ()
+    eviction_ttl_seconds: float = 0.0
+    eviction_sweep_seconds: float = 0.0
+
+
+def encode_token(endpoint_id: str) -> str:
+    """The session token naming ``endpoint_id``: standard, padded base64 of its UTF-8 bytes."""
+    return base64.b64encode(endpoint_id.encode()).decode("ascii")
+
+
+def decode_token(token: str) -> str:
+    """The endpoint id a token names, ``""`` for no token or a malformed one (never raises)."""
+    if not token or len(token) > MAX_TOKEN_LENGTH:
+        return ""
+    try:
+        return base64.b64decode(token, validate=True).decode()
+    except (binascii.Error, ValueError):  # UnicodeDecodeError is a ValueError
+        return ""
+
+
+class _Bindings:
+    """Session id → endpoint id, least recently used first, each with its last use."""
+
+    def __init__(self, ttl: float, capacity: int = MAX_BINDINGS) -> None:
+        self.ttl = ttl
+        self.capacity = capacity
+        self._entries: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, session: str, now: float) -> str:
+        entry = self._entries.get(session)
+        if entry is None or now - entry[1] > self.ttl:
+            return ""
+        return entry[0]
+
+    def commit(self, session: str, endpoint_id: str, now: float, *, absent: bool) -> None:
+        """Bind (or refresh) after scheduling. A live binding to another endpoint moves only
+        when this request saw its endpoint absent from the candidates (``absent``)."""
+        current = self.get(session, now)
+        if current and current != endpoint_id and not absent:
+            return
+        self._entries[session] = (endpoint_id, now)
+        self._entries.move_to_end(session)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def sweep(self, now: float) -> None:
+        while self._entries:
+            session, (_, seen) = next(iter(self._entries.items()))
+            if now - seen <= self.ttl:
+                return
+            del self._entries[session]
+
+
+class SessionAffinityScorer(PluginBase):
+    TYPE: ClassVar[str] = "session-affinity-scorer"
+    STABILITY: ClassVar[Stability] = Stability.ALPHA
+    category: ClassVar[ScorerCategory] = ScorerCategory.AFFINITY
+
+    @dataclass(frozen=True)
+    class Params:
+        strategy: str = STRATEGY_HEADER
+        encoded_endpoint_header_config: EncodedEndpointHeaderConfig = field(
+            default_factory=EncodedEndpointHeaderConfig
+        )
+        session_id_config: SessionIDConfig = field(default_factory=SessionIDConfig)
+        profile_name: str = ""
+
+        def __post_init__(self) -> None:
+            if self.strategy not in (STRATEGY_HEADER, STRATEGY_SESSION_ID):
+                raise ValueError(
+                    f"strategy must be {STRATEGY_HEADER!r} or {STRATEGY_SESSION_ID!r}, "
+                    f"got {self.strategy!r}"
+                )
+            if self.strategy == STRATEGY_SESSION_ID:
+                _validate_session_id(self.session_id_config)
+
+    params: Params
+
+    def __init__(self, *, name: str, params: Any, handle: Handle) -> None:
+        super().__init__(name=name, params=params, handle=handle)
+        p = self.params
+        self.stateful = p.strategy == STRATEGY_SESSION_ID
+        header_cfg = p.encoded_endpoint_header_config
+        self.header = header_cfg.header.strip().lower() or DEFAULT_TOKEN_HEADER
+        self.cookie = header_cfg.cookie_name.strip()
+        sid = p.session_id_config
+        self.sources = sid.sources or (SessionIDSource(header=DEFAULT_SESSION_HEADER),)
+        self.ttl = sid.eviction_ttl_seconds or DEFAULT_TTL_SECONDS
+        self.sweep_every = sid.eviction_sweep_seconds or DEFAULT_SWEEP_SECONDS
+        self._bindings = _Bindings(self.ttl)
+        self._next_sweep = 0.0
+        self._logger = handle.logger(self.typed_name)
+        # Per-request scratch in request.attributes, private to this instance.
+        self._target_key = f"session-affinity-target/{self.typed_name.name}"
+        self._absent_key = f"session-affinity-absent/{self.typed_name.name}"
+
+    # ---- Consumer -------------------------------------------------------------------------
+
+    def consumes(self) -> frozenset[DataKey[Any]]:
+        """The ``SessionIDDataKey`` attributes read (so the loader adds their producer)."""
+        if not self.stateful:
+            return frozenset()
+        keys = (_attribute_key(s) for s in self.sources if s.attribute)
+        return frozenset(key for key in keys if key.data_type == SESSION_ID)
+
+    # ---- Scorer ---------------------------------------------------------------------------
+
+    def score(
+        self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Mapping[str, float]:
+        scores = dict.fromkeys((e.id for e in endpoints), 0.0)
+        target = self.choose(request, endpoints)
+        if target is not None:
+            scores[target.id] = 1.0
+        return scores
+
+    def choose(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> Endpoint | None:
+        """The session's endpoint among ``endpoints``, or ``None`` (no session, unknown or
+        malformed token, unbound session, or its endpoint is not a candidate)."""
+        if not endpoints:
+            return None
+        if not self.stateful:
+            token = self.token(request)
+            wanted = decode_token(token)
+            if not wanted:
+                if token:
+                    self._logger.debug("ignoring malformed session token %.64r", token)
+                return None
+            return next((e for e in endpoints if e.id == wanted), None)
+        session = self.session_id(request)
+        wanted = self._bindings.get(session, self.handle.clock()) if session else ""
+        if not wanted:
+            return None
+        target = next((e for e in endpoints if e.id == wanted), None)
+        request.attributes[self._absent_key] = target is None
+        return target
+
+    def token(self, request: InferenceRequest) -> str:
+        """The session token the request carries: the header, else the cookie (if configured)."""
+        token = request.headers.get(self.header, "")
+        if not token and self.cookie:
+            token = cookie_value(request.headers.get(COOKIE_HEADER, ""), self.cookie)
+        return token
+
+    def session_id(self, request: InferenceRequest) -> str:
+        """The first non-empty session id among the sources (``session_id`` strategy)."""
+        for source in self.sources:
+            if source.header:
+                value: Any = request.headers.get(source.header.strip().lower(), "")
+            else:
+                value = request.attributes.get(_attribute_key(source))
+            if isinstance(value, str) and value.strip():
+                return value.strip()
+        return ""
+
+    # ---- PreRequest, ResponseHeaders ------------------------------------------------------------
+
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        picked = self.picked(result)
+        if picked is None:
+            return
+        if not self.stateful:
+            request.attributes[self._target_key] = picked.id
+            return
+        session = self.session_id(request)
+        if not session:
+            return
+        now = self.handle.clock()
+        absent = request.attributes.get(self._absent_key) is True
+        self._bindings.commit(session, picked.id, now, absent=absent)
+        if now >= self._next_sweep:
+            self._bindings.sweep(now)
+            self._next_sweep = now + self.sweep_every
+
+    def picked(self, result: SchedulingResult) -> Endpoint | None:
+        """The first target of this instance's profile (``profileName``, else the primary), or
+        ``None`` when that profile did not run or picked nothing."""
+        profile = self.params.profile_name or result.primary_profile
+        chosen = result.profile_results.get(profile)
+        return chosen.targets[0] if chosen is not None and chosen.targets else None
+
+    def response_headers(
+        self, request: InferenceRequest, response: ResponseInfo, set_headers: dict[str, str]
+    ) -> None:
+        endpoint_id = request.attributes.get(self._target_key)
+        if not isinstance(endpoint_id, str) or not endpoint_id:
+            return
+        token = encode_token(endpoint_id)
+        set_headers[self.header] = token
+        if self.cookie and SET_COOKIE not in set_headers and SET_COOKIE not in response.headers:
+            set_headers[SET_COOKIE] = f"{self.cookie}={token}; Path=/; HttpOnly; SameSite=Lax"
+
+    # ---- StateDumper ------------------------------------------------------------------------
+
+    def dump_state(self) -> Mapping[str, Any]:
+        if not self.stateful:
+            return {"strategy": STRATEGY_HEADER, "header": self.header, "cookie": self.cookie}
+        return {
+            "strategy": STRATEGY_SESSION_ID,
+            "bindings": len(self._bindings),
+            "capacity": self._bindings.capacity,
+            "ttlSeconds": self.ttl,
+        }
+
+
+def _attribute_key(source: SessionIDSource) -> DataKey[Any]:
+    """The request-attribute key an ``attribute`` source reads (``<attribute>/<producer>``)."""
+    if source.attribute in _SESSION_ID_TYPES:
+        return SESSION_ID.key(source.producer or SESSION_ID_PRODUCER)
+    return DataKey(source.attribute, source.producer)
+
+
+def _validate_session_id(config: SessionIDConfig) -> None:
+    for i, source in enumerate(config.sources):
+        if (source.header == "") == (source.attribute == ""):
+            raise ValueError(
+                f"sessionIdConfig.sources[{i}]: exactly one of header or attribute must be set"
+            )
+    if config.eviction_ttl_seconds < 0:
+        raise ValueError(f"evictionTtlSeconds must be > 0, got {config.eviction_ttl_seconds}")
+    if config.eviction_sweep_seconds < 0:
+        raise ValueError(f"evictionSweepSeconds must be > 0, got {config.eviction_sweep_seconds}")

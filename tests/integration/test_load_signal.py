@@ -1,0 +1,102 @@
+"""The load signal that listens to the model servers (``estimated-load-scorer`` fed by
+``inflight-load-producer``'s ``LoadEstimate``), through a real Envoy to simulated vLLM pods.
+
+The scraped queue is the truth, this EPP's own in-flight requests the freshest part of it: a pod
+busy with traffic this EPP never saw gets nothing while others have room, and a burst from this
+EPP alone is spread even between scrapes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from tests.conftest import COMPLETION, post, set_overrides, settle
+
+pytestmark = [pytest.mark.envoy]
+
+CONFIG = """\
+plugins:
+- type: estimated-load-scorer
+- type: prefix-cache-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: estimated-load-scorer
+    weight: 2
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+"""
+
+
+async def _send(url: str, n: int, *, tag: str, max_tokens: int = 4) -> list[str]:
+    """``n`` concurrent completions with distinct short prompts; the pods that served them."""
+
+    async def one(i: int) -> str:
+        body = {**COMPLETION, "prompt": f"{tag} {i}", "max_tokens": max_tokens}
+        status, headers, _ = await post(f"{url}/v1/completions", body)
+        assert status == 200, headers
+        return headers["x-sim-pod"]
+
+    return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+async def test_pod_busy_with_foreign_traffic_gets_no_request(start_app, sim_pods, envoy) -> None:
+    fleet = await sim_pods(3)
+    # pod-2 reports 10 waiting requests from clients this EPP never sees; the others 0
+    for url, q in zip(fleet.urls, [0, 0, 10], strict=True):
+        await set_overrides(url, num_requests_waiting=q)
+    app = await start_app(fleet.ports, CONFIG)
+    await settle(
+        app,
+        lambda m: (
+            all(x is not None and x.update_time for x in m.values())
+            and m[fleet.ports[2]].waiting_queue_size == 10
+        ),
+    )
+    proxy = envoy(app)
+    served = []
+    for i in range(4):  # one at a time, from an idle EPP: in-flight counts alone would all tie
+        served += await _send(proxy.url, 1, tag=f"sequential {i}")
+    served += await _send(proxy.url, 8, tag="burst")  # at most 8 in flight: pod-2 stays worse
+    assert "pod-2" not in served, served
+    assert set(served) == {"pod-0", "pod-1"}, served
+
+
+async def test_requests_sent_straight_to_a_pod_count_as_its_load(
+    start_app, sim_pods, envoy
+) -> None:
+    fleet = await sim_pods(3, time_scale=1.0)  # real time: 300 tokens take ~2 s
+    app = await start_app(fleet.ports, CONFIG)
+    foreign = asyncio.gather(  # another client, straight to pod-0, never seen by this EPP
+        *(
+            post(f"{fleet.urls[0]}/v1/completions", {**COMPLETION, "max_tokens": 300})
+            for _ in range(6)
+        )
+    )
+    try:
+        await settle(
+            app,
+            lambda m: (
+                m[fleet.ports[0]] is not None and m[fleet.ports[0]].running_requests_size >= 6
+            ),
+        )
+        proxy = envoy(app)
+        served = await _send(proxy.url, 1, tag="first")
+        served += await _send(proxy.url, 4, tag="burst")
+        assert "pod-0" not in served, served
+    finally:
+        await foreign
+
+
+async def test_burst_from_this_epp_alone_is_spread(start_app, sim_pods, envoy) -> None:
+    fleet = await sim_pods(4, time_scale=5.0)  # each request stays in flight for ~50 ms
+    app = await start_app(fleet.ports, CONFIG)
+    await settle(app, lambda m: all(x is not None and x.update_time for x in m.values()))
+    proxy = envoy(app)
+    served = Counter(await _send(proxy.url, 24, tag="spread", max_tokens=40))
+    mean = 24 / len(fleet.ports)
+    busiest = max(served.values())
+    assert busiest <= 1.5 * mean, served
+    assert len(served) == len(fleet.ports), served
