@@ -93,8 +93,8 @@ def test_epp_config_points_an_existing_file_discovery_at_the_run_when_rendered(
     assert doc["featureGates"] == ["flowControl"]
 
 
-DEFAULT_WEIGHTS = {
-    p["pluginRef"]: p["weight"]
+DEFAULT_WEIGHTS = {  # a filter in the profile has no weight
+    p["pluginRef"]: p.get("weight")
     for p in yaml.safe_load(DEFAULT_CONFIG_TEXT)["schedulingProfiles"][0]["plugins"]
 }
 
@@ -114,7 +114,7 @@ def test_epp_config_is_the_default_plus_discovery_when_rendered(
     cfg = parse_config(text)
     doc = yaml.safe_load(text)
     profile = doc["schedulingProfiles"][0]["plugins"]
-    assert {p["pluginRef"]: p["weight"] for p in profile} == weights
+    assert {p["pluginRef"]: p.get("weight") for p in profile} == weights
     assert doc["dataLayer"]["discovery"] == {"pluginRef": "file-discovery"}
     assert cfg.kind == "EndpointPickerConfig"
 
