@@ -18,6 +18,18 @@ its reuse is ``1 - new tokens / input``: low on the first turn of a session (onl
 system prompt) and on the rare turn with a huge tool result, about 99% otherwise. Sessions run
 concurrently (closed loop, one request in flight per session, no think time).
 
+Responses API sessions: ``responses_share`` of the sessions (half by default, rounded; which
+ones is drawn from the seed) talk to ``/v1/responses`` instead of chat completions. Their first
+turn opens a chain (the system prompt as ``instructions``, the first user message as input);
+every later turn sends ``previous_response_id`` of the previous answer and only the tool result,
+without a session header, and the server rebuilds the conversation from what it stored: the
+previous turn's conversation plus the answer it generated, then the new input. That is exactly
+the conversation a chat session resends, so both kinds of session have the same token plan and
+the same achievable reuse (``epp.bench.oracle`` renders ``BenchRequest.messages``, which for a
+Responses turn is that rebuilt conversation). A follow-up only succeeds on the pod holding the
+previous response; the driver resends a follow-up answered 404 as a new chain
+(``epp.bench.driver``).
+
 Scales (``AGENTIC_SHAPES``):
 
 * ``full``: 8 sessions x 48 turns, median input ~195K tokens (bodies of ~800 KB), median output
@@ -57,6 +69,8 @@ class AgenticShape:
     output_median: int
     output_sigma: float
     output_max: int
+    responses_share: float = 0.5
+    """Share of the sessions that use the Responses API (see the module doc)."""
 
 
 AGENTIC_SHAPES: dict[str, AgenticShape] = {
@@ -130,6 +144,13 @@ def plan_sessions(shape: AgenticShape, seed: int) -> list[list[TurnPlan]]:
     return sessions
 
 
+def responses_sessions(shape: AgenticShape, seed: int) -> frozenset[int]:
+    """Indexes of the sessions that use the Responses API (seeded, ``responses_share``)."""
+    count = round(shape.responses_share * shape.sessions)
+    chosen = random.Random(seed * 104_729 + 17).sample(range(shape.sessions), count)
+    return frozenset(chosen)
+
+
 def shape_stats(plan: list[list[TurnPlan]]) -> dict[str, float]:
     turns = [t for session in plan for t in session]
     reuse = [t.reused_tokens / t.input_tokens for t in turns]
@@ -161,6 +182,7 @@ def simulated_reply(messages: list[Message], prompt_len: int, max_tokens: int) -
 
 def build_agentic(shape: AgenticShape, seed: int, fleet: FleetSpec, concurrency: int) -> Workload:
     plan = plan_sessions(shape, seed)
+    via_responses = responses_sessions(shape, seed)
     text_rng = random.Random(seed * 7919 + 1)
     system = {"role": "system", "content": words(text_rng, shape.system_tokens)}
     ordered: list[tuple[int, int, BenchRequest]] = []
@@ -178,6 +200,7 @@ def build_agentic(shape: AgenticShape, seed: int, fleet: FleetSpec, concurrency:
                 model=MODEL,
                 messages=tuple(messages),
                 max_tokens=turn.max_tokens,
+                api="responses" if s in via_responses else "chat",
             )
             ordered.append((t, s, request))
     # send order: turn-major, as concurrent sessions issue them
@@ -188,10 +211,12 @@ def build_agentic(shape: AgenticShape, seed: int, fleet: FleetSpec, concurrency:
         description=(
             f"{shape.sessions} concurrent agent sessions x {shape.turns} turns; the whole "
             "growing conversation is resent each turn with the previous answer and a tool "
-            "result; one system prompt shared by all sessions"
+            f"result, except in {len(via_responses)} sessions on the Responses API, whose "
+            "follow-ups send previous_response_id and the tool result only; one system prompt "
+            "shared by all sessions"
         ),
         requests=requests,
         fleet=fleet,
         concurrency=concurrency,
-        shape=shape_stats(plan),
+        shape={**shape_stats(plan), "responses_sessions": len(via_responses)},
     )

@@ -8,18 +8,29 @@ PNG plots to ``--out``::
     epp bench --workloads a,b --targets epp,rr --scale full --out out/bench-full
     epp bench --workloads a --targets epp,rr --requests 20 --time-scale 20 --seed 7
     epp bench --workloads d --targets epp,epp:deploy/configs/flow-control.yaml --out out/bench-d
+    epp bench --workloads b,b-foreign,b-pressure --targets epp,rr,vllm --out out/bench-agents
 
-Workloads: ``a`` shared system prompts, ``b`` agentic multi-turn sessions, ``c`` multi-LoRA,
-``d`` overload at 2x capacity with priorities, tenants and shedding (``epp/bench/workloads.py``,
-``epp/bench/overload.py``). Targets: ``epp`` (this EPP behind Envoy, built-in default config),
+Workloads: ``a`` shared system prompts, ``b`` agentic multi-turn sessions (half of them on the
+Responses API with ``previous_response_id`` follow-ups), ``b-foreign`` the same sessions while
+pod-0 is kept busy (batch full, ~10 waiting) by traffic sent straight to it that the router never
+sees, ``b-pressure`` agent sessions with sub-agents, compaction and one-shots on a fleet with KV
+at 1.6x the hot set and one pod at 0.4x the others' KV, ``c`` multi-LoRA, ``d`` overload at 2x
+capacity with priorities, tenants and shedding (``epp/bench/workloads.py``,
+``epp/bench/agentic.py``, ``epp/bench/foreign.py``, ``epp/bench/pressure.py``,
+``epp/bench/overload.py``). Besides hit ratio, TTFT and throughput, the agent workloads report
+per target the session-turn colocation (share of a session's turns served by the pod of its
+previous turn), Responses follow-up success (share answered 200 rather than 404; a 404 is
+resent as a new chain so the run completes) and, for ``b-foreign``, the share of the target's
+requests sent to the busy pod and the imbalance among the others (``epp/bench/sessions.py``).
+Targets: ``epp`` (this EPP behind Envoy, built-in default config),
 ``epp:<config.yaml>`` (the same with that config, alpha plugins allowed), ``rr`` / ``lr`` (Envoy
 round robin / least request), ``sglang`` / ``vllm`` (the PyPI routers, installed into
 ``.venv-sglang-router`` / ``.venv-vllm-router`` on first use). Workload ``d`` also runs its
 latency-sensitive class alone on an idle fleet (the reference of its latency target); against
 ``epp`` and ``epp:deploy/configs/flow-control.yaml`` it takes about 2.5 minutes, about a minute
 per target. Workloads a to c take about 4 minutes on an idle 2-core machine with every target
-(the first run also installs the two routers, ~20 s each). TTFT is wall-clock time: compare
-targets within one run.
+(the first run also installs the two routers, ~20 s each); b, b-foreign and b-pressure against
+epp, rr and vllm about 1.5 minutes. TTFT is wall-clock time: compare targets within one run.
 
 ``epp bench micro [--runs N]`` prints the median time of each hot-path step (body parse, prefix
 hashing, scheduling at 10/100/1000 endpoints), see ``epp/bench/micro.py``.

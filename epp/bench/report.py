@@ -8,7 +8,7 @@ rendered from it alone, so ``render_markdown(json.load(...))`` reproduces a repo
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,19 @@ NOTES: tuple[str, ...] = (
     "imbalance = requests on the busiest pod / mean per pod. CPU ms/req = utime+stime of the "
     "target's processes (EPP + Envoy, Envoy alone, or the router) during the measured phase "
     "per successful request; peak RSS = VmHWM.",
+    "colocation = share of a session's turns (after the first, both served) answered by the "
+    "same pod as its previous turn (x-sim-pod). follow-up ok = share of Responses API "
+    "follow-ups (previous_response_id) answered 200 rather than 404 (a 404 is resent at once "
+    "as a new chain with the whole conversation, its lost round trip counted in that turn's "
+    "TTFT). See epp/bench/sessions.py.",
+    "Foreign load (b-foreign): pod-0 is kept busy by requests sent straight to its port, which "
+    "the target never sees; busy-pod share = the target's requests that went to pod-0 (ideal: "
+    "well below 1/N), others imbalance = busiest other pod / mean of the other pods. The "
+    "simulator's counters include the foreign requests, so per-pod load, imbalance and hit "
+    "ratio there come from the target's own answers (x-sim-pod, usage.cached_tokens).",
+    "b-pressure: the oracle ignores KV capacity (as for every workload), so with the fleet's "
+    "KV at 1.6x the hot set and one small pod its achievable reuse is an upper bound: the gap "
+    "below it is what a router's placement loses to evictions.",
     "vs best peer = value / the best among sglang-router and vllm-router (the Envoy baselines "
     "if neither ran); > 1 is better for hit and tok/s, < 1 is better for TTFT.",
     "Workload (d) sends x-llm-d-inference-objective (priorities from a generated "
@@ -56,14 +69,50 @@ def _ratios(r: Mapping[str, Any]) -> str:
     return " · ".join(f"{v[k]:.2f}" if k in v else "-" for k in keys)
 
 
-_HEAD = (
-    "| target | ok / err | hit | % of oracle | TTFT p50 | p90 | p99 | probe fresh / reused "
-    "| ITL p50 | req/s | out tok/s | imbalance | CPU ms/req | peak RSS MB "
-    "| vs best peer (hit · p90 · tok/s) |"
+_HEAD: tuple[str, ...] = (
+    "target", "ok / err", "hit", "% of oracle", "TTFT p50", "p90", "p99",
+    "probe fresh / reused", "ITL p50", "req/s", "out tok/s", "imbalance", "CPU ms/req",
+    "peak RSS MB", "vs best peer (hit · p90 · tok/s)",
+)  # fmt: skip
+_SESSION_AT = 4
+"""The session columns go right after "% of oracle"."""
+
+
+def _opt_pct(x: float | None) -> str:
+    return "-" if x is None else _pct(x)
+
+
+def _followup_cell(r: Mapping[str, Any]) -> str:
+    if r.get("followup_success") is None:
+        return "-"
+    return f"{_pct(r['followup_success'])} of {r['followups']}"
+
+
+def _imbalance_cell(r: Mapping[str, Any]) -> str:
+    x = r.get("others_imbalance")
+    return "-" if x is None else f"{x:.2f}"
+
+
+_SESSION_COLUMNS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], str]], ...] = (
+    ("colocation", "colocation", lambda r: _opt_pct(r.get("colocation"))),
+    ("follow-up ok", "followup_success", _followup_cell),
+    ("busy-pod share", "busy_pod_share", lambda r: _opt_pct(r.get("busy_pod_share"))),
+    ("others imbalance", "others_imbalance", _imbalance_cell),
 )
 
 
-def _row(r: Mapping[str, Any]) -> str:
+def session_columns(
+    results: Sequence[Mapping[str, Any]],
+) -> list[tuple[str, Callable[[Mapping[str, Any]], str]]]:
+    """The session columns some target of this workload has a value for."""
+    return [
+        (head, cell)
+        for head, key, cell in _SESSION_COLUMNS
+        if any(r.get(key) is not None for r in results)
+    ]
+
+
+def _row(r: Mapping[str, Any], extra: Sequence[Callable[[Mapping[str, Any]], str]] = ()) -> str:
     rss = sum((r.get("peak_rss_mb") or {}).values())
     cells = [
         r["label"],
@@ -82,7 +131,30 @@ def _row(r: Mapping[str, Any]) -> str:
         _num(rss, 0),
         _ratios(r),
     ]
+    cells[_SESSION_AT:_SESSION_AT] = [cell(r) for cell in extra]
     return "| " + " | ".join(cells) + " |"
+
+
+def table(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The per-target table, with the session columns that apply."""
+    extra = session_columns(results)
+    head = list(_HEAD)
+    head[_SESSION_AT:_SESSION_AT] = [h for h, _ in extra]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return lines + [_row(r, [cell for _, cell in extra]) for r in results]
+
+
+def _foreign_lines(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = []
+    for r in results:
+        f = r.get("foreign_load") or {}
+        if f:
+            lines.append(
+                f"- {r['label']}: {r['busy_pod']} had {f['mean_waiting']:.1f} requests waiting "
+                f"on average (max {f['max_waiting']}) and {f['mean_running']:.1f} running; "
+                f"{f['served']} foreign requests served, {f['failed']} failed"
+            )
+    return ["", "Foreign load during each run:", "", *lines] if lines else []
 
 
 def _epp_line(results: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -99,31 +171,50 @@ def _epp_line(results: Sequence[Mapping[str, Any]]) -> list[str]:
     return []
 
 
-def render_workload(w: Mapping[str, Any]) -> list[str]:
-    fleet, oracle = w["fleet"], w["oracle"]
-    lines = [
-        f"## ({w['name']}) {w['title']}",
-        "",
-        f"{w['description']}. {w['requests']} requests, in-flight cap {w['concurrency']}; "
-        f"fleet {fleet['pods']} pods x {fleet['kv_tokens_per_pod']:,} KV tokens, "
-        f"time scale {fleet['time_scale']:g}; oracle's achievable reuse "
-        f"**{_pct(oracle['achievable_reuse'])}**.",
-    ]
-    shape = w.get("shape") or {}
-    if "median_input_tokens" in shape:
+def _fleet_words(fleet: Mapping[str, Any]) -> str:
+    kv = fleet.get("pod_kv_tokens") or [fleet["kv_tokens_per_pod"]] * fleet["pods"]
+    if len(set(kv)) > 1:
+        sizes = " / ".join(f"{k:,}" for k in kv)
+        return f"fleet {fleet['pods']} pods with {sizes} KV tokens"
+    return f"fleet {fleet['pods']} pods x {kv[0]:,} KV tokens"
+
+
+def _shape_lines(shape: Mapping[str, Any]) -> list[str]:
+    lines = []
+    if "share_turns_reuse_ge_90" in shape:
         lines.append(
             f"Shape: median input {shape['median_input_tokens']:,.0f} tokens, median output "
             f"{shape['median_output_tokens']:.0f}, "
             f"{_pct(shape['share_turns_reuse_ge_90'])} of turns reuse >= 90% "
             f"(median reuse {_pct(shape['median_reuse'])})."
         )
+    if "hot_set_tokens" in shape:
+        lines.append(
+            f"Shape: {shape['sessions']} sessions, {shape['subagents']} sub-agents, "
+            f"{shape['oneshots']} one-shots, {shape['compactions']} compactions; median input "
+            f"{shape['median_input_tokens']:,.0f} tokens; hot set {shape['hot_set_tokens']:,} "
+            f"tokens, fleet KV {shape['fleet_kv_tokens']:,}."
+        )
+    return lines
+
+
+def render_workload(w: Mapping[str, Any]) -> list[str]:
+    fleet, oracle = w["fleet"], w["oracle"]
+    lines = [
+        f"## ({w['name']}) {w['title']}",
+        "",
+        f"{w['description']}. {w['requests']} requests, in-flight cap {w['concurrency']}; "
+        f"{_fleet_words(fleet)}, time scale {fleet['time_scale']:g}; oracle's achievable reuse "
+        f"**{_pct(oracle['achievable_reuse'])}**.",
+    ]
+    lines += _shape_lines(w.get("shape") or {})
     ran = [r for r in w["results"] if r["status"] == "ok"]
-    lines += ["", _HEAD, "|" + "---|" * 15]
-    lines += [_row(r) for r in ran]
+    lines += ["", *table(ran)]
     for r in w["results"]:
         if r["status"] != "ok":
             lines.append(f"\n{r['label']}: {r['status']} ({r['reason']})")
     lines += _epp_line(ran)
+    lines += _foreign_lines(ran)
     lines += overload_report.render(w)
     return lines
 

@@ -14,6 +14,10 @@
   after the workload's lead-in (``Workload.measure_from``); ``epp_memory`` (EPP targets of a
   workload with objectives): RSS after warm-up, peak flow-control queue bytes and requests,
   configured byte caps (``epp.bench.eppmetrics``);
+* session statistics (``colocation``, Responses ``followup_success``) and, with foreign load,
+  ``busy_pod_share`` and ``others_imbalance`` (``per_pod``, ``imbalance`` and the hit ratio then
+  come from the target's own answers): see ``epp.bench.sessions``; ``None`` where they do not
+  apply (no multi-turn sessions, no follow-ups, no foreign load);
 * ``vs_best_peer``: this target's value / the best value among the peer routers that ran
   (sglang-router, vllm-router; the Envoy baselines when neither ran), the row's own target
   excluded; ``best_peer`` names which peer was best per metric (hit share and throughput:
@@ -73,6 +77,17 @@ class TargetResult:
     tenants: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     """Objective -> tenant -> stats, for objectives whose requests carry a fairness id."""
     epp_memory: dict[str, Any] = field(default_factory=dict)
+    colocation: float | None = None
+    colocation_pairs: int = 0
+    followups: int = 0
+    followups_ok: int = 0
+    followups_404: int = 0
+    followup_success: float | None = None
+    busy_pod: str = ""
+    busy_pod_share: float | None = None
+    others_imbalance: float | None = None
+    foreign_load: dict[str, Any] = field(default_factory=dict)
+    """The foreign traffic's own numbers over the measured phase (``epp.bench.foreign``)."""
     error_samples: list[str] = field(default_factory=list)
     ttft_ms: list[float] = field(default_factory=list)
     vs_best_peer: dict[str, float] = field(default_factory=dict)

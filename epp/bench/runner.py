@@ -3,10 +3,13 @@
 For each (workload, target): start a cold simulated fleet (its own ``epp sim`` process), start
 the target in front of it, send one warm-up request (until it answers 200, bounded), send the
 workload's ``warm_prefixes`` to every pod directly (so shared prompts start cached everywhere),
-snapshot the pods' counters and the target's CPU time, run the workload (an EPP target's
-flow-control queue gauges are polled meanwhile), snapshot again, read peak RSS, run the
-fresh-connection probe, stop the target and the fleet. A target that cannot be installed or
-started is reported with the reason and the run goes on.
+start the workload's foreign load if it has one (traffic sent straight to one pod, bypassing
+the target, see ``epp.bench.foreign``; it runs until the workload is done), snapshot the pods'
+counters and the target's CPU time, run the workload (an EPP target's flow-control queue gauges
+are polled meanwhile), snapshot again, stop the foreign load, read peak RSS, run the
+fresh-connection probe, stop the target and the fleet. The session statistics (colocation,
+Responses follow-ups, foreign-load avoidance) come from the outcomes (``epp.bench.sessions``).
+A target that cannot be installed or started is reported with the reason and the run goes on.
 
 A workload with a ``reference_objective`` (the overload workload's latency-sensitive class) is
 then run once more with only that class's requests, same arrival times, on a fresh idle fleet:
@@ -31,9 +34,11 @@ import aiohttp
 from epp.bench import driver, targets
 from epp.bench.eppmetrics import QueueSampler, byte_caps
 from epp.bench.fleet import SimProcess, stats_delta
+from epp.bench.foreign import ForeignTraffic
 from epp.bench.oracle import compute_oracle
 from epp.bench.peers import PeerUnavailable
 from epp.bench.results import TargetResult, add_peer_ratios, summarize
+from epp.bench.sessions import add_foreign_stats, add_session_stats
 from epp.bench.spec import MODEL, BenchRequest, Workload, limit_requests
 from epp.bench.workloads import build
 from epp.localstack.procs import cpu_seconds, peak_rss_bytes, rss_bytes
@@ -113,6 +118,58 @@ async def _drive(
     return outcomes, memory
 
 
+@dataclass
+class _Measured:
+    outcomes: list[driver.Outcome]
+    memory: dict[str, Any]
+    delta: dict[str, dict[str, float]]
+    cpu: dict[str, float]
+    foreign: dict[str, Any]
+
+
+async def _start_foreign(sim: SimProcess, workload: Workload, seed: int) -> ForeignTraffic | None:
+    if workload.foreign is None:
+        return None
+    url = sim.urls[workload.foreign.pod]
+    traffic = ForeignTraffic(workload.foreign, url, workload.fleet.max_num_seqs, seed)
+    await traffic.start()
+    return traffic
+
+
+async def _measure(
+    running: targets.Running,
+    sim: SimProcess,
+    workload: Workload,
+    todo: list[BenchRequest],
+    opts: Options,
+) -> _Measured:
+    """The measured phase: counters and CPU around the run, foreign load (if any) throughout."""
+    foreign = await _start_foreign(sim, workload, opts.seed)
+    foreign_stats: dict[str, Any] = {}
+    try:
+        before = sim.stats()
+        cpu0 = {name: cpu_seconds(pid) for name, pid in running.processes.items()}
+        if foreign is not None:
+            foreign.begin()
+        outcomes, memory = await _drive(running, workload, todo, opts)
+        cpu = {n: cpu_seconds(pid) - cpu0[n] for n, pid in running.processes.items()}
+        delta = stats_delta(before, sim.stats())
+    finally:
+        if foreign is not None:
+            foreign_stats = await foreign.stop()
+    return _Measured(outcomes, memory, delta, cpu, foreign_stats)
+
+
+def _add_session_stats(
+    result: TargetResult, workload: Workload, sim: SimProcess, m: _Measured, oracle: float
+) -> None:
+    add_session_stats(result, m.outcomes)
+    if workload.foreign is not None:
+        pods = list(sim.pods)
+        busy = pods[workload.foreign.pod]
+        add_foreign_stats(result, m.outcomes, pods, busy, m.foreign, oracle)
+
+
 async def run_target(
     key: str,
     workload: Workload,
@@ -131,19 +188,16 @@ async def run_target(
         running = targets.start(key, sim, workload, workdir)
         await warm_up(running.url)
         await warm_pods(sim, workload)
-        before = sim.stats()
-        cpu0 = {name: cpu_seconds(pid) for name, pid in running.processes.items()}
         todo = workload.requests if requests is None else requests
-        outcomes, memory = await _drive(running, workload, todo, opts)
-        cpu = {n: cpu_seconds(pid) - cpu0[n] for n, pid in running.processes.items()}
-        delta = stats_delta(before, sim.stats())
+        m = await _measure(running, sim, workload, todo, opts)
         result.peak_rss_mb = {
             n: round(peak_rss_bytes(pid) / 2**20, 1) for n, pid in running.processes.items()
         }
         probe = await driver.probe(running.url, opts.probe if probe_n is None else probe_n)
-        measured = [o for o in outcomes if todo[o.index].at >= workload.measure_from]
-        summarize(result, outcomes, delta, oracle_ratio, cpu, probe, measured)
-        result.epp_memory = memory
+        measured = [o for o in m.outcomes if todo[o.index].at >= workload.measure_from]
+        summarize(result, m.outcomes, m.delta, oracle_ratio, m.cpu, probe, measured)
+        result.epp_memory = m.memory
+        _add_session_stats(result, workload, sim, m, oracle_ratio)
     except Exception as exc:
         result.status, result.reason = "failed", f"{type(exc).__name__}: {exc}"[:500]
     finally:
@@ -177,13 +231,28 @@ def _prepare_targets(keys: Sequence[str]) -> dict[str, str]:
     return unavailable
 
 
+def _session_words(r: TargetResult) -> str:
+    parts = []
+    if r.colocation is not None:
+        parts.append(f"colocation {r.colocation:.0%}")
+    if r.followup_success is not None:
+        parts.append(f"follow-ups {r.followup_success:.0%} ok ({r.followups_404} x 404)")
+    if r.busy_pod_share is not None:
+        parts.append(
+            f"{r.busy_pod_share:.0%} to busy {r.busy_pod} "
+            f"(others imbalance {r.others_imbalance or 0:.2f})"
+        )
+    return "".join(", " + p for p in parts)
+
+
 def _describe(r: TargetResult, seconds: float) -> str:
     if r.status != "ok":
         return f"{r.target}: {r.status}: {r.reason}"
     return (
         f"{r.target}: {r.ok}/{r.requests} ok, hit {r.hit_ratio:.1%} ({r.oracle_share:.0%} of "
-        f"oracle), TTFT p50 {r.ttft_p50_ms:.1f} ms p90 {r.ttft_p90_ms:.1f} ms, "
-        f"{r.out_tok_per_s:.0f} tok/s, imbalance {r.imbalance:.2f} [{seconds:.1f}s]"
+        f"oracle){_session_words(r)}, TTFT p50 {r.ttft_p50_ms:.1f} ms p90 "
+        f"{r.ttft_p90_ms:.1f} ms, {r.out_tok_per_s:.0f} tok/s, imbalance {r.imbalance:.2f} "
+        f"[{seconds:.1f}s]"
     )
 
 
@@ -245,6 +314,7 @@ async def run_workload(name: str, opts: Options, unavailable: dict[str, str]) ->
         "objectives": [list(o) for o in workload.objectives],
         "reference_objective": workload.reference_objective,
         "measure_from_s": workload.measure_from,
+        "foreign_load": workload.foreign.as_json() if workload.foreign else {},
         "reference": reference,
         "results": [r.as_json() for r in results],
     }

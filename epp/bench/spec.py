@@ -3,10 +3,16 @@
 A workload is data, built once from a seed by a generator (``epp.bench.workloads``) and then sent
 unchanged to every target, so every target sees byte-identical requests in the same order.
 
-* ``BenchRequest``: one streamed chat completion. ``session`` groups requests that must run one
-  after the other (a conversation: turn ``n + 1`` is sent after turn ``n`` finished); ``at`` is
-  the earliest send time in *simulated* seconds after the start (0 = as soon as a slot is free),
-  divided by the fleet's time scale to get wall-clock seconds.
+* ``BenchRequest``: one streamed generation request. ``session`` groups requests that must run
+  one after the other (a conversation: turn ``n + 1`` is sent after turn ``n`` finished); ``at``
+  is the earliest send time in *simulated* seconds after the start (0 = as soon as a slot is
+  free), divided by the fleet's time scale to get wall-clock seconds; ``after`` names a request
+  of another session that must have finished before this session starts (a sub-agent forks
+  after its parent's turn). ``messages`` is always the whole conversation the server renders.
+  ``api`` ``"chat"`` sends it to ``/v1/chat/completions``; ``"responses"`` sends it to
+  ``/v1/responses``: as a new chain (the system message as ``instructions``, the rest as input
+  messages) or, given the previous turn's response id, as a follow-up carrying only the last
+  message (the server rebuilds the rest from its stored conversation, see ``epp.sim.openai``).
 * ``FleetSpec``: the ``epp sim`` parameters. They belong to the workload because they shape it:
   the KV capacity is chosen so that a router that scatters a prefix across pods forces evictions
   while one that keeps it together does not.
@@ -14,9 +20,11 @@ unchanged to every target, so every target sees byte-identical requests in the s
   target adds to the built-in default profile (none unless the workload needs one, e.g. LoRA
   affinity for the multi-LoRA workload). A workload may also declare InferenceObjectives (name,
   priority): the runner writes them to an objectives file the EPP targets load; prompt prefixes
-  every pod holds before the run starts (``warm_prefixes``, sent to each pod directly); and a
-  request class measured again alone on an idle fleet (``reference_objective``); and a lead-in
-  (``measure_from``) whose requests bring the fleet from idle to its steady state unmeasured.
+  every pod holds before the run starts (``warm_prefixes``, sent to each pod directly); a
+  request class measured again alone on an idle fleet (``reference_objective``); a lead-in
+  (``measure_from``) whose requests bring the fleet from idle to its steady state unmeasured;
+  and a ``ForeignLoad``: traffic the driver sends straight to one pod, bypassing the router,
+  while the workload runs (``epp.bench.foreign``).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
 """Flow-control fairness id (a tenant or a program)."""
 
 Message = Mapping[str, str]
+API_PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "responses": "/v1/responses"}
 
 
 @dataclass(frozen=True)
@@ -49,10 +58,16 @@ class FleetSpec:
     decode_per_seq_ms: float = 0.08
     lora_adapters: tuple[str, ...] = ()
     max_loras: int = 1
+    pod_gpu_blocks: tuple[int, ...] = ()
+    """KV blocks of each pod, overriding ``num_gpu_blocks`` (empty: every pod the same)."""
 
     def __post_init__(self) -> None:
         if self.pods < 1:
             raise ValueError("pods must be >= 1")
+        if self.pod_gpu_blocks and len(self.pod_gpu_blocks) != self.pods:
+            raise ValueError("pod_gpu_blocks needs one value per pod")
+        if any(b < 1 for b in self.pod_gpu_blocks):
+            raise ValueError("pod_gpu_blocks must be >= 1")
         if self.time_scale <= 0:
             raise ValueError("time_scale must be > 0")
         if self.num_gpu_blocks < 1 or self.block_size < 1:
@@ -61,6 +76,12 @@ class FleetSpec:
     @property
     def kv_tokens_per_pod(self) -> int:
         return self.num_gpu_blocks * self.block_size
+
+    @property
+    def pod_kv_tokens(self) -> list[int]:
+        """KV tokens of each pod, in pod order."""
+        blocks = self.pod_gpu_blocks or (self.num_gpu_blocks,) * self.pods
+        return [b * self.block_size for b in blocks]
 
     def sim_args(self) -> list[str]:
         """Arguments of ``epp sim`` (ports picked by the OS, pods named ``pod-<i>``)."""
@@ -92,6 +113,8 @@ class FleetSpec:
         ]
         if self.lora_adapters:
             args += ["--lora", ",".join(self.lora_adapters), "--max-loras", str(self.max_loras)]
+        if self.pod_gpu_blocks:
+            args += ["--pod-num-gpu-blocks", ",".join(map(str, self.pod_gpu_blocks))]
         return args
 
     def as_json(self) -> dict[str, Any]:
@@ -100,6 +123,7 @@ class FleetSpec:
             "num_gpu_blocks": self.num_gpu_blocks,
             "block_size": self.block_size,
             "kv_tokens_per_pod": self.kv_tokens_per_pod,
+            "pod_kv_tokens": self.pod_kv_tokens,
             "max_num_seqs": self.max_num_seqs,
             "max_model_len": self.max_model_len,
             "prefill_tokens_per_s": self.prefill_tokens_per_s,
@@ -115,12 +139,26 @@ class FleetSpec:
 class BenchRequest:
     session: str
     turn: int
+    """Position in the send order of its conversation (turn-major truncation keeps the lowest
+    first); a forked sub-agent numbers its turns on from the parent turn it forked at."""
     model: str
     messages: tuple[Message, ...]
     max_tokens: int
     at: float = 0.0
     objective: str = ""
     fairness_id: str = ""
+    api: str = "chat"
+    """``chat`` or ``responses`` (see the module doc)."""
+    after: tuple[str, int] | None = None
+    """(session, turn) of another session's request this session's first request waits for."""
+
+    def __post_init__(self) -> None:
+        if self.api not in API_PATHS:
+            raise ValueError(f"api must be one of {', '.join(API_PATHS)}, got {self.api!r}")
+
+    @property
+    def path(self) -> str:
+        return API_PATHS[self.api]
 
     def headers(self) -> dict[str, str]:
         headers = {"content-type": "application/json"}
@@ -130,13 +168,53 @@ class BenchRequest:
             headers[FAIRNESS_HEADER] = self.fairness_id
         return headers
 
-    def body(self) -> dict[str, Any]:
+    def body(self, previous_response_id: str = "") -> dict[str, Any]:
+        """The JSON body; ``previous_response_id`` makes a Responses turn a follow-up."""
+        if self.api == "responses":
+            return self._responses_body(previous_response_id)
         return {
             "model": self.model,
             "messages": list(self.messages),
             "max_tokens": self.max_tokens,
             "stream": True,
             "stream_options": {"include_usage": True},
+        }
+
+    def _responses_body(self, previous_response_id: str) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_output_tokens": self.max_tokens,
+            "stream": True,
+        }
+        messages = list(self.messages)
+        if previous_response_id:
+            body["previous_response_id"] = previous_response_id
+            messages = messages[-1:]
+        elif messages and messages[0].get("role") == "system":
+            body["instructions"] = messages.pop(0).get("content", "")
+        body["input"] = [
+            {"type": "message", "role": m.get("role", "user"), "content": m.get("content", "")}
+            for m in messages
+        ]
+        return body
+
+
+@dataclass(frozen=True)
+class ForeignLoad:
+    """Requests the router never sees: ``waiting`` more than the pod's batch holds are kept in
+    flight to pod ``pod`` (closed loop), so about ``waiting`` wait in its queue."""
+
+    pod: int = 0
+    waiting: int = 10
+    prompt_words: int = 200
+    max_tokens: int = 512
+
+    def as_json(self) -> dict[str, int]:
+        return {
+            "pod": self.pod,
+            "waiting": self.waiting,
+            "prompt_words": self.prompt_words,
+            "max_tokens": self.max_tokens,
         }
 
 
@@ -160,6 +238,8 @@ class Workload:
     measure_from: float = 0.0
     """Lead-in: requests arriving earlier (simulated seconds) are sent and served but left out
     of the per-class and per-tenant statistics."""
+    foreign: ForeignLoad | None = None
+    """Traffic sent straight to one pod while the workload runs, unseen by the router."""
 
     def objectives_yaml(self) -> str:
         """The declared objectives as multi-document ``InferenceObjective`` YAML."""

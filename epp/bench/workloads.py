@@ -4,7 +4,16 @@
     own question (one request each, in a seeded random order, closed loop). The fleet holds
     about half of the prompts per pod: a router that keeps each group on one pod hits, one that
     spreads every group over every pod evicts.
-(b) ``agentic``: coding-agent sessions, see ``epp.bench.agentic``.
+(b) ``agentic``: coding-agent sessions, half of them on the Responses API
+    (``previous_response_id`` follow-ups), see ``epp.bench.agentic``.
+(b-foreign) ``agentic-foreign-load``: the sessions of (b) on the same fleet with batches of
+    ``FOREIGN_MAX_NUM_SEQS`` sequences, while pod-0 is kept busy (its batch full and about 10
+    requests waiting) by requests the driver sends straight to its port, which the router never
+    sees (``epp.bench.foreign``): the report says how much of the target's traffic still went
+    to the busy pod.
+(b-pressure) ``agentic-kv-pressure``: agent sessions with sub-agents forking from their
+    parent's context, compaction turns and one-shot requests, on a fleet whose KV is 1.6x the
+    hot set with pod-0 at 0.4x the others' KV, see ``epp.bench.pressure``.
 (c) ``multi-lora``: ``adapters`` LoRA adapters with Zipf-distributed popularity, each with a few
     system prompts of its own; every pod serves every adapter but only ``max_loras`` at a time
     in a batch (requests for a third adapter wait for a slot). Prefix blocks never match across
@@ -26,16 +35,21 @@ from dataclasses import dataclass, replace
 
 from epp.bench.agentic import AGENTIC_SHAPES, build_agentic
 from epp.bench.overload import build_overload
-from epp.bench.spec import MODEL, BenchRequest, FleetSpec, Message, Workload
+from epp.bench.pressure import PRESSURE_SHAPES, build_pressure
+from epp.bench.spec import MODEL, BenchRequest, FleetSpec, ForeignLoad, Message, Workload
 from epp.bench.text import words
 
 SCALES = ("default", "full")
 WORKLOADS: dict[str, str] = {
     "a": "shared-prefix",
     "b": "agentic",
+    "b-foreign": "agentic-foreign-load",
+    "b-pressure": "agentic-kv-pressure",
     "c": "multi-lora",
     "d": "overload",
 }
+FOREIGN_MAX_NUM_SEQS = 8
+"""Batch size of every pod in (b-foreign): the busy pod queues beyond it."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +113,25 @@ def agentic(scale: str, seed: int) -> Workload:
     return build_agentic(shape, seed, fleet, concurrency=shape.sessions)
 
 
+def agentic_foreign(scale: str, seed: int) -> Workload:
+    workload = agentic(scale, seed)
+    foreign = ForeignLoad(pod=0, waiting=10, prompt_words=200, max_tokens=512)
+    workload.name = "b-foreign"
+    workload.title = "agentic sessions beside foreign load"
+    workload.description += (
+        f"; pod-0 kept busy by requests the router never sees ({FOREIGN_MAX_NUM_SEQS} + "
+        f"{foreign.waiting} in flight, {foreign.max_tokens} output tokens each: its batch full "
+        f"and about {foreign.waiting} waiting)"
+    )
+    workload.fleet = replace(workload.fleet, max_num_seqs=FOREIGN_MAX_NUM_SEQS)
+    workload.foreign = foreign
+    return workload
+
+
+def agentic_pressure(scale: str, seed: int) -> Workload:
+    return build_pressure(PRESSURE_SHAPES[scale], seed)
+
+
 def multi_lora(scale: str, seed: int) -> Workload:
     full = scale == "full"
     adapters = [f"lora-{i}" for i in range(16 if full else 8)]
@@ -151,13 +184,15 @@ def overload(scale: str, seed: int) -> Workload:
 _BUILDERS: dict[str, Callable[[str, int], Workload]] = {
     "a": shared_prefix,
     "b": agentic,
+    "b-foreign": agentic_foreign,
+    "b-pressure": agentic_pressure,
     "c": multi_lora,
     "d": overload,
 }
 
 
 def resolve(name: str) -> str:
-    """Workload key (``a``..``d``) from a key or a long name."""
+    """Workload key (``a``, ``b``, ``b-foreign``, ...) from a key or a long name."""
     key = name.strip().lower()
     for k, long_name in WORKLOADS.items():
         if key in (k, long_name):

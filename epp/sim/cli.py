@@ -7,7 +7,8 @@ Example::
 
 serves pods ``sim-0`` .. ``sim-3`` on ports 8000..8003, pod i publishing KV events on port
 5557 + i. Prints ``sim pod <name> listening on http://<host>:<port>`` per pod once ready and
-exits cleanly on SIGTERM / SIGINT.
+exits cleanly on SIGTERM / SIGINT. ``--pod-num-gpu-blocks 28000,28000,28000,11200`` gives each
+pod its own KV capacity (one value per pod; every other setting is shared).
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     """The engine model of every pod: cache, batch, speeds."""
     p.add_argument("--block-size", type=int, default=_D.block_size, help="tokens per KV block")
     p.add_argument("--num-gpu-blocks", type=int, default=_D.num_gpu_blocks, help="KV blocks")
+    p.add_argument(
+        "--pod-num-gpu-blocks",
+        default="",
+        help="comma-separated KV blocks of each pod (one per pod), overriding --num-gpu-blocks",
+    )
     p.add_argument("--max-num-seqs", type=int, default=_D.max_num_seqs, help="max batch size")
     p.add_argument("--max-model-len", type=int, default=_D.max_model_len, help="context window")
     p.add_argument(
@@ -104,6 +110,7 @@ def configs_from_args(args: argparse.Namespace) -> list[PodConfig]:
     if args.port + args.pods - 1 > 65535 or args.port < 0:
         raise ValueError("--port + --pods exceeds the port range")
     loras = tuple(name.strip() for name in args.lora.split(",") if name.strip())
+    blocks = _pod_blocks(args.pod_num_gpu_blocks, args.pods, args.num_gpu_blocks)
     configs: list[PodConfig] = []
     for i in range(args.pods):
         endpoint = args.kv_events_endpoint
@@ -119,7 +126,7 @@ def configs_from_args(args: argparse.Namespace) -> list[PodConfig]:
                 lora_adapters=loras,
                 max_loras=args.max_loras,
                 block_size=args.block_size,
-                num_gpu_blocks=args.num_gpu_blocks,
+                num_gpu_blocks=blocks[i],
                 max_num_seqs=args.max_num_seqs,
                 max_model_len=args.max_model_len,
                 prefill_tokens_per_s=args.prefill_tokens_per_s,
@@ -133,6 +140,19 @@ def configs_from_args(args: argparse.Namespace) -> list[PodConfig]:
             )
         )
     return configs
+
+
+def _pod_blocks(text: str, pods: int, default: int) -> list[int]:
+    """KV blocks of each pod: the comma-separated list, or ``default`` for every pod."""
+    if not text.strip():
+        return [default] * pods
+    try:
+        blocks = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise ValueError("--pod-num-gpu-blocks must be comma-separated integers") from None
+    if len(blocks) != pods:
+        raise ValueError(f"--pod-num-gpu-blocks has {len(blocks)} values for {pods} pods")
+    return blocks
 
 
 async def serve(configs: Sequence[PodConfig]) -> None:

@@ -30,12 +30,25 @@ TINY = AgenticShape(
 
 def _fingerprint(requests: list[BenchRequest]) -> list[tuple[object, ...]]:
     return [
-        (r.session, r.turn, r.model, r.messages, r.max_tokens, r.at, r.objective, r.fairness_id)
+        (
+            r.session,
+            r.turn,
+            r.model,
+            r.messages,
+            r.max_tokens,
+            r.at,
+            r.objective,
+            r.fairness_id,
+            r.api,
+            r.after,
+        )
         for r in requests
     ]
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in ("a", "b", "c", "d")])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, id=n) for n in ("a", "b", "b-foreign", "b-pressure", "c", "d")]
+)
 def test_workload_is_identical_when_built_twice_with_one_seed(name: str) -> None:
     first = build(name, seed=3)
     again = build(name, seed=3)

@@ -42,12 +42,23 @@ def test_configs_number_ports_and_names_when_pods_requested() -> None:
     assert configs[0].lora_adapters == ("a", "b")
 
 
+def test_each_pod_gets_its_own_kv_blocks_when_listed() -> None:
+    args = ["--pods", "3", "--num-gpu-blocks", "500", "--pod-num-gpu-blocks", "40, 50,20"]
+    configs = configs_from_args(build_parser().parse_args(args))
+    assert [c.num_gpu_blocks for c in configs] == [40, 50, 20]
+    same = configs_from_args(build_parser().parse_args(["--pods", "2", "--num-gpu-blocks", "7"]))
+    assert [c.num_gpu_blocks for c in same] == [7, 7]
+
+
 @pytest.mark.parametrize(
     "argv",
     [
         pytest.param(["--pods", "0"], id="no-pods"),
         pytest.param(["--block-size", "0"], id="bad-engine-param"),
         pytest.param(["--port", "65535", "--pods", "2"], id="port-overflow"),
+        pytest.param(["--pods", "2", "--pod-num-gpu-blocks", "10"], id="pod-blocks-count"),
+        pytest.param(["--pods", "2", "--pod-num-gpu-blocks", "10,x"], id="pod-blocks-nan"),
+        pytest.param(["--pods", "2", "--pod-num-gpu-blocks", "10,0"], id="pod-blocks-zero"),
     ],
 )
 def test_main_exits_with_usage_error_when_arguments_are_invalid(
