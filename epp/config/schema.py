@@ -165,7 +165,7 @@ plugins:
 - type: response-affinity-filter
 - type: kv-cache-utilization-scorer
 - type: prefix-cache-scorer
-- type: active-request-scorer
+- type: estimated-load-scorer
 - type: no-hit-lru-scorer
 - type: metrics-data-source
 - type: core-metrics-extractor
@@ -177,7 +177,7 @@ schedulingProfiles:
     weight: 1
   - pluginRef: prefix-cache-scorer
     weight: 4
-  - pluginRef: active-request-scorer
+  - pluginRef: estimated-load-scorer
     weight: 2
   - pluginRef: no-hit-lru-scorer
     weight: 1
@@ -188,9 +188,11 @@ dataLayer:
     - pluginRef: core-metrics-extractor
 """
 """This EPP's built-in default: a Responses API follow-up goes to the server holding its previous
-response (``response-affinity-filter``); then prefix affinity first, then this EPP's own in-flight
-requests
-(exact at the moment of the decision, unlike scraped queues that are up to one scrape old), then
-KV-cache headroom; cold requests go to the least recently used pod. On the agentic benchmark the
-upstream default reached 97.8% of the achievable prefix reuse with the busiest pod at 3.1x the
-mean; this one 99.9% at 1.0x (``epp bench --workloads b``; see README)."""
+response (``response-affinity-filter``); then prefix affinity first, then the estimated load
+(``estimated-load-scorer``: each pod's scraped queue and running requests, corrected by what this
+EPP dispatched and saw complete since the scrape, so it is exact between scrapes and still sees
+other replicas and foreign traffic), then KV-cache headroom; cold requests go to the least
+recently used pod. On the agentic benchmark (``epp bench --workloads b``) upstream's default
+reached 97.8% of the achievable prefix reuse with the busiest pod at 3.1x the mean, this one
+99.9% at 1.0x; with a pod loaded by traffic the EPP never sees (``b-foreign``) it sends that pod
+nothing, where counting only its own requests sent it a quarter (see README)."""

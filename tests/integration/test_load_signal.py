@@ -11,7 +11,9 @@ import asyncio
 from collections import Counter
 
 import pytest
+import yaml
 
+from epp.config.schema import DEFAULT_CONFIG_TEXT
 from tests.conftest import COMPLETION, post, set_overrides, settle
 
 pytestmark = [pytest.mark.envoy]
@@ -42,12 +44,30 @@ async def _send(url: str, n: int, *, tag: str, max_tokens: int = 4) -> list[str]
     return list(await asyncio.gather(*(one(i) for i in range(n))))
 
 
-async def test_pod_busy_with_foreign_traffic_gets_no_request(start_app, sim_pods, envoy) -> None:
+def _builtin_default_body() -> str:
+    """The built-in default's plugins and profile (the fixture adds discovery and sources)."""
+    doc = yaml.safe_load(DEFAULT_CONFIG_TEXT)
+    for key in ("apiVersion", "kind", "dataLayer"):
+        doc.pop(key)
+    sources = ("metrics-data-source", "core-metrics-extractor")
+    doc["plugins"] = [p for p in doc["plugins"] if p["type"] not in sources]
+    return str(yaml.safe_dump(doc, sort_keys=False))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [pytest.param(CONFIG, id="load-and-prefix"), pytest.param("builtin", id="builtin-default")],
+)
+async def test_pod_busy_with_foreign_traffic_gets_no_request(
+    start_app, sim_pods, envoy, config: str
+) -> None:
+    if config == "builtin":
+        config = _builtin_default_body()
     fleet = await sim_pods(3)
     # pod-2 reports 10 waiting requests from clients this EPP never sees; the others 0
     for url, q in zip(fleet.urls, [0, 0, 10], strict=True):
         await set_overrides(url, num_requests_waiting=q)
-    app = await start_app(fleet.ports, CONFIG)
+    app = await start_app(fleet.ports, config)
     await settle(
         app,
         lambda m: (

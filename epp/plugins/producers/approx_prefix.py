@@ -19,9 +19,12 @@ Algorithm (spec §4.8):
 - Match: per prompt, each endpoint's number of consecutive leading blocks in the index, summed
   over prompts; ``total_blocks`` is the number of hashes over all prompts.
 - PreRequest: all hashes are added to the primary profile's first target and, when a ``prefill``
-  profile picked one, to its first target too. An endpoint's LRU holds ``cache_num_blocks`` of its
-  scraped metrics when ``autoTune`` and > 0, else ``lruCapacityPerServer`` blocks. Endpoints that
-  left the pool are purged, at most every 2 s.
+  profile picked one, to its first target too. An endpoint's LRU holds what its KV cache holds:
+  with ``autoTune`` and scraped ``cache_num_blocks`` > 0, ``cache_num_blocks * cache_block_size /
+  blockSize`` index blocks, else ``lruCapacityPerServer`` blocks. (Upstream uses
+  ``cache_num_blocks`` as is, counting 16-token engine blocks as 64-token index blocks: it
+  believes a pod caches four times what it does, and keeps routing to prefixes the pod has
+  evicted.) Endpoints that left the pool are purged, at most every 2 s.
 
 Parameters:
 
@@ -244,17 +247,21 @@ class ApproxPrefixCacheProducer(PluginBase):
         if prefill is not None and prefill.targets and prefill.targets[0].id != target.id:
             targets.append(prefill.targets[0])
         for ep in targets:
-            capacity = self._capacity(ep)
+            capacity = self._capacity(ep, state.block_size)
             for hashes in state.per_prompt:
                 self.index.add(ep.id, hashes, capacity)
         self._metrics.size(self.index.size)
         unit = state.block_size * TOKEN_BYTES  # bytes per block, as upstream reports it
         self._metrics.hit(state.matches.get(target.id, 0) * unit, state.total_blocks * unit)
 
-    def _capacity(self, endpoint: Endpoint) -> int:
+    def _capacity(self, endpoint: Endpoint, block_size: int) -> int:
+        """How many index blocks of ``block_size`` tokens the endpoint's KV cache holds."""
         metrics = endpoint.metrics
         if self.params.auto_tune and metrics is not None and metrics.cache_num_blocks > 0:
-            return metrics.cache_num_blocks
+            # The engine counts blocks of its own size; index blocks are larger (at least 64
+            # tokens), so the same memory holds proportionally fewer of them.
+            engine_block = metrics.cache_block_size or block_size
+            return max(1, metrics.cache_num_blocks * engine_block // block_size)
         return self._default_capacity
 
     def _maybe_purge(self) -> None:

@@ -37,7 +37,7 @@ def test_builtin_default_config_weights_and_auto_producers(registry: PluginRegis
     assert weights == {
         "kv-cache-utilization-scorer": 1,
         "prefix-cache-scorer": 4,
-        "active-request-scorer": 2,
+        "estimated-load-scorer": 2,
         "no-hit-lru-scorer": 1,
     }
     assert sorted(x.typed_name.type for x in p.producers) == [

@@ -230,6 +230,16 @@ async def test_lru_capacity_resolves_when_endpoint_learns(
     assert p.index.size == min(10, expected_capacity)
 
 
+async def test_lru_capacity_counts_index_blocks_when_engine_blocks_are_smaller() -> None:
+    """A pod with 40 engine blocks of 16 tokens caches 640 tokens: 10 index blocks of 64, not 40
+    (upstream's count, which believes the pod holds four times what it does)."""
+    p = _producer()
+    ep = _endpoint(0, block_size=16, num_blocks=40)
+    await _schedule(p, _request(640 * 3), [ep], ep)
+    assert p.index.capacity(ep.id) == 10
+    assert p.index.size == 10
+
+
 async def test_lru_evicts_older_prompt_when_endpoint_capacity_reached() -> None:
     p = _producer(lruCapacityPerServer=10)
     pool = [make_endpoint(0)]
