@@ -95,13 +95,7 @@ async def _read_stream(response: aiohttp.ClientResponse, t0: float, out: Outcome
             out.tokens += 1
         elif b'"usage"' in line:
             usage = orjson.loads(line[6:]).get("usage") or usage
-    if out.tokens:
-        out.ttft = first - t0
-        if out.tokens > 1:
-            out.itl = (last - first) / (out.tokens - 1)
-    out.prompt_tokens = int(usage.get("prompt_tokens", 0))
-    details = usage.get("prompt_tokens_details") or {}
-    out.cached_tokens = int(details.get("cached_tokens", 0))
+    _finish(out, t0, first, last, usage, "prompt_tokens", "prompt_tokens_details")
 
 
 def _json(line: bytes) -> dict[str, Any]:
@@ -129,12 +123,26 @@ async def _read_responses_stream(response: aiohttp.ClientResponse, t0: float, ou
             out.response_id = str(_json(line).get("id") or "")
         elif _COMPLETED in line:
             usage = _json(line).get("usage") or usage
+    _finish(out, t0, first, last, usage, "input_tokens", "input_tokens_details")
+
+
+def _finish(
+    out: Outcome,
+    t0: float,
+    first: float,
+    last: float,
+    usage: dict[str, Any],
+    prompt_key: str,
+    details_key: str,
+) -> None:
+    """Timing from the first and last token, and the usage block's prompt and cached tokens
+    (chat and completions name them ``prompt_*``, the Responses API ``input_*``)."""
     if out.tokens:
         out.ttft = first - t0
         if out.tokens > 1:
             out.itl = (last - first) / (out.tokens - 1)
-    out.prompt_tokens = int(usage.get("input_tokens", 0))
-    details = usage.get("input_tokens_details") or {}
+    out.prompt_tokens = int(usage.get(prompt_key, 0))
+    details = usage.get(details_key) or {}
     out.cached_tokens = int(details.get("cached_tokens", 0))
 
 
