@@ -107,6 +107,7 @@ def registry_with_test_plugins() -> PluginRegistry:
             ("test-constant-scorer", "ConstantScorer"),
             ("test-raising-scorer", "RaisingScorer"),
             ("test-raising-filter", "RaisingFilter"),
+            ("test-header-setter", "HeaderSetter"),
         )
     ]
     return PluginRegistry([base.info(t) for t in base.types()] + extra)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Final
 
 from epp.flowcontrol.metrics import FlowControlMetrics
 from epp.plugin import (
@@ -22,11 +21,7 @@ from epp.plugin import (
     SaturationDetector,
     StaleEndpointCounter,
 )
-
-ROLE_LABEL: Final = "llm-d.ai/role"
-_PREFILL_ROLES: Final = frozenset({"prefill", "encode-prefill"})
-_DECODE_ROLES: Final = frozenset({"decode", ""})
-_BOTH_ROLES: Final = frozenset({"prefill-decode", "both", "encode-prefill-decode"})
+from epp.plugin.roles import DECODE_ROLES, PREFILL_ROLES, role_of
 
 
 def stage_partitions(endpoints: Sequence[Endpoint]) -> tuple[list[Endpoint], list[Endpoint]]:
@@ -34,10 +29,10 @@ def stage_partitions(endpoints: Sequence[Endpoint]) -> tuple[list[Endpoint], lis
     prefill: list[Endpoint] = []
     decode: list[Endpoint] = []
     for ep in endpoints:
-        role = ep.labels.get(ROLE_LABEL, "")
-        if role in _PREFILL_ROLES or role in _BOTH_ROLES:
+        role = role_of(ep)
+        if role in PREFILL_ROLES:
             prefill.append(ep)
-        if role in _DECODE_ROLES or role in _BOTH_ROLES:
+        if role in DECODE_ROLES:
             decode.append(ep)
     return prefill, decode
 

@@ -116,6 +116,12 @@ class InferenceRequest:
     size_bytes: int = 0
     received_at: float = 0.0
     attributes: dict[str, Any] = field(default_factory=dict)
+    upstream_headers: dict[str, str] = field(default_factory=dict)
+    """Headers to set on the request the model server receives (lower-case names). PreRequest
+    plugins write them, e.g. ``x-prefiller-host-port`` for P/D; the EPP adds them to its reply
+    to Envoy. A value a client sent for one of the EPP's own control headers
+    (``epp.plugin.wire.OWNED_REQUEST_HEADERS``) is removed first, so a client cannot forge it;
+    the destination headers are the EPP's and cannot be set here."""
 
 
 @dataclass(slots=True)

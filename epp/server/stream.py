@@ -163,7 +163,8 @@ class RequestStream:
         return [messages.buffered_body_reply(set_headers, wire.OWNED_REQUEST_HEADERS, lb, new_body)]
 
     def _set_headers(self, dest: str, body: bytes | None) -> dict[str, str]:
-        out = {wire.DESTINATION_HEADER: dest}
+        out = dict(self.exchange.request.upstream_headers) if self.exchange is not None else {}
+        out[wire.DESTINATION_HEADER] = dest
         if body:
             out["content-length"] = str(len(body))
         if self.generated_id and self.exchange is not None:

@@ -239,6 +239,33 @@ async def test_raising_scorer_counts_and_scores_zero(start_app) -> None:
     assert metric == 1.0
 
 
+async def test_pre_request_plugin_sets_upstream_headers_and_client_cannot_forge_them(
+    start_app,
+) -> None:
+    app = await start_app(
+        DEAD,
+        """\
+        plugins:
+        - type: test-header-setter
+          parameters: {header: x-prefiller-host-port}
+        - type: test-constant-scorer
+          parameters: {value: 1.0, ports: [2]}
+        """,
+        registry=registry_with_test_plugins(),
+    )
+    forged = {**H, "x-prefiller-host-port": "10.9.9.9:1"}
+    replies = await exchange(app, [headers_msg(forged), body_msg(json.dumps(CHAT).encode())])
+    mutation = replies[0].request_headers.response.header_mutation
+    assert set_headers_of(replies[0])["x-prefiller-host-port"] == "127.0.0.1:2"
+    assert "x-prefiller-host-port" not in mutation.remove_headers  # replaced, not left behind
+    # Without the plugin the forged value is removed instead of forwarded.
+    plain = await start_app(DEAD, "plugins:\n- type: queue-scorer\n")
+    replies = await exchange(plain, [headers_msg(forged), body_msg(json.dumps(CHAT).encode())])
+    mutation = replies[0].request_headers.response.header_mutation
+    assert "x-prefiller-host-port" in mutation.remove_headers
+    assert "x-prefiller-host-port" not in set_headers_of(replies[0])
+
+
 async def test_raising_filter_is_500_and_server_keeps_serving(start_app) -> None:
     app = await start_app(
         DEAD,
