@@ -27,6 +27,17 @@ TYPES = REGISTRY.types()
 REQUIRED_PARAMS: dict[str, dict[str, Any]] = {
     "file-discovery": {"path": "/nonexistent/endpoints.yaml"},
     "priority-holdback-policy": {"minCeiling": 0.5},
+    "by-label": {"label": "llm-d.ai/role", "validValues": ["decode"], "allowsNoLabel": True},
+    "endpoint-attribute-filter": {
+        "attribute": "GPUUtilization",
+        "producer": "dcgm-extractor",
+        "algorithm": {"type": "threshold", "threshold": {"operator": "LessThan", "value": 0.9}},
+    },
+    "endpoint-attribute-scorer": {
+        "attributeKey": "GPUUtilization",
+        "producer": "dcgm-extractor",
+        "algorithm": {"type": "linear_lower_is_better"},
+    },
 }
 
 

@@ -41,7 +41,7 @@ from epp.observability.http import DebugViews, MetricsServer
 from epp.observability.metrics import EppMetrics
 from epp.observability.pool import pool_gauges
 from epp.observability.recorder import RequestStats
-from epp.plugin import Discovery, Endpoint, TypedName
+from epp.plugin import Discovery, Endpoint, Lifecycle, TypedName
 from epp.plugin.registry import PluginRegistry
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.objectives import ObjectiveStore
@@ -249,9 +249,11 @@ class App:
     async def run(self) -> None:
         """Serve until ``stop()`` (or SIGTERM via ``install_signal_handlers``)."""
         servers = await self._start_servers()
-        for p in self.pipeline.lifecycle:
-            await p.start()
+        started: list[Lifecycle] = []
         try:
+            for p in self.pipeline.lifecycle:  # a start that fails still stops the servers
+                await p.start()
+                started.append(p)
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(c) for c in self._background()]
                 if self.elector is not None:
@@ -265,7 +267,7 @@ class App:
         finally:
             for srv in servers[:2]:
                 await srv.stop(grace=None)
-            for p in reversed(self.pipeline.lifecycle):
+            for p in reversed(started):
                 with contextlib.suppress(Exception):
                     await p.stop()
             await servers[2].stop()

@@ -170,14 +170,19 @@ def _plugins(args: list[str]) -> int:
     from epp.plugin import PluginError
     from epp.plugin.registry import PluginRegistry
 
-    if args[:1] != ["list"]:
-        print("usage: epp plugins list", file=sys.stderr)
+    if args[:1] != ["list"] or args[1:] not in ([], ["--markdown"]):
+        print("usage: epp plugins list [--markdown]", file=sys.stderr)
         return 2
     try:
         reg = PluginRegistry.from_entry_points()
     except PluginError as exc:
         print(f"epp: {exc}", file=sys.stderr)
         return 2
+    if args[1:] == ["--markdown"]:
+        from epp.config.catalog import render_markdown
+
+        print(render_markdown(reg), end="")
+        return 0
     rows = [
         (t, reg.info(t).distribution, reg.info(t).version, reg.info(t).target) for t in reg.types()
     ]

@@ -49,7 +49,8 @@ def endpoints_yaml(ports: Sequence[int], *, labels: dict[int, dict[str, str]] | 
 
 
 def epp_config(endpoints_file: Path, body: str = "") -> str:
-    """An EndpointPickerConfig with file discovery; ``body`` holds plugins/profiles (YAML)."""
+    """An EndpointPickerConfig with file discovery; ``body`` holds plugins/profiles (YAML). A body
+    with its own top-level ``dataLayer:`` (2-space indented) gets the discovery added to it."""
     head = textwrap.dedent("""\
         apiVersion: llm-d.ai/v1alpha1
         kind: EndpointPickerConfig
@@ -84,6 +85,10 @@ def epp_config(endpoints_file: Path, body: str = "") -> str:
         body = body.replace("plugins:\n", "plugins:\n" + discovery, 1)
     else:
         body = "plugins:\n" + discovery + body
+    lines = body.split("\n")
+    if "dataLayer:" in lines:
+        lines.insert(lines.index("dataLayer:") + 1, "  discovery: {pluginRef: file-discovery}")
+        return head + "\n".join(lines)
     return head + body + "dataLayer:\n  discovery: {pluginRef: file-discovery}\n"
 
 

@@ -9,13 +9,15 @@ PNG plots to ``--out``::
     epp bench --workloads a --targets epp,rr --requests 20 --time-scale 20 --seed 7
     epp bench --workloads d --targets epp,epp:deploy/configs/flow-control.yaml --out out/bench-d
     epp bench --workloads b,b-foreign,b-pressure --targets epp,rr,vllm --out out/bench-agents
+    epp bench --workloads e --targets epp,epp-pd --out out/bench-pd
 
 Workloads: ``a`` shared system prompts, ``b`` agentic multi-turn sessions (half of them on the
 Responses API with ``previous_response_id`` follow-ups), ``b-foreign`` the same sessions while
 pod-0 is kept busy (batch full, ~10 waiting) by traffic sent straight to it that the router never
 sees, ``b-pressure`` agent sessions with sub-agents, compaction and one-shots on a fleet with KV
 at 1.6x the hot set and one pod at 0.4x the others' KV, ``c`` multi-LoRA, ``d`` overload at 2x
-capacity with priorities, tenants and shedding (``epp/bench/workloads.py``,
+capacity with priorities, tenants and shedding, ``e`` long prompts served aggregated and
+disaggregated (P/D) (``epp/bench/workloads.py``,
 ``epp/bench/agentic.py``, ``epp/bench/foreign.py``, ``epp/bench/pressure.py``,
 ``epp/bench/overload.py``). Besides hit ratio, TTFT and throughput, the agent workloads report
 per target the session-turn colocation (share of a session's turns served by the pod of its
@@ -25,7 +27,10 @@ requests sent to the busy pod and the imbalance among the others (``epp/bench/se
 Targets: ``epp`` (this EPP behind Envoy, built-in default config),
 ``epp:<config.yaml>`` (the same with that config, alpha plugins allowed), ``rr`` / ``lr`` (Envoy
 round robin / least request), ``sglang`` / ``vllm`` (the PyPI routers, installed into
-``.venv-sglang-router`` / ``.venv-vllm-router`` on first use). Workload ``d`` also runs its
+``.venv-sglang-router`` / ``.venv-vllm-router`` on first use), ``epp-pd`` (the EPP with
+``deploy/configs/pd.yaml`` on the workload's P/D fleet; ``epp-pd:<config.yaml>`` another P/D
+config; not in the default list, but a run without ``--targets`` adds it to workload ``e``, and
+it is skipped with the reason when the config's plugins do not load). Workload ``d`` also runs its
 latency-sensitive class alone on an idle fleet (the reference of its latency target); against
 ``epp`` and ``epp:deploy/configs/flow-control.yaml`` it takes about 2.5 minutes, about a minute
 per target. Workloads a to c take about 4 minutes on an idle 2-core machine with every target
@@ -63,7 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated: " + ", ".join(f"{k} ({v})" for k, v in WORKLOADS.items()),
     )
     p.add_argument(
-        "--targets", default=",".join(TARGETS), help="comma-separated: " + ", ".join(TARGETS)
+        "--targets",
+        default=None,
+        help="comma-separated: "
+        + ", ".join((*TARGETS, "epp-pd"))
+        + " (default: all but epp-pd, plus each workload's own, e.g. epp-pd for e)",
     )
     p.add_argument("--scale", choices=SCALES, default="default", help="workload size")
     p.add_argument("--out", default="out/bench", help="report directory (default out/bench)")
@@ -98,9 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         workloads = [resolve(w) for w in _csv(args.workloads)]
     except ValueError as exc:
         parser.error(str(exc))
-    unknown = [t for t in _csv(args.targets) if not is_known(t)]
+    auto_targets = args.targets is None
+    keys = list(TARGETS) if auto_targets else _csv(args.targets)
+    unknown = [t for t in keys if not is_known(t)]
     if unknown:
-        parser.error(f"unknown target(s) {', '.join(unknown)} (known: {', '.join(TARGETS)})")
+        known = ", ".join((*TARGETS, "epp-pd"))
+        parser.error(f"unknown target(s) {', '.join(unknown)} (known: {known})")
     if args.time_scale < 0 or args.requests < 0 or args.probe < 0 or args.deadline <= 0:
         parser.error("--time-scale, --requests and --probe must be >= 0, --deadline > 0")
 
@@ -109,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
 
     opts = Options(
         workloads=workloads,
-        targets=_csv(args.targets),
+        targets=keys,
+        auto_targets=auto_targets,
         out=Path(args.out),
         scale=args.scale,
         seed=args.seed,
@@ -126,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     paths = write(report, opts.out)
     print((opts.out / "report.md").read_text())
     log("wrote " + ", ".join(str(p) for p in paths))
-    # a peer that cannot run is reported and skipped; our own targets must run
-    own = {"epp", "rr", "lr"}
+    # a peer (or a P/D config whose plugins do not load) is reported and skipped; our own
+    # targets must run
+    own = {"epp", "rr", "lr", "epp-pd"}
     failed = [
         r
         for w in report["workloads"]

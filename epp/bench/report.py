@@ -171,6 +171,28 @@ def _epp_line(results: Sequence[Mapping[str, Any]]) -> list[str]:
     return []
 
 
+def _pd_lines(w: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """For a workload with a P/D fleet: latency and where prefill ran, per target."""
+    pd = w.get("pd_fleet") or {}
+    if not pd:
+        return []
+    lines = [
+        "",
+        f"P/D targets run on the same pods as {', '.join(pd['pod_roles'])} (KV transfer "
+        f"{pd['kv_transfer_ms_per_block']:g} simulated ms per block); the others aggregated.",
+        "",
+    ]
+    for r in results:
+        lines.append(
+            f"- {r['label']}: TTFT p50 {_num(r['ttft_p50_ms'])} ms, p90 {_num(r['ttft_p90_ms'])} "
+            f"ms; ITL p50 {_num(r['itl_p50_ms'], 2)} ms, p90 {_num(r.get('itl_p90_ms', 0.0), 2)} "
+            f"ms; {_num(r['out_tok_per_s'], 0)} output tok/s; prefilled on another pod: "
+            f"{_pct(r.get('remote_prefill_share', 0.0))} of requests "
+            f"({r.get('kv_transfer_blocks', 0):,} KV blocks pulled)"
+        )
+    return lines
+
+
 def _fleet_words(fleet: Mapping[str, Any]) -> str:
     kv = fleet.get("pod_kv_tokens") or [fleet["kv_tokens_per_pod"]] * fleet["pods"]
     if len(set(kv)) > 1:
@@ -214,6 +236,7 @@ def render_workload(w: Mapping[str, Any]) -> list[str]:
         if r["status"] != "ok":
             lines.append(f"\n{r['label']}: {r['status']} ({r['reason']})")
     lines += _epp_line(ran)
+    lines += _pd_lines(w, ran)
     lines += _foreign_lines(ran)
     lines += overload_report.render(w)
     return lines

@@ -5,8 +5,9 @@
   adds up to); ``oracle_share`` divides it by the workload's achievable reuse
   (``epp.bench.oracle``);
 * TTFT p50/p90/p99 (wall-clock ms, keep-alive connections as the load generator uses them) and
-  the fresh-connection probe's p50; ITL: p50 over requests of each request's mean gap between
-  content chunks; throughput: successful requests and output tokens per second of the run;
+  the fresh-connection probe's p50; ITL: p50 (and p90) over requests of each request's mean gap
+  between content chunks; throughput: successful requests and output tokens per second of the
+  run;
 * load imbalance: requests served by the busiest pod / the mean over all pods;
 * CPU: ``utime + stime`` of the target's processes during the measured phase, per successful
   request; peak RSS (VmHWM) at the end;
@@ -18,6 +19,10 @@
   ``busy_pod_share`` and ``others_imbalance`` (``per_pod``, ``imbalance`` and the hit ratio then
   come from the target's own answers): see ``epp.bench.sessions``; ``None`` where they do not
   apply (no multi-turn sessions, no follow-ups, no foreign load);
+* P/D (from the simulator's counters): ``remote_prefills``, the requests whose prompt was
+  prefilled on another pod and whose KV was pulled (``remote_prefill_share`` of the successful
+  requests), and ``kv_transfer_blocks``, the blocks pulled. On a P/D fleet the per-pod counts,
+  imbalance and hit ratio include the prefill legs;
 * ``vs_best_peer``: this target's value / the best value among the peer routers that ran
   (sglang-router, vllm-router; the Envoy baselines when neither ran), the row's own target
   excluded; ``best_peer`` names which peer was best per metric (hit share and throughput:
@@ -63,6 +68,7 @@ class TargetResult:
     ttft_fresh_p50_ms: float = 0.0
     ttft_reused_p50_ms: float = 0.0
     itl_p50_ms: float = 0.0
+    itl_p90_ms: float = 0.0
     duration_s: float = 0.0
     req_per_s: float = 0.0
     out_tok_per_s: float = 0.0
@@ -88,6 +94,9 @@ class TargetResult:
     others_imbalance: float | None = None
     foreign_load: dict[str, Any] = field(default_factory=dict)
     """The foreign traffic's own numbers over the measured phase (``epp.bench.foreign``)."""
+    remote_prefills: int = 0
+    remote_prefill_share: float = 0.0
+    kv_transfer_blocks: int = 0
     error_samples: list[str] = field(default_factory=list)
     ttft_ms: list[float] = field(default_factory=list)
     vs_best_peer: dict[str, float] = field(default_factory=dict)
@@ -134,6 +143,7 @@ def summarize(
     result.ttft_reused_p50_ms = _ms(probe.get("reused", []), 0.5)
     itls = [o.itl for o in ok if not math.isnan(o.itl)]
     result.itl_p50_ms = _ms(itls, 0.5)
+    result.itl_p90_ms = _ms(itls, 0.9)
     if ok:
         begin = min(o.sent for o in ok)
         end = max(o.sent + o.latency for o in ok)
@@ -147,6 +157,9 @@ def summarize(
     result.imbalance = max(counts) / mean if mean else 0.0
     result.evictions = int(sum(c.get("evictions", 0) for c in sim_delta.values()))
     result.preemptions = int(sum(c.get("preemptions", 0) for c in sim_delta.values()))
+    result.remote_prefills = int(sum(c.get("remote_prefills", 0) for c in sim_delta.values()))
+    result.remote_prefill_share = result.remote_prefills / len(ok) if ok else 0.0
+    result.kv_transfer_blocks = int(sum(c.get("kv_transfer_blocks", 0) for c in sim_delta.values()))
     result.cpu_s = {name: round(v, 3) for name, v in cpu_s.items()}
     total_cpu = sum(cpu_s.values())
     result.cpu_ms_per_req = total_cpu * 1000.0 / len(ok) if ok else 0.0

@@ -16,6 +16,10 @@ then run once more with only that class's requests, same arrival times, on a fre
 the idle-fleet reference its latency under load is compared with. It goes through the config
 of the first EPP target that ran with flow control on (else the first EPP target that ran): the
 config whose latency target it measures.
+
+A P/D target (``epp-pd``) runs on the workload's P/D fleet (``Workload.pd_fleet``) instead; it is
+skipped, with the reason, on a workload without one or when its config's plugins do not load. A
+run without ``--targets`` (``Options.auto_targets``) adds each workload's ``extra_targets``.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ class Options:
     requests: int = 0
     probe: int = 10
     deadline: float = 600.0
+    auto_targets: bool = False
+    """The targets are the default list: add each workload's ``extra_targets``."""
 
 
 def log(message: str) -> None:
@@ -181,7 +187,7 @@ async def run_target(
 ) -> TargetResult:
     """One measured run of ``requests`` (default: the workload's) against target ``key``."""
     result = TargetResult(key, targets.label(key))
-    sim = SimProcess(workload.fleet, workdir)
+    sim = SimProcess(targets.fleet_spec(key, workload), workdir)
     running: targets.Running | None = None
     try:
         sim.start()
@@ -219,16 +225,34 @@ async def run_reference(
     return {"objective": name, "status": "ok", **result.classes.get(name, {})}
 
 
-def _prepare_targets(keys: Sequence[str]) -> dict[str, str]:
-    """Install what each target needs; target -> reason it is unavailable."""
-    unavailable: dict[str, str] = {}
+def _prepare_targets(keys: Sequence[str], unavailable: dict[str, str]) -> dict[str, str]:
+    """Install what each target not yet prepared needs; ``unavailable`` (target -> reason it is
+    unavailable) holds every prepared target, ``""`` for those that are available."""
     for key in keys:
+        if key in unavailable:
+            continue
         try:
             targets.prepare(key)
-        except PeerUnavailable as exc:
+            unavailable[key] = ""
+        except (PeerUnavailable, targets.TargetUnavailable) as exc:
             unavailable[key] = str(exc)
             log(f"{key}: not available: {exc}")
     return unavailable
+
+
+def _workload_targets(workload: Workload, opts: Options) -> list[str]:
+    keys = list(opts.targets)
+    if opts.auto_targets:
+        keys += [k for k in workload.extra_targets if k not in keys]
+    return keys
+
+
+def _skip_reason(key: str, workload: Workload, unavailable: dict[str, str]) -> str:
+    if unavailable.get(key):
+        return unavailable[key]
+    if targets.is_pd(key) and workload.pd_fleet is None:
+        return f"workload ({workload.name}) has no P/D fleet"
+    return ""
 
 
 def _session_words(r: TargetResult) -> str:
@@ -290,9 +314,12 @@ async def run_workload(name: str, opts: Options, unavailable: dict[str, str]) ->
         f"reuse {oracle.ratio:.1%} (oracle {time.monotonic() - t0:.1f}s)"
     )
     results: list[TargetResult] = []
-    for key in opts.targets:
-        if key in unavailable:
-            results.append(TargetResult(key, targets.label(key), "skipped", unavailable[key]))
+    keys = _workload_targets(workload, opts)
+    _prepare_targets(keys, unavailable)
+    for key in keys:
+        reason = _skip_reason(key, workload, unavailable)
+        if reason:
+            results.append(TargetResult(key, targets.label(key), "skipped", reason))
             continue
         t1 = time.monotonic()
         workdir = opts.out / "work" / workload.name / _dirname(key)
@@ -315,6 +342,7 @@ async def run_workload(name: str, opts: Options, unavailable: dict[str, str]) ->
         "reference_objective": workload.reference_objective,
         "measure_from_s": workload.measure_from,
         "foreign_load": workload.foreign.as_json() if workload.foreign else {},
+        "pd_fleet": workload.pd_fleet.as_json() if workload.pd_fleet else {},
         "reference": reference,
         "results": [r.as_json() for r in results],
     }
@@ -322,7 +350,7 @@ async def run_workload(name: str, opts: Options, unavailable: dict[str, str]) ->
 
 async def run(opts: Options) -> dict[str, Any]:
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    unavailable = _prepare_targets(opts.targets)
+    unavailable = _prepare_targets(opts.targets, {})
     workloads = [await run_workload(name, opts, unavailable) for name in opts.workloads]
     return {
         "run": {

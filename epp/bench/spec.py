@@ -15,7 +15,8 @@ unchanged to every target, so every target sees byte-identical requests in the s
   message (the server rebuilds the rest from its stored conversation, see ``epp.sim.openai``).
 * ``FleetSpec``: the ``epp sim`` parameters. They belong to the workload because they shape it:
   the KV capacity is chosen so that a router that scatters a prefix across pods forces evictions
-  while one that keeps it together does not.
+  while one that keeps it together does not. ``pod_roles`` makes a P/D fleet: each pod's
+  ``--pod-role`` and its ``llm-d.ai/role`` label in the EPP's endpoints file.
 * ``Workload``: the requests, the fleet, the in-flight request cap and the scorers the ``epp``
   target adds to the built-in default profile (none unless the workload needs one, e.g. LoRA
   affinity for the multi-LoRA workload). A workload may also declare InferenceObjectives (name,
@@ -24,14 +25,16 @@ unchanged to every target, so every target sees byte-identical requests in the s
   request class measured again alone on an idle fleet (``reference_objective``); a lead-in
   (``measure_from``) whose requests bring the fleet from idle to its steady state unmeasured;
   and a ``ForeignLoad``: traffic the driver sends straight to one pod, bypassing the router,
-  while the workload runs (``epp.bench.foreign``).
+  while the workload runs (``epp.bench.foreign``). A workload with ``pd_roles`` also runs its P/D
+  targets (``epp-pd``) on the same pods with those roles (``pd_fleet``), and names the targets a
+  default run adds for it (``extra_targets``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
 
 MODEL = "sim-model"
 """The base model every simulated pod serves."""
@@ -43,6 +46,9 @@ FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
 
 Message = Mapping[str, str]
 API_PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "responses": "/v1/responses"}
+ROLE_LABEL: Final = "llm-d.ai/role"
+"""The endpoint label the EPP's P/D role filters read."""
+POD_ROLES: Final = ("both", "prefill", "decode")
 
 
 @dataclass(frozen=True)
@@ -60,10 +66,18 @@ class FleetSpec:
     max_loras: int = 1
     pod_gpu_blocks: tuple[int, ...] = ()
     """KV blocks of each pod, overriding ``num_gpu_blocks`` (empty: every pod the same)."""
+    pod_roles: tuple[str, ...] = ()
+    """P/D role of each pod (empty: every pod ``both``, aggregated serving)."""
+    kv_transfer_ms_per_block: float = 0.08
+    """A decode pod's time to pull one KV block from a prefill pod (P/D fleets only)."""
 
     def __post_init__(self) -> None:
         if self.pods < 1:
             raise ValueError("pods must be >= 1")
+        if self.pod_roles and len(self.pod_roles) != self.pods:
+            raise ValueError("pod_roles needs one value per pod")
+        if any(r not in POD_ROLES for r in self.pod_roles):
+            raise ValueError(f"pod_roles must be among {', '.join(POD_ROLES)}")
         if self.pod_gpu_blocks and len(self.pod_gpu_blocks) != self.pods:
             raise ValueError("pod_gpu_blocks needs one value per pod")
         if any(b < 1 for b in self.pod_gpu_blocks):
@@ -115,10 +129,17 @@ class FleetSpec:
             args += ["--lora", ",".join(self.lora_adapters), "--max-loras", str(self.max_loras)]
         if self.pod_gpu_blocks:
             args += ["--pod-num-gpu-blocks", ",".join(map(str, self.pod_gpu_blocks))]
+        if self.pod_roles:
+            args += ["--pod-role", ",".join(self.pod_roles)]
+            args += ["--kv-transfer-ms-per-block", f"{self.kv_transfer_ms_per_block:g}"]
         return args
 
+    def role_labels(self) -> dict[str, dict[str, str]]:
+        """Endpoint labels of a P/D fleet by pod name (``pod-<i>``); empty when aggregated."""
+        return {f"pod-{i}": {ROLE_LABEL: role} for i, role in enumerate(self.pod_roles)}
+
     def as_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "pods": self.pods,
             "num_gpu_blocks": self.num_gpu_blocks,
             "block_size": self.block_size,
@@ -133,6 +154,10 @@ class FleetSpec:
             "lora_adapters": list(self.lora_adapters),
             "max_loras": self.max_loras,
         }
+        if self.pod_roles:
+            out["pod_roles"] = list(self.pod_roles)
+            out["kv_transfer_ms_per_block"] = self.kv_transfer_ms_per_block
+        return out
 
 
 @dataclass(frozen=True)
@@ -240,6 +265,15 @@ class Workload:
     of the per-class and per-tenant statistics."""
     foreign: ForeignLoad | None = None
     """Traffic sent straight to one pod while the workload runs, unseen by the router."""
+    pd_roles: tuple[str, ...] = ()
+    """Pod roles the P/D targets run with (empty: the workload has no P/D fleet)."""
+    extra_targets: tuple[str, ...] = ()
+    """Targets a run without ``--targets`` adds for this workload (e.g. ``epp-pd``)."""
+
+    @property
+    def pd_fleet(self) -> FleetSpec | None:
+        """The fleet of the P/D targets: ``fleet`` with ``pd_roles`` (None without them)."""
+        return replace(self.fleet, pod_roles=self.pd_roles) if self.pd_roles else None
 
     def objectives_yaml(self) -> str:
         """The declared objectives as multi-document ``InferenceObjective`` YAML."""

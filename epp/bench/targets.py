@@ -10,6 +10,12 @@ key         what runs
 ``lr``      Envoy alone, ``LEAST_REQUEST`` over the pods
 ``sglang``  sglang-router ``cache_aware`` (see ``epp.bench.peers``)
 ``vllm``    vllm-router ``cache_aware``
+``epp-pd``  Envoy + this EPP with ``deploy/configs/pd.yaml`` (``epp-pd:<config.yaml>``: that P/D
+            config), on the workload's P/D fleet: the same pods with the roles of
+            ``Workload.pd_roles``, labelled ``llm-d.ai/role`` in the endpoints file. Not in the
+            default list: a workload that has a P/D fleet adds it (``Workload.extra_targets``);
+            on a workload without one it is skipped. When a plugin type of its config cannot be
+            loaded (e.g. the P/D plugins are not installed yet) it is skipped with that reason.
 ==========  ===================================================================================
 
 ``Running.processes`` names the PIDs whose CPU time and peak RSS the report shows (the EPP and
@@ -30,9 +36,9 @@ from pathlib import Path
 
 from epp.bench.fleet import SimProcess
 from epp.bench.peers import SGLANG, VLLM, PeerSpec, ensure_installed, no_egress_env, repo_root
-from epp.bench.spec import Workload
+from epp.bench.spec import FleetSpec, Workload
 from epp.localstack.envoy import Envoy, free_port
-from epp.localstack.eppconfig import epp_config_text
+from epp.localstack.eppconfig import PD_CONFIG, epp_config_text, unloadable_plugins
 from epp.localstack.procs import Proc, wait_http
 from epp.plugins.sources.file_discovery import dump_endpoints
 
@@ -44,6 +50,11 @@ TARGETS: dict[str, str] = {
     "vllm": VLLM.label,
 }
 PEERS: dict[str, PeerSpec] = {"sglang": SGLANG, "vllm": VLLM}
+PD_TARGET = "epp-pd"
+
+
+class TargetUnavailable(Exception):
+    """The target cannot run here (e.g. its config names plugins that do not load)."""
 
 
 @dataclass
@@ -60,20 +71,48 @@ class Running:
         self.stops.clear()
 
 
+def is_pd(key: str) -> bool:
+    """Whether ``key`` is a P/D target (``epp-pd`` or ``epp-pd:<config.yaml>``)."""
+    return key == PD_TARGET or key.startswith(PD_TARGET + ":")
+
+
+def pd_config(key: str) -> Path:
+    return Path(key[len(PD_TARGET) + 1 :]) if ":" in key else PD_CONFIG
+
+
 def label(key: str) -> str:
     """Display name of a target; ``epp:<config.yaml>`` is the EPP with that config."""
+    if is_pd(key):
+        return f"EPP ({pd_config(key).stem}) via Envoy, P/D fleet"
     if key.startswith("epp:"):
         return f"EPP ({Path(key[4:]).stem}) via Envoy"
     return TARGETS[key]
 
 
 def is_known(key: str) -> bool:
-    return key in TARGETS or (key.startswith("epp:") and Path(key[4:]).is_file())
+    if key == PD_TARGET:
+        return True
+    if key.startswith(("epp:", PD_TARGET + ":")):
+        return Path(key.split(":", 1)[1]).is_file()
+    return key in TARGETS
+
+
+def fleet_spec(key: str, workload: Workload) -> FleetSpec:
+    """The fleet target ``key`` runs on: the P/D fleet for a P/D target, else the workload's."""
+    if not is_pd(key):
+        return workload.fleet
+    if workload.pd_fleet is None:
+        raise TargetUnavailable(f"workload ({workload.name}) has no P/D fleet")
+    return workload.pd_fleet
 
 
 def _endpoints_yaml(fleet: SimProcess) -> str:
     return dump_endpoints(
-        (name, host, port) for name, (host, port) in zip(fleet.pods, fleet.hostports, strict=True)
+        (
+            (name, host, port)
+            for name, (host, port) in zip(fleet.pods, fleet.hostports, strict=True)
+        ),
+        labels=fleet.spec.role_labels(),
     )
 
 
@@ -133,9 +172,17 @@ def _start_peer(spec: PeerSpec, fleet: SimProcess, workdir: Path) -> Running:
 
 
 def prepare(key: str) -> None:
-    """Install what the target needs (peers: their venv); raises ``PeerUnavailable``."""
+    """Install what the target needs (peers: their venv); raises ``PeerUnavailable``, or
+    ``TargetUnavailable`` for a P/D target whose config does not load here."""
     if key in PEERS:
         ensure_installed(PEERS[key], repo_root())
+    if is_pd(key):
+        missing = unloadable_plugins(pd_config(key).read_text())
+        if missing:
+            raise TargetUnavailable(
+                f"{pd_config(key).name} needs plugin types that are not available here yet: "
+                + ", ".join(missing)
+            )
 
 
 def start(key: str, fleet: SimProcess, workload: Workload, workdir: Path) -> Running:
@@ -144,6 +191,8 @@ def start(key: str, fleet: SimProcess, workload: Workload, workdir: Path) -> Run
         return _start_epp(fleet, workload, workdir)
     if key.startswith("epp:"):
         return _start_epp(fleet, workload, workdir, Path(key[4:]).read_text())
+    if is_pd(key):
+        return _start_epp(fleet, workload, workdir, pd_config(key).read_text())
     if key == "rr":
         return _start_envoy(fleet, "ROUND_ROBIN")
     if key == "lr":

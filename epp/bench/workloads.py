@@ -21,6 +21,25 @@
 (d) ``overload``: the fleet at 2x its capacity with three InferenceObjectives (latency-sensitive
     10, agentic 0 from two tenants sending 10:1 in bursts, batch -1), open-loop, real time; see
     ``epp.bench.overload`` for the classes and how the capacity is derived.
+(e) ``long-prompts``: disaggregated prefill/decode against aggregated serving. Unique long
+    prompts (a document and a question, nothing to reuse) with long answers, and a fifth of short
+    chat prompts, arriving open-loop (Poisson) at 65% of the prefill capacity of two pods. The
+    ``epp`` target serves them aggregated on four ``both`` pods; ``epp-pd`` runs
+    ``deploy/configs/pd.yaml`` on the same four pods as two prefill and two decode pods (added to
+    a run without ``--targets``). See "When P/D pays" below.
+
+When P/D pays (what (e) shows, within what the simulator models): a pod that prefills a long
+prompt stalls every sequence it is decoding for the whole prefill (the simulator, like vLLM
+without chunked prefill, runs it in one step), so aggregated pods serving long prompts give their
+running requests an uneven, slower inter-token latency; decode pods that never prefill keep it
+flat (lower ITL p50 and, more so, p90). The price is time to first token: the prompt waits for one
+of fewer prefill pods, and its KV moves to the decode pod (``kv_transfer_ms_per_block``, ~80 ms for
+16k tokens by default, small next to the ~1 s prefill). So P/D pays when prompts are long and
+uncached, answers are long enough that ITL matters (decode-heavy pods), the prefill pool is sized
+to the prefill demand (one prefill pod of four in (e) would queue without end), and the transfer
+is cheap against the prefill. It does not pay for short or cached prompts (the decider keeps them
+on the decode pod: the hop and transfer would cost more than the prefill), nor when TTFT is the
+only goal. Throughput is about the same while the fleet is not saturated.
 
 Arrival times are in simulated seconds: ``--time-scale`` speeds them up together with the
 simulator, so the offered load relative to the fleet stays the same.
@@ -47,6 +66,7 @@ WORKLOADS: dict[str, str] = {
     "b-pressure": "agentic-kv-pressure",
     "c": "multi-lora",
     "d": "overload",
+    "e": "long-prompts",
 }
 FOREIGN_MAX_NUM_SEQS = 8
 """Batch size of every pod in (b-foreign): the busy pod queues beyond it."""
@@ -181,6 +201,46 @@ def overload(scale: str, seed: int) -> Workload:
     return build_overload(scale, seed)
 
 
+PD_ROLES = ("prefill", "prefill", "decode", "decode")
+"""The P/D fleet of (e): the four pods of the aggregated fleet, two of each role."""
+PD_LOAD = 0.65
+"""Offered prefill load of (e), a share of its P/D fleet's prefill capacity."""
+
+
+def long_prompts(scale: str, seed: int) -> Workload:
+    full = scale == "full"
+    n, long_tokens, out = (240, 16000, 1024) if full else (120, 8000, 512)
+    short_tokens, short_share = 300, 0.2
+    fleet = FleetSpec(pods=4, max_model_len=131072)
+    prefill_pods = PD_ROLES.count("prefill")
+    mean_prompt = (1 - short_share) * long_tokens + short_share * short_tokens
+    rate = PD_LOAD * prefill_pods * fleet.prefill_tokens_per_s / mean_prompt
+    rng = random.Random(seed)
+    requests: list[BenchRequest] = []
+    at = 0.0
+    for i in range(n):
+        at += rng.expovariate(rate)
+        size = short_tokens if rng.random() < short_share else long_tokens
+        messages: tuple[Message, ...] = ({"role": "user", "content": words(rng, size)},)
+        requests.append(BenchRequest(f"r{i}", 0, MODEL, messages, out, at=at))
+    return Workload(
+        name="e",
+        title="long prompts, P/D against aggregated",
+        description=(
+            f"{n} unique prompts ({1 - short_share:.0%} of {long_tokens} tokens, the rest of "
+            f"{short_tokens}), {out} output tokens, open-loop Poisson arrivals at {rate:.2f}/s "
+            f"({PD_LOAD:.0%} of the prefill capacity of {prefill_pods} pods); P/D targets run on "
+            f"the same pods as {', '.join(PD_ROLES)}"
+        ),
+        requests=requests,
+        fleet=fleet,
+        concurrency=256,
+        shape={"long_tokens": long_tokens, "short_share": short_share, "rate_per_s": rate},
+        pd_roles=PD_ROLES,
+        extra_targets=("epp-pd",),
+    )
+
+
 _BUILDERS: dict[str, Callable[[str, int], Workload]] = {
     "a": shared_prefix,
     "b": agentic,
@@ -188,6 +248,7 @@ _BUILDERS: dict[str, Callable[[str, int], Workload]] = {
     "b-pressure": agentic_pressure,
     "c": multi_lora,
     "d": overload,
+    "e": long_prompts,
 }
 
 

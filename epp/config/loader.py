@@ -29,12 +29,14 @@ from epp.config.schema import (
     KIND,
     EndpointPickerConfig,
 )
-from epp.datalayer.collector import SourcePipeline
+from epp.datalayer.collector import DataPipeline, NotificationPipeline, SourcePipeline
 from epp.plugin import (
     Consumer,
     DataProducer,
     DataSource,
     Discovery,
+    EndpointExtractor,
+    EndpointSource,
     Extractor,
     Handle,
     Parser,
@@ -55,6 +57,7 @@ DEFAULT_PRODUCERS = {
     "InFlightLoad": "inflight-load-producer",
     # upstream's name of the SessionID data type (attrsession.SessionIDDataKey)
     "SessionIDDataKey": "session-id-producer",
+    "MultiModalEncoderCacheMatchInfoKey": "mm-embeddings-cache-producer",
 }
 
 
@@ -184,11 +187,15 @@ def _saturation_detector(b: Builder, cfg: EndpointPickerConfig) -> SaturationDet
 
 def _data_layer(
     b: Builder, cfg: EndpointPickerConfig
-) -> tuple[list[SourcePipeline], Discovery | None]:
+) -> tuple[list[DataPipeline], Discovery | None]:
     dl = cfg.data_layer
-    sources: list[SourcePipeline] = []
+    sources: list[DataPipeline] = []
     for i, spec in enumerate(dl.sources if dl else ()):
         src = b.ref(spec.plugin_ref, f"dataLayer.sources[{i}]")
+        if isinstance(src, EndpointSource):
+            refs = [r.plugin_ref for r in spec.extractors]
+            sources.append(NotificationPipeline(src, _endpoint_extractors(b, refs, i)))
+            continue
         if not isinstance(src, DataSource):
             raise ConfigError(f"config: dataLayer.sources[{i}]: {spec.plugin_ref!r} is no source")
         exts = []
@@ -201,6 +208,7 @@ def _data_layer(
                 )
             exts.append(ext)
         sources.append(SourcePipeline.of(src, exts))
+    _attach_unlisted_extractors(b, sources)
     inject = dl.inject_defaults if dl else True
     if inject and not any(s.source.typed_name.type == "metrics-data-source" for s in sources):
         src = b.ensure("metrics-data-source")
@@ -214,6 +222,48 @@ def _data_layer(
                 "a discovery plugin"
             )
     return sources, discovery
+
+
+def _endpoint_extractors(b: Builder, refs: list[str], i: int) -> list[EndpointExtractor]:
+    """The extractors of the endpoint-notification source ``dataLayer.sources[i]``: each must
+    hear endpoint events, and a type may appear once (upstream's rule)."""
+    extractors: list[EndpointExtractor] = []
+    types: set[str] = set()
+    for j, ref in enumerate(refs):
+        where = f"dataLayer.sources[{i}].extractors[{j}]"
+        ext = b.ref(ref, where)
+        if not isinstance(ext, EndpointExtractor):
+            raise ConfigError(
+                f"config: {where}: {ref!r} does not hear endpoint events "
+                f"(type {ext.typed_name.type!r} is not an endpoint extractor)"
+            )
+        if ext.typed_name.type in types:
+            raise ConfigError(
+                f"config: {where}: duplicate extractor type {ext.typed_name.type!r} "
+                "for the same source"
+            )
+        types.add(ext.typed_name.type)
+        extractors.append(ext)
+    return extractors
+
+
+def _attach_unlisted_extractors(b: Builder, sources: list[DataPipeline]) -> None:
+    """A declared plugin that only hears endpoint events (``topology-extractor``) and is listed
+    under no source is attached to an ``endpoint-notification-source``, as upstream does."""
+    listed = {id(e) for p in sources for e in p.extractors}
+    unlisted = [
+        p
+        for p in b.of(EndpointExtractor)
+        if id(p) not in listed and not isinstance(p, (DataProducer, DataSource, EndpointSource))
+    ]
+    if not unlisted:
+        return
+    for i, pipeline in enumerate(sources):
+        if isinstance(pipeline, NotificationPipeline):
+            sources[i] = pipeline._replace(extractors=(*pipeline.extractors, *unlisted))
+            return
+    source = b.ensure("endpoint-notification-source")
+    sources.append(NotificationPipeline(source, tuple(unlisted)))
 
 
 def _auto_producers(b: Builder) -> None:

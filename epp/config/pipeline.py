@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epp.config.schema import EndpointPickerConfig, FlowControlSpec
-from epp.datalayer.collector import SourcePipeline
+from epp.datalayer.collector import DataPipeline
 from epp.plugin import (
     DEFAULT_PRODUCE_TIMEOUT,
     Admitter,
@@ -39,7 +39,8 @@ class Pipeline:
     profile_handler: ProfileHandler
     parsers: list[Parser]
     saturation_detector: SaturationDetector
-    sources: list[SourcePipeline]
+    sources: list[DataPipeline]
+    """Polled sources and endpoint-notification sources, in configuration order."""
     discovery: Discovery | None
     feature_gates: dict[str, bool]
     flow_control: FlowControlSpec | None

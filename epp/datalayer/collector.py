@@ -8,6 +8,12 @@ tick)`` ticks (upstream rounds a source's ``interval`` to a multiple of the base
 
 When an endpoint leaves (or its address changes), every source that is an
 ``EndpointForgetter`` is told to ``forget`` it, so connections to pods that have gone close.
+The same changes drive the ``NotificationPipeline``s (an ``EndpointSource`` and its
+``EndpointExtractor``s, e.g. ``endpoint-notification-source``): ``ADD_OR_UPDATE`` when an id
+appears in the store (delivered at once, from the store's listener), ``DELETE`` when it leaves;
+an endpoint whose address or port changed is delivered as ``DELETE`` of the old one and
+``ADD_OR_UPDATE`` of the new one, and one whose name, namespace, rank or labels changed as
+``ADD_OR_UPDATE``, both at its next tick. Metric updates are not events.
 
 Scheduling: ticks follow a monotonic grid (``next = previous + interval``); a late tick skips the
 missed slots instead of firing them in a burst. Each endpoint's grid is offset by a stable
@@ -22,14 +28,26 @@ the log at most once per ``error_log_interval`` seconds per endpoint and source 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import zlib
-from collections.abc import Callable, Sequence
-from typing import Final, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, NamedTuple
 
 from epp.datalayer.store import Datastore
-from epp.plugin import DataSource, Endpoint, EndpointForgetter, Extractor, Metrics, PollInterval
+from epp.plugin import (
+    DataSource,
+    Endpoint,
+    EndpointEvent,
+    EndpointEventType,
+    EndpointExtractor,
+    EndpointForgetter,
+    EndpointSource,
+    Extractor,
+    Metrics,
+    PollInterval,
+)
 
 MIN_INTERVAL: Final = 0.05
 DEFAULT_ERROR_LOG_INTERVAL: Final = 30.0
@@ -53,12 +71,23 @@ class SourcePipeline(NamedTuple):
         return cls(source, tuple(extractors), interval)
 
 
+class NotificationPipeline(NamedTuple):
+    """An endpoint-lifecycle source and the extractors its events go to (never polled)."""
+
+    source: EndpointSource
+    extractors: Sequence[EndpointExtractor]
+
+
+DataPipeline = SourcePipeline | NotificationPipeline
+"""What ``dataLayer.sources`` wires: a polled source or an endpoint-notification source."""
+
+
 class Collector:
     def __init__(
         self,
         *,
         store: Datastore,
-        pipelines: Sequence[SourcePipeline],
+        pipelines: Sequence[DataPipeline],
         interval: float = MIN_INTERVAL,
         poll_timeout: float = 1.0,
         clock: Callable[[], float],
@@ -69,12 +98,20 @@ class Collector:
     ) -> None:
         self._store = store
         self._interval = max(interval, MIN_INTERVAL)
-        self._pipelines = tuple((p.source, tuple(p.extractors)) for p in pipelines)
-        self._every = tuple(max(1, round(p.interval / self._interval)) for p in pipelines)
+        polled = [p for p in pipelines if isinstance(p, SourcePipeline)]
+        self._pipelines = tuple((p.source, tuple(p.extractors)) for p in polled)
+        self._every = tuple(max(1, round(p.interval / self._interval)) for p in polled)
         self._forgetters = tuple(
-            p.source for p in pipelines if isinstance(p.source, EndpointForgetter)
+            p.source for p in polled if isinstance(p.source, EndpointForgetter)
+        )
+        self._notified = tuple(
+            (p.source, tuple(p.extractors))
+            for p in pipelines
+            if isinstance(p, NotificationPipeline)
         )
         self._seen: dict[str, Endpoint] = {}
+        # Attributes endpoint extractors published, per endpoint id, merged into its metrics.
+        self._published: dict[str, dict[str, Any]] = {}
         self._poll_timeout = poll_timeout
         self._clock = clock
         self._on_poll_error = on_poll_error
@@ -139,12 +176,17 @@ class Collector:
             gone = self._seen.pop(endpoint_id, None)
             if gone is not None:
                 self._forget(gone)
+                self._notify(EndpointEventType.DELETE, gone)
             for key in [k for k in self._last_logged if k[0] == endpoint_id]:
                 del self._last_logged[key]
         for endpoint_id in ids - self._tasks.keys():
             self._tasks[endpoint_id] = self._loop.create_task(
                 self._endpoint_loop(endpoint_id), name=f"collect {endpoint_id}"
             )
+            added = self._store.get(endpoint_id)
+            if added is not None:
+                self._seen[endpoint_id] = added
+                self._notify(EndpointEventType.ADD_OR_UPDATE, added)
 
     async def _endpoint_loop(self, endpoint_id: str) -> None:
         loop = asyncio.get_running_loop()
@@ -174,6 +216,10 @@ class Collector:
         if seen is not endpoint:
             if seen is not None and (seen.address, seen.port) != (endpoint.address, endpoint.port):
                 self._forget(seen)  # same pod, new address: the old one has gone
+                self._notify(EndpointEventType.DELETE, seen)
+                self._notify(EndpointEventType.ADD_OR_UPDATE, endpoint)
+            elif seen is not None and _identity(seen) != _identity(endpoint):
+                self._notify(EndpointEventType.ADD_OR_UPDATE, endpoint)
             self._seen[endpoint.id] = endpoint
         due = [
             p for p, every in zip(self._pipelines, self._every, strict=True) if tick % every == 0
@@ -209,6 +255,9 @@ class Collector:
                 metrics = extractor.extract(payload, current, metrics, now=now)
             except Exception as exc:
                 self._extract_failed(source_type, extractor.typed_name.type, endpoint.id, exc)
+        published = self._published.get(endpoint.id)
+        if published:
+            metrics = _with_attributes(metrics, published)
         if metrics is not previous:
             self._store.update_metrics(endpoint.id, metrics)
 
@@ -218,6 +267,40 @@ class Collector:
                 source.forget(endpoint)
             except Exception as exc:  # a faulty source must not stop the collector
                 self._log_limited(endpoint.id, source.typed_name.type, "forgetting %s: %r", exc)
+
+    def _notify(self, kind: EndpointEventType, endpoint: Endpoint) -> None:
+        """Deliver one endpoint event through every notification pipeline."""
+        if kind is EndpointEventType.DELETE:
+            self._published.pop(endpoint.id, None)
+        for source, extractors in self._notified:
+            source_type = source.typed_name.type
+            try:
+                event = source.notify_endpoint(EndpointEvent(kind, endpoint))
+            except Exception as exc:  # a faulty source must not stop the collector
+                self._log_limited(endpoint.id, source_type, "notifying %s: %r", exc)
+                continue
+            if event is None:
+                continue
+            for extractor in extractors:
+                try:
+                    published = extractor.extract_endpoint(event)
+                    if published and event.type is EndpointEventType.ADD_OR_UPDATE:
+                        self._publish(event.endpoint.id, published)
+                except Exception as exc:  # nor a faulty extractor
+                    extractor_type = extractor.typed_name.type
+                    self._on_extract_error(source_type, extractor_type, exc)
+                    self._log_limited(
+                        endpoint.id, extractor_type, "delivering an event of %s failed: %r", exc
+                    )
+
+    def _publish(self, endpoint_id: str, attributes: Mapping[str, Any]) -> None:
+        """Keep an extractor's attributes for the endpoint; show them now if it has metrics."""
+        self._published.setdefault(endpoint_id, {}).update(attributes)
+        current = self._store.get(endpoint_id)
+        if current is not None and current.metrics is not None:
+            merged = _with_attributes(current.metrics, self._published[endpoint_id])
+            if merged is not current.metrics:
+                self._store.update_metrics(endpoint_id, merged)
 
     def _poll_failed(self, source_type: str, endpoint_id: str, exc: Exception) -> None:
         self._on_poll_error(source_type, endpoint_id, exc)
@@ -240,3 +323,16 @@ class Collector:
         self._log.warning(
             message + " (repeats suppressed for %.0fs)", endpoint_id, exc, self._error_log_interval
         )
+
+
+def _identity(endpoint: Endpoint) -> tuple[object, ...]:
+    """What a notification extractor may care about besides the address (not the metrics)."""
+    return (endpoint.name, endpoint.namespace, endpoint.rank, endpoint.labels)
+
+
+def _with_attributes(metrics: Metrics, attributes: Mapping[str, Any]) -> Metrics:
+    """``metrics`` carrying ``attributes`` too; the same object when it already does."""
+    current = metrics.attributes
+    if all(key in current and current[key] == value for key, value in attributes.items()):
+        return metrics
+    return dataclasses.replace(metrics, attributes={**current, **attributes})

@@ -9,12 +9,15 @@ selector, its ``Ready`` condition is ``True``, it is not terminating (no
 
 The annotation ``llm-d.ai/active-ports`` (legacy ``inference.networking.k8s.io/active-ports``)
 is a comma-separated port list: only listed ports that are also target ports become endpoints
-(ranks keep their target-port index). Without it every target port is active. Entries that are not
-port numbers are ignored.
+(ranks keep their target-port index). Without it every target port is active. Each entry is read
+as upstream's ``fmt.Sscanf("%d")`` reads it after trimming spaces: an optional sign and the
+leading decimal digits (``8000abc`` is 8000); entries without leading digits, and numbers that are
+not positive, are ignored.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -25,6 +28,7 @@ from epp.plugin import Endpoint
 
 ACTIVE_PORTS: Final = "llm-d.ai/active-ports"
 LEGACY_ACTIVE_PORTS: Final = "inference.networking.k8s.io/active-ports"
+_LEADING_INT: Final = re.compile(r"[+-]?[0-9]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +78,8 @@ def active_ports(annotations: Mapping[str, str]) -> frozenset[int] | None:
         text = annotations.get(LEGACY_ACTIVE_PORTS)
     if text is None:
         return None
-    return frozenset(int(p) for p in (s.strip() for s in text.split(",")) if p.isdigit())
+    ports = (_LEADING_INT.match(entry.strip()) for entry in text.split(","))
+    return frozenset(p for p in (int(m.group()) for m in ports if m) if p > 0)
 
 
 def pod_endpoints(pod: PodInfo, pool: EndpointPool) -> list[Endpoint]:

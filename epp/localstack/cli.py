@@ -4,6 +4,14 @@ It routes one request and shows where it went, drives a short seeded mixed workl
 EPP, then the same workload on a fresh fleet through Envoy's own round robin, and prints a table
 (requests per pod, prefix-cache hit ratio, TTFT p50/p90). Everything it starts is stopped on exit
 or Ctrl-C (Envoy also dies with this process: it sets PDEATHSIG).
+
+With ``--pd`` it compares aggregated serving with disaggregated prefill/decode on unique long
+prompts with long answers: first the pods all ``both`` behind the built-in default config, then
+on a fresh fleet ``--prefill-pods`` of them (default half) as prefill pods and the others as
+decode pods, labelled ``llm-d.ai/role``, behind ``deploy/configs/pd.yaml`` (or
+``--config-file``); the table shows TTFT, ITL, output tokens per second and the share of answers
+prefilled on another pod. When that config's plugins do not load the P/D run is skipped with the
+reason.
 """
 
 from __future__ import annotations
@@ -20,14 +28,25 @@ from pathlib import Path
 import aiohttp
 
 from epp.localstack.envoy import Envoy, free_port
-from epp.localstack.eppconfig import epp_config_text
+from epp.localstack.eppconfig import PD_CONFIG, epp_config_text, unloadable_plugins
 from epp.localstack.procs import Proc
-from epp.localstack.workload import Summary, drive, mixed_workload, summarize, table
+from epp.localstack.workload import (
+    Summary,
+    WorkItem,
+    drive,
+    long_prompt_workload,
+    mixed_workload,
+    pd_table,
+    summarize,
+    table,
+)
 from epp.plugins.sources.file_discovery import dump_endpoints
-from epp.sim.config import PodConfig
+from epp.sim.config import PodConfig, Role
 from epp.sim.fleet import SimFleet
 
 MODEL = "sim-model"
+ROLE_LABEL = "llm-d.ai/role"
+Waves = list[list[WorkItem]]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,6 +73,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
     p.add_argument("--skip-baseline", action="store_true", help="do not run the round-robin run")
     p.add_argument(
+        "--pd",
+        action="store_true",
+        help="compare aggregated serving with disaggregated prefill/decode on long prompts "
+        "(--config-file then names the P/D config, default deploy/configs/pd.yaml)",
+    )
+    p.add_argument(
+        "--prefill-pods",
+        type=int,
+        default=0,
+        help="with --pd: how many of the pods prefill (default: half of them)",
+    )
+    p.add_argument(
         "--keep-running",
         action="store_true",
         help="after the table, keep Envoy + EPP + pods up until Ctrl-C",
@@ -61,13 +92,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _endpoints_file(ports: Sequence[int], workdir: Path) -> Path:
+def _endpoints_file(ports: Sequence[int], workdir: Path, roles: Sequence[Role] = ()) -> Path:
     path = workdir / "endpoints.yaml"
-    path.write_text(dump_endpoints((f"pod-{i}", "127.0.0.1", p) for i, p in enumerate(ports)))
+    labels = {f"pod-{i}": {ROLE_LABEL: role} for i, role in enumerate(roles)}
+    entries = ((f"pod-{i}", "127.0.0.1", p) for i, p in enumerate(ports))
+    path.write_text(dump_endpoints(entries, labels=labels))
     return path
 
 
-def _fleet(args: argparse.Namespace) -> SimFleet:
+def _fleet(args: argparse.Namespace, roles: Sequence[Role] = ()) -> SimFleet:
     return SimFleet(
         [
             PodConfig(
@@ -75,10 +108,21 @@ def _fleet(args: argparse.Namespace) -> SimFleet:
                 model=MODEL,
                 time_scale=args.time_scale,
                 num_gpu_blocks=args.num_gpu_blocks,
+                role=roles[i] if roles else "both",
             )
             for i in range(args.pods)
         ]
     )
+
+
+def pd_roles(pods: int, prefill_pods: int) -> list[Role]:
+    """``prefill_pods`` prefill pods (default half, at least one) first, then decode pods."""
+    n = prefill_pods or max(1, pods // 2)
+    if not 1 <= n < pods:
+        raise ValueError(f"--prefill-pods must leave at least one of {pods} pods to decode")
+    prefill: list[Role] = ["prefill"] * n
+    decode: list[Role] = ["decode"] * (pods - n)
+    return prefill + decode
 
 
 async def _first_request(url: str, fleet: SimFleet) -> None:
@@ -87,8 +131,10 @@ async def _first_request(url: str, fleet: SimFleet) -> None:
         pod = r.headers.get("x-sim-pod", "?")
         text = json.loads(await r.read())
     port = fleet.ports[int(pod.rsplit("-", 1)[1])] if pod.startswith("pod-") else "?"
+    prefill = r.headers.get("x-sim-prefill-pod", pod)
+    where = f", prefilled on {prefill}" if prefill != pod else ""
     print(
-        f"routed: POST {url}/v1/completions -> {pod} (127.0.0.1:{port}), HTTP {r.status}, "
+        f"routed: POST {url}/v1/completions -> {pod} (127.0.0.1:{port}){where}, HTTP {r.status}, "
         f"{text.get('usage', {}).get('completion_tokens', 0)} tokens"
     )
 
@@ -109,16 +155,20 @@ async def _wait_scraped(metrics_url: str, proc: Proc, pods: int, timeout: float 
             await asyncio.sleep(0.1)
 
 
-async def _run_epp(args: argparse.Namespace, workdir: Path) -> Summary:
-    waves = mixed_workload(seed=args.seed)
-    async with _fleet(args) as fleet:
-        eps = _endpoints_file(fleet.ports, workdir)
+async def _run_epp(
+    args: argparse.Namespace,
+    workdir: Path,
+    waves: Waves,
+    *,
+    title: str = "EPP (default config)",
+    base: str | None = None,
+    roles: Sequence[Role] = (),
+) -> Summary:
+    workdir.mkdir(parents=True, exist_ok=True)
+    async with _fleet(args, roles) as fleet:
+        eps = _endpoints_file(fleet.ports, workdir, roles)
         cfg = workdir / "epp-config.yaml"
-        cfg.write_text(
-            epp_config_text(
-                eps, (), Path(args.config_file).read_text() if args.config_file else None
-            )
-        )
+        cfg.write_text(epp_config_text(eps, (), base))
         grpc_port, metrics_port = free_port(), free_port()
         # The EPP runs in its own process (as in production), TLS on as by default.
         epp = Proc(
@@ -139,6 +189,7 @@ async def _run_epp(args: argparse.Namespace, workdir: Path) -> Summary:
                 "127.0.0.1",
                 "--drain-timeout",
                 "0s",
+                *(["--allow-experimental-plugins"] if roles else []),
             ],
             workdir / "epp.log",
         ).start()
@@ -153,9 +204,9 @@ async def _run_epp(args: argparse.Namespace, workdir: Path) -> Summary:
                 )
                 await _first_request(envoy.url, fleet)
                 results = await drive(envoy.url, waves, model=MODEL, concurrency=args.concurrency)
-                summary = summarize("EPP (default config)", results)
+                summary = summarize(title, results)
                 if args.keep_running:
-                    print(table([summary]))
+                    print(pd_table([summary]) if args.pd else table([summary]))
                     print("stack is up; Ctrl-C to stop")
                     await asyncio.Event().wait()
         finally:
@@ -171,9 +222,50 @@ async def _run_baseline(args: argparse.Namespace) -> Summary:
     return summarize("Envoy round robin", results)
 
 
-async def _main(args: argparse.Namespace) -> int:
+def _pd_config(args: argparse.Namespace) -> tuple[str, str]:
+    """(P/D config text, ``""``) or (``""``, the reason the P/D run cannot happen)."""
+    path = Path(args.config_file) if args.config_file else PD_CONFIG
+    if not path.is_file():
+        return "", f"{path} not found (give a P/D config with --config-file)"
+    text = path.read_text()
+    missing = unloadable_plugins(text)
+    if missing:
+        return "", f"{path.name} needs plugin types not available here: {', '.join(missing)}"
+    return text, ""
+
+
+async def _main_pd(args: argparse.Namespace) -> int:
+    roles = pd_roles(args.pods, args.prefill_pods)
+    waves = long_prompt_workload(seed=args.seed)
+    text, reason = _pd_config(args)
     with tempfile.TemporaryDirectory(prefix="epp-stack-") as tmp:
-        epp_summary = await _run_epp(args, Path(tmp))
+        if reason:
+            print(f"P/D run skipped: {reason}")
+            args.keep_running = False
+        rows = [await _run_epp(args, Path(tmp) / "aggregated", waves, title="EPP aggregated")]
+        if not reason:
+            title = f"EPP P/D ({roles.count('prefill')}P/{roles.count('decode')}D)"
+            rows.append(
+                await _run_epp(args, Path(tmp) / "pd", waves, title=title, base=text, roles=roles)
+            )
+    item = waves[0][0]
+    print()
+    print(
+        f"{len(waves[0])} unique prompts of {len(item.messages[0]['content']) // 4} tokens, "
+        f"{item.max_tokens} output tokens, fresh fleet each ({args.pods} pods, time scale "
+        f"{args.time_scale:g}x; wall-clock ms, TTFT to the first content chunk):"
+    )
+    print(pd_table(rows))
+    return 0 if all(r.errors == 0 for r in rows) else 1
+
+
+async def _main(args: argparse.Namespace) -> int:
+    if args.pd:
+        return await _main_pd(args)
+    with tempfile.TemporaryDirectory(prefix="epp-stack-") as tmp:
+        base = Path(args.config_file).read_text() if args.config_file else None
+        waves = mixed_workload(seed=args.seed)
+        epp_summary = await _run_epp(args, Path(tmp), waves, base=base)
         rows = [epp_summary]
         if not args.skip_baseline:
             rows.append(await _run_baseline(args))
@@ -187,7 +279,13 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.pd:
+        try:
+            pd_roles(args.pods, args.prefill_pods)
+        except ValueError as exc:
+            parser.error(str(exc))
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return asyncio.run(_main(args))

@@ -2,16 +2,38 @@
 
 ``epp stack`` and ``epp bench`` both start the EPP against simulated pods listed in an endpoints
 file; this is the one place that turns a base config (the built-in default unless given) into
-that config.
+that config. ``unloadable_plugins`` tells a tool, before it starts anything, which plugin types of
+a config the installed plugins cannot provide (a P/D config before the P/D plugins exist), and
+``PD_CONFIG`` is the P/D config of the source tree.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Final
 
 import yaml
 
+import epp
 from epp.config.schema import DEFAULT_CONFIG_TEXT
+from epp.plugin.errors import PluginLoadError, UnknownPluginType
+from epp.plugin.registry import PluginRegistry
+
+PD_CONFIG: Final = Path(epp.__file__).resolve().parent.parent / "deploy" / "configs" / "pd.yaml"
+"""``deploy/configs/pd.yaml`` of the source checkout (absent from an installed wheel)."""
+
+
+def unloadable_plugins(config_text: str) -> list[str]:
+    """Plugin types of a config the installed plugins cannot provide, each with the reason."""
+    doc = yaml.safe_load(config_text) or {}
+    registry = PluginRegistry.from_entry_points()
+    missing = []
+    for type_name in dict.fromkeys(str(p.get("type", "")) for p in doc.get("plugins") or ()):
+        try:
+            registry.load(type_name)
+        except (UnknownPluginType, PluginLoadError) as exc:
+            missing.append(f"{type_name} ({type(exc).__name__})")
+    return missing
 
 
 def epp_config_text(

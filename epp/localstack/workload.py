@@ -1,18 +1,23 @@
-"""A short, seeded mixed workload and its driver (used by ``epp stack``).
+"""Short, seeded workloads and their driver (used by ``epp stack``).
 
-Two request shapes, interleaved:
+``mixed_workload``: two request shapes, interleaved:
 - shared system prompts: ``groups`` long system prompts, each reused by several users who ask
   their own short question;
 - multi-turn sessions: each session resends its whole growing conversation every turn.
 
+``long_prompt_workload`` (``epp stack --pd``): unique long prompts with long answers, nothing to
+reuse: what disaggregated prefill/decode is for.
+
 Every request is a streamed chat completion with ``include_usage``, so the driver can read the
-time to first token and the prefix-cache hit (``prompt_tokens_details.cached_tokens``) of each one.
+time to first token, the mean gap between content chunks (ITL), the output tokens and the
+prefix-cache hit (``prompt_tokens_details.cached_tokens``) of each one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -80,6 +85,13 @@ class Result:
     latency: float
     prompt_tokens: int
     cached_tokens: int
+    itl: float = math.nan
+    tokens: int = 0
+    sent: float = 0.0
+    prefill_pod: str = ""
+    first_token: float = 0.0
+    """Time to the first content chunk (``ttft`` is to the first SSE line: for chat, the role
+    chunk the server sends before prefilling)."""
 
 
 def mixed_workload(
@@ -117,6 +129,21 @@ def mixed_workload(
     return waves
 
 
+def long_prompt_workload(
+    *, seed: int = 1, requests: int = 32, prompt_words: int = 4000, max_tokens: int = 256
+) -> list[list[WorkItem]]:
+    """One wave of unique long prompts (a document and a question) with long answers."""
+    rng = random.Random(seed)
+    return [
+        [
+            WorkItem(
+                f"doc-{i}", ({"role": "user", "content": _text(rng, prompt_words)},), max_tokens
+            )
+            for i in range(requests)
+        ]
+    ]
+
+
 async def _one(session: aiohttp.ClientSession, url: str, model: str, item: WorkItem) -> Result:
     body = {
         "model": model,
@@ -128,17 +155,22 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, item: WorkI
     t0 = time.perf_counter()
     ttft = 0.0
     usage: dict[str, Any] = {}
+    chunks: list[float] = []  # arrival of each content chunk
     async with session.post(f"{url}/v1/chat/completions", json=body) as r:
         pod = r.headers.get("x-sim-pod", "?")
         if r.status != 200:
             await r.read()
-            return Result(pod, r.status, 0.0, time.perf_counter() - t0, 0, 0)
+            return Result(pod, r.status, 0.0, time.perf_counter() - t0, 0, 0, sent=t0)
         async for line in r.content:
             if not ttft and line.startswith(b"data: "):
                 ttft = time.perf_counter() - t0
+            if b'"content":"' in line and b'"content":""' not in line:
+                chunks.append(time.perf_counter())
             if line.startswith(b"data: {") and b'"usage"' in line:
                 usage = json.loads(line[6:]).get("usage") or usage
+        prefill_pod = r.headers.get("x-sim-prefill-pod", "")
     details = usage.get("prompt_tokens_details") or {}
+    itl = (chunks[-1] - chunks[0]) / (len(chunks) - 1) if len(chunks) > 1 else math.nan
     return Result(
         pod,
         200,
@@ -146,6 +178,11 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, item: WorkI
         time.perf_counter() - t0,
         int(usage.get("prompt_tokens", 0)),
         int(details.get("cached_tokens", 0)),
+        itl,
+        int(usage.get("completion_tokens", len(chunks))),
+        t0,
+        prefill_pod,
+        chunks[0] - t0 if chunks else 0.0,
     )
 
 
@@ -180,6 +217,13 @@ class Summary:
     ttft_p50_ms: float = 0.0
     ttft_p90_ms: float = 0.0
     per_pod: dict[str, int] = field(default_factory=dict)
+    first_token_p50_ms: float = 0.0
+    first_token_p90_ms: float = 0.0
+    itl_p50_ms: float = 0.0
+    itl_p90_ms: float = 0.0
+    out_tok_per_s: float = 0.0
+    remote_prefills: int = 0
+    """Answers whose prompt another pod prefilled (``x-sim-prefill-pod`` is not the pod)."""
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -196,6 +240,10 @@ def summarize(target: str, results: Sequence[Result]) -> Summary:
     for r in ok:
         per_pod[r.pod] = per_pod.get(r.pod, 0) + 1
     ttfts = [r.ttft for r in ok]
+    itls = [r.itl for r in ok if not math.isnan(r.itl)]
+    span = max((r.sent + r.latency for r in ok), default=0.0) - min(
+        (r.sent for r in ok), default=0.0
+    )
     return Summary(
         target=target,
         requests=len(results),
@@ -204,6 +252,12 @@ def summarize(target: str, results: Sequence[Result]) -> Summary:
         ttft_p50_ms=_pct(ttfts, 0.5) * 1000,
         ttft_p90_ms=_pct(ttfts, 0.9) * 1000,
         per_pod=dict(sorted(per_pod.items())),
+        first_token_p50_ms=_pct([r.first_token for r in ok], 0.5) * 1000,
+        first_token_p90_ms=_pct([r.first_token for r in ok], 0.9) * 1000,
+        itl_p50_ms=_pct(itls, 0.5) * 1000,
+        itl_p90_ms=_pct(itls, 0.9) * 1000,
+        out_tok_per_s=sum(r.tokens for r in ok) / span if span > 0 else 0.0,
+        remote_prefills=sum(1 for r in ok if r.prefill_pod and r.prefill_pod != r.pod),
     )
 
 
@@ -218,5 +272,24 @@ def table(rows: Sequence[Summary]) -> str:
         lines.append(
             f"{s.target:<24}{s.requests:>9}{s.errors:>7}{s.hit_ratio:>9.1%} "
             f"{s.ttft_p50_ms:>7.1f}ms{s.ttft_p90_ms:>8.1f}ms  {pods}"
+        )
+    return "\n".join(lines)
+
+
+def pd_table(rows: Sequence[Summary]) -> str:
+    """Latency (TTFT to the first content chunk) and throughput side by side, and the share of
+    answers prefilled on another pod (``epp stack --pd``)."""
+    head = (
+        f"{'target':<28}{'requests':>9}{'errors':>7}{'TTFT p50':>10}{'TTFT p90':>10}"
+        f"{'ITL p50':>9}{'ITL p90':>9}{'out tok/s':>10}{'remote prefill':>15}"
+    )
+    lines = [head, "-" * len(head)]
+    for s in rows:
+        ok = s.requests - s.errors
+        share = s.remote_prefills / ok if ok else 0.0
+        lines.append(
+            f"{s.target:<28}{s.requests:>9}{s.errors:>7}{s.first_token_p50_ms:>8.1f}ms"
+            f"{s.first_token_p90_ms:>8.1f}ms{s.itl_p50_ms:>7.2f}ms{s.itl_p90_ms:>7.2f}ms"
+            f"{s.out_tok_per_s:>10.0f}{share:>15.0%}"
         )
     return "\n".join(lines)

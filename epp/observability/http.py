@@ -78,7 +78,7 @@ class MetricsServer:
                 m["age_seconds"] = now - e.metrics.update_time if e.metrics.update_time else None
                 item["metrics"] = m
             out.append(item)
-        return web.json_response({"endpoints": out})
+        return web.json_response({"endpoints": out}, dumps=_dumps)
 
     async def _decisions(self, request: web.Request) -> web.Response:
         try:

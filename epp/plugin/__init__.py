@@ -2,11 +2,13 @@
 
 Roles (``Filter``, ``Scorer``, ``Picker``, ``DataProducer``, ...) and value types are in
 ``protocols`` and ``types``; optional capabilities in ``capabilities``; typed data keys in
-``keys``; session and agent identity in ``session``; the flow-control policy contract in
-``flow``; wire constants in ``wire``; the kit plugin authors run in their own tests in
-``testing``.
+``keys``; values extractors publish on endpoints in ``attributes`` (and endpoint locality in
+``topology``); multimodal cache match data in ``multimodal``; session and agent identity in
+``session``; the flow-control policy contract in ``flow``; wire constants in ``wire``; the kit
+plugin authors run in their own tests in ``testing``.
 """
 
+from epp.plugin.attributes import endpoint_attribute, with_attribute
 from epp.plugin.capabilities import (
     DEFAULT_CONFIRMATION_GRACE,
     DEFAULT_PRODUCE_TIMEOUT,
@@ -27,6 +29,12 @@ from epp.plugin.errors import (
     UnknownPluginType,
 )
 from epp.plugin.keys import DataKey, DataType, data_key
+from epp.plugin.multimodal import (
+    ENCODER_CACHE_MATCH_INFO,
+    MM_EMBEDDINGS_CACHE_PRODUCER,
+    EncoderCacheMatchInfo,
+    MatchItem,
+)
 from epp.plugin.prefix import (
     PREFIX_MATCH_INFO,
     TOKENIZED_PROMPT,
@@ -38,7 +46,12 @@ from epp.plugin.protocols import (
     Consumer,
     DataProducer,
     DataSource,
+    Decider,
     Discovery,
+    EndpointEvent,
+    EndpointEventType,
+    EndpointExtractor,
+    EndpointSource,
     Extractor,
     Filter,
     Handle,
@@ -67,6 +80,7 @@ from epp.plugin.session import (
     agent_identity,
     cookie_value,
 )
+from epp.plugin.topology import TOPOLOGY, Topology
 from epp.plugin.types import (
     DEFAULT_FAIRNESS_ID,
     CycleState,
@@ -93,10 +107,13 @@ __all__ = [
     "DEFAULT_CONFIRMATION_GRACE",
     "DEFAULT_FAIRNESS_ID",
     "DEFAULT_PRODUCE_TIMEOUT",
+    "ENCODER_CACHE_MATCH_INFO",
+    "MM_EMBEDDINGS_CACHE_PRODUCER",
     "PREFIX_MATCH_INFO",
     "SESSION_ID",
     "SESSION_ID_PRODUCER",
     "TOKENIZED_PROMPT",
+    "TOPOLOGY",
     "Admitter",
     "ConfirmationGrace",
     "Consumer",
@@ -105,10 +122,16 @@ __all__ = [
     "DataProducer",
     "DataSource",
     "DataType",
+    "Decider",
     "Discovery",
     "DropReason",
+    "EncoderCacheMatchInfo",
     "Endpoint",
+    "EndpointEvent",
+    "EndpointEventType",
+    "EndpointExtractor",
     "EndpointForgetter",
+    "EndpointSource",
     "ErrorCode",
     "Extractor",
     "Filter",
@@ -116,6 +139,7 @@ __all__ = [
     "InferenceError",
     "InferenceRequest",
     "Lifecycle",
+    "MatchItem",
     "Metrics",
     "NoParams",
     "ParseResult",
@@ -153,10 +177,13 @@ __all__ = [
     "StateDumper",
     "TerminationCause",
     "TokenizedPrompt",
+    "Topology",
     "TypedName",
     "UnknownPluginType",
     "Usage",
     "agent_identity",
     "cookie_value",
     "data_key",
+    "endpoint_attribute",
+    "with_attribute",
 ]

@@ -33,6 +33,9 @@ class DataKey(str, Generic[T]):
     def __new__(cls, data_type: str, producer: str) -> DataKey[T]:
         return super().__new__(cls, f"{data_type}/{producer}")
 
+    def __getnewargs__(self) -> tuple[str, str]:  # type: ignore[override]  # rebuilt from its parts
+        return self.data_type, self.producer
+
     @property
     def data_type(self) -> str:
         return self.partition("/")[0]

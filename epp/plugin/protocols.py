@@ -12,6 +12,7 @@ pure. Only ``DataProducer.produce`` and ``Lifecycle`` hooks may do I/O.
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -141,6 +142,21 @@ class ProfileHandler(Protocol):
         request: InferenceRequest,
         results: Mapping[str, ProfileResult | None],
     ) -> SchedulingResult: ...
+
+
+@runtime_checkable
+class Decider(Protocol):
+    """Decides per request whether a disaggregated stage (prefill or encode) runs, for the
+    ``disagg-profile-handler`` (``deciders.prefill``, ``deciders.encode``). ``endpoint`` is the
+    decode pick when decode ran first, ``None`` otherwise (``prefill-first`` order). Synchronous
+    and pure over the request, like a filter; it reads only request attributes that producers
+    published before scheduling. Upstream's ``deciderPlugin``."""
+
+    typed_name: TypedName
+
+    def disaggregate(
+        self, cycle: CycleState, request: InferenceRequest, endpoint: Endpoint | None
+    ) -> bool: ...
 
 
 class ResponseState(Protocol):
@@ -296,6 +312,52 @@ class Extractor(Protocol):
     def extract(
         self, payload: bytes, endpoint: Endpoint, previous: Metrics, *, now: float
     ) -> Metrics: ...
+
+
+class EndpointEventType(enum.Enum):
+    """What happened to an endpoint (upstream's ``EventAddOrUpdate`` / ``EventDelete``)."""
+
+    ADD_OR_UPDATE = "add-or-update"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointEvent:
+    """An endpoint joined the pool or changed (address, port, labels; not metrics), or left it.
+    A changed address is delivered as ``DELETE`` of the old endpoint then ``ADD_OR_UPDATE``."""
+
+    type: EndpointEventType
+    endpoint: Endpoint
+
+
+@runtime_checkable
+class EndpointSource(Protocol):
+    """A ``dataLayer.sources`` entry driven by endpoint lifecycle changes instead of polling
+    (``endpoint-notification-source``). The collector calls ``notify_endpoint`` once per event
+    and passes what it returns to the source's extractors (``None`` = drop the event). Those
+    extractors must be ``EndpointExtractor``s; the loader checks it."""
+
+    typed_name: TypedName
+
+    def notify_endpoint(self, event: EndpointEvent) -> EndpointEvent | None: ...
+
+
+@runtime_checkable
+class EndpointExtractor(Protocol):
+    """Hears endpoint lifecycle events from the ``EndpointSource`` it is listed under (upstream's
+    ``EndpointExtractor``): e.g. subscribe to a pod's KV events when it is added, drop its state
+    when it is removed. Called on the event loop, synchronously, as the collector sees the change:
+    it must return quickly and never block (schedule I/O on the plugin's own task). An exception
+    is logged and counted; other extractors still hear the event.
+
+    It may return attributes to publish on the endpoint (keys as in ``Metrics.attributes``, e.g.
+    ``topology-extractor``'s topology from the pod's labels): the collector keeps them for as
+    long as the endpoint stays and merges them into its metrics whenever it has any.
+    """
+
+    typed_name: TypedName
+
+    def extract_endpoint(self, event: EndpointEvent) -> Mapping[str, Any] | None: ...
 
 
 @runtime_checkable

@@ -42,6 +42,13 @@ class Metrics:
     cache_num_blocks: int = 0
     custom: Mapping[str, float] = field(default_factory=dict)
     update_time: float = 0.0
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+    """Values extractors publish beyond the fields above, under the text of a ``DataKey``
+    ``<attribute>/<producer>`` (``Topology/topology-extractor``, ``GPUUtilization/dcgm-extractor``);
+    write and read them with ``epp.plugin.attributes`` (``with_attribute``,
+    ``endpoint_attribute``). Values are immutable. An extractor derives the ``Metrics`` it returns
+    from the one it was given, so keys it does not own survive; publishing an attribute leaves
+    ``update_time`` alone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +66,9 @@ class Endpoint:
     rank: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
     metrics: Metrics | None = None
+    node_address: str = ""
+    """IP of the node hosting the pod (the pod's ``status.hostIP``), for node-level exporters
+    such as a DCGM DaemonSet; ``""`` when discovery does not know it (file discovery)."""
 
     @property
     def hostport(self) -> str:

@@ -8,7 +8,10 @@ Example::
 serves pods ``sim-0`` .. ``sim-3`` on ports 8000..8003, pod i publishing KV events on port
 5557 + i. Prints ``sim pod <name> listening on http://<host>:<port>`` per pod once ready and
 exits cleanly on SIGTERM / SIGINT. ``--pod-num-gpu-blocks 28000,28000,28000,11200`` gives each
-pod its own KV capacity (one value per pod; every other setting is shared).
+pod its own KV capacity and ``--pod-role prefill,decode,decode,decode`` its own P/D role (one
+value per pod; every other setting is shared). ``--role`` sets the role of every pod (``both``,
+``prefill`` or ``decode``, see ``epp/sim/disagg.py``); ``--kv-transfer-ms-per-block`` is the time
+a decode pod takes to pull one KV block from a prefill pod.
 """
 
 from __future__ import annotations
@@ -20,7 +23,14 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from epp.sim.config import ENGINE_KINDS, PodConfig, endpoint_binds, offset_endpoint_port
+from epp.sim.config import (
+    ENGINE_KINDS,
+    ROLES,
+    PodConfig,
+    Role,
+    endpoint_binds,
+    offset_endpoint_port,
+)
 from epp.sim.fleet import SimFleet
 
 _D = PodConfig()
@@ -44,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lora", default="", help="comma-separated LoRA adapter names")
     p.add_argument("--max-loras", type=int, default=_D.max_loras, help="LoRA slots per batch")
     _engine_options(p)
+    _pd_options(p)
     p.add_argument(
         "--kv-events-endpoint",
         default=None,
@@ -104,6 +115,22 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _pd_options(p: argparse.ArgumentParser) -> None:
+    """Disaggregated prefill/decode: the pods' roles and the KV transfer cost."""
+    p.add_argument("--role", choices=ROLES, default=_D.role, help="P/D role of every pod")
+    p.add_argument(
+        "--pod-role",
+        default="",
+        help="comma-separated P/D role of each pod (one per pod), overriding --role",
+    )
+    p.add_argument(
+        "--kv-transfer-ms-per-block",
+        type=float,
+        default=_D.kv_transfer_ms_per_block,
+        help="simulated ms a decode pod takes to pull one KV block from a prefill pod",
+    )
+
+
 def configs_from_args(args: argparse.Namespace) -> list[PodConfig]:
     if args.pods < 1:
         raise ValueError("--pods must be >= 1")
@@ -111,6 +138,7 @@ def configs_from_args(args: argparse.Namespace) -> list[PodConfig]:
         raise ValueError("--port + --pods exceeds the port range")
     loras = tuple(name.strip() for name in args.lora.split(",") if name.strip())
     blocks = _pod_blocks(args.pod_num_gpu_blocks, args.pods, args.num_gpu_blocks)
+    roles = _pod_roles(args.pod_role, args.pods, args.role)
     configs: list[PodConfig] = []
     for i in range(args.pods):
         endpoint = args.kv_events_endpoint
@@ -137,6 +165,8 @@ def configs_from_args(args: argparse.Namespace) -> list[PodConfig]:
                 kv_events_endpoint=endpoint,
                 responses_cache_size=args.responses_cache_size,
                 seed=args.seed + i,
+                role=roles[i],
+                kv_transfer_ms_per_block=args.kv_transfer_ms_per_block,
             )
         )
     return configs
@@ -153,6 +183,21 @@ def _pod_blocks(text: str, pods: int, default: int) -> list[int]:
     if len(blocks) != pods:
         raise ValueError(f"--pod-num-gpu-blocks has {len(blocks)} values for {pods} pods")
     return blocks
+
+
+def _pod_roles(text: str, pods: int, default: Role) -> list[Role]:
+    """P/D role of each pod: the comma-separated list, or ``default`` for every pod."""
+    if not text.strip():
+        return [default] * pods
+    roles = [v.strip() for v in text.split(",")]
+    if len(roles) != pods:
+        raise ValueError(f"--pod-role has {len(roles)} values for {pods} pods")
+    out: list[Role] = []
+    for role in roles:
+        if role not in ROLES:
+            raise ValueError(f"--pod-role: {role!r} is not one of {', '.join(ROLES)}")
+        out.append(role)
+    return out
 
 
 async def serve(configs: Sequence[PodConfig]) -> None:

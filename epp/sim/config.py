@@ -15,6 +15,12 @@ serves and every parameter of the engine model. The defaults are shaped like an 
 * ``decode_per_seq_ms`` 0.08: each extra sequence in the batch adds its KV reads and sampling.
 * ``max_num_seqs`` 256: vLLM's long-standing default for online serving.
 * ``max_model_len`` 131072: the context window of Llama-3.1.
+* ``kv_transfer_ms_per_block`` 0.08: pulling one block of KV from a prefill pod (P/D). A block is
+  16 tokens x 128 KiB = 2 MiB; a NIXL read over one 200-400 Gb/s RDMA NIC moves ~25 GB/s, so
+  ~0.08 ms a block: a 16k-token prompt (1000 blocks) moves in ~80 ms, against ~1 s to prefill it.
+
+``role`` is the pod's part in disaggregated serving (``both``, ``prefill`` or ``decode``), see
+``epp.sim.disagg``.
 
 ``time_scale`` speeds the whole simulation up: with 10 every simulated duration is served in a
 tenth of the wall-clock time (the engine's virtual clock runs 10x faster than the real one).
@@ -27,6 +33,8 @@ from typing import Literal
 
 EngineKind = Literal["vllm", "sglang"]
 ENGINE_KINDS: tuple[EngineKind, ...] = ("vllm", "sglang")
+Role = Literal["both", "prefill", "decode"]
+ROLES: tuple[Role, ...] = ("both", "prefill", "decode")
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,8 @@ class PodConfig:
     kv_events_endpoint: str | None = None
     responses_cache_size: int = 4096
     seed: int = 0
+    role: Role = "both"
+    kv_transfer_ms_per_block: float = 0.08
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -89,6 +99,10 @@ class PodConfig:
             raise ValueError("decode_base_ms and decode_per_seq_ms must be >= 0")
         if self.time_scale <= 0:
             raise ValueError("time_scale must be > 0")
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
+        if not self.kv_transfer_ms_per_block >= 0:
+            raise ValueError("kv_transfer_ms_per_block must be >= 0")
 
     @property
     def lora_enabled(self) -> bool:

@@ -28,10 +28,18 @@ step every running request emits one token (a newly admitted one emits its first
 
 Prefix-cache counters count tokens like vLLM's: ``prefix_queries`` += prompt tokens and
 ``prefix_hits`` += reused tokens, once per request.
+
+Remote prefill (P/D decode leg, ``add_request(..., remote=RemoteKV(...))``): the prompt blocks
+this pod lacks are pulled from the prefill pod, ``kv_transfer_ms_per_block`` each, while the
+request waits (as vLLM's ``WAITING_FOR_REMOTE_KVS``, holding no blocks); then they join this
+pod's prefix cache (``BlockStored``) and the request queues: its admission finds them cached and
+computes only the last block. Its prefix counters count only the blocks held here before; it
+reports the prefill pod's ``cached_tokens`` when given.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -41,6 +49,14 @@ from epp.sim.stats import EngineStats
 from epp.sim.tokenizer import output_seed, output_token
 
 _MAX_STEPS_PER_ADVANCE = 1_000_000  # bounds catch-up after a very late timer
+
+
+@dataclass(frozen=True)
+class RemoteKV:
+    """The request's prompt KV comes from a prefill pod; ``reported_cached_tokens`` (if not None)
+    is the cached-token count its answer reports."""
+
+    reported_cached_tokens: int | None = None
 
 
 class RequestRejected(ValueError):
@@ -77,6 +93,9 @@ class _Request:
     generated: int = 0
     cached_tokens: int = -1
     last_token_time: float = 0.0
+    ready: float = 0.0  # end of its KV transfer (remote prefill)
+    local_hits: int = -1  # remote prefill: blocks cached here before the transfer
+    reported_cached: int | None = None
 
 
 class Engine:
@@ -87,6 +106,7 @@ class Engine:
         self._lora_ids = {name: i + 1 for i, name in enumerate(config.lora_adapters)}
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
+        self._transfers: list[_Request] = []  # pulling remote KV, by ``ready``
         self._by_id: dict[str, _Request] = {}
         self._step_end: float | None = None
 
@@ -97,7 +117,11 @@ class Engine:
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        return len(self._waiting) + len(self._transfers)
+
+    @property
+    def num_transferring(self) -> int:  # waiting for their KV from a prefill pod
+        return len(self._transfers)
 
     @property
     def kv_usage(self) -> float:
@@ -111,7 +135,8 @@ class Engine:
 
     def next_wakeup(self) -> float | None:
         """Simulated time at which ``advance`` has work to do, or None when idle."""
-        return self._step_end
+        landing = self._transfers[0].ready if self._transfers else None
+        return min((t for t in (self._step_end, landing) if t is not None), default=None)
 
     def drain_kv_events(self) -> list[KVEvent]:
         return self.pool.drain_events()
@@ -124,6 +149,7 @@ class Engine:
         max_tokens: int | None,
         now: float,
         lora: str | None = None,
+        remote: RemoteKV | None = None,
     ) -> None:
         cfg = self.config
         if request_id in self._by_id:
@@ -157,8 +183,23 @@ class Engine:
             seed=output_seed(prompt_ids),
         )
         self._by_id[request_id] = req
-        self._waiting.append(req)
         self.stats.requests_received += 1
+        if remote is None:
+            self._waiting.append(req)
+        else:
+            self._pull(req, remote, now)
+
+    def _pull(self, req: _Request, remote: RemoteKV, now: float) -> None:
+        """Start pulling the prompt blocks this pod lacks (P/D decode leg)."""
+        cfg = self.config
+        chain_hashes(req.tokens, cfg.block_size, req.lora, req.chain)
+        req.local_hits = self.pool.match_prefix(req.chain)
+        moved = max(0, -(-req.prompt_len // cfg.block_size) - req.local_hits)
+        req.ready = now + moved * cfg.kv_transfer_ms_per_block / 1000.0
+        req.reported_cached = remote.reported_cached_tokens
+        bisect.insort(self._transfers, req, key=lambda r: r.ready)
+        self.stats.remote_prefills += 1
+        self.stats.kv_transfer_blocks += moved
 
     def abort_request(self, request_id: str) -> bool:
         req = self._by_id.pop(request_id, None)
@@ -166,6 +207,8 @@ class Engine:
             return False
         if req in self._running:
             self._running.remove(req)
+        elif req in self._transfers:
+            self._transfers.remove(req)
         else:
             self._waiting.remove(req)
         self.pool.release(req.blocks)
@@ -180,6 +223,12 @@ class Engine:
         """Run every step that ends at or before ``now``; start the next one if there is work."""
         out: list[TokenEvent] = []
         for _ in range(_MAX_STEPS_PER_ADVANCE):
+            landing = self._transfers[0].ready if self._transfers else float("inf")
+            if landing <= now and (self._step_end is None or landing <= self._step_end):
+                self._land(landing)
+                if self._step_end is None:
+                    self._start_step(landing)
+                continue
             if self._step_end is None:
                 if not self._waiting:
                     break
@@ -196,6 +245,13 @@ class Engine:
         return out
 
     # ---- step internals ------------------------------------------------------------------
+    def _land(self, t: float) -> None:
+        """Transfers ending at ``t``: their blocks join the cache, the requests queue."""
+        while self._transfers and self._transfers[0].ready <= t:
+            req = self._transfers.pop(0)
+            self.pool.adopt(req.chain, req.tokens, req.lora_id, req.lora)
+            self._waiting.append(req)
+
     def _start_step(self, t: float) -> None:
         self._reserve_decode_slots()
         self._admit()
@@ -277,9 +333,11 @@ class Engine:
         req.blocks = blocks
         req.pending_prefill = n_tokens - hits * bs
         if req.cached_tokens < 0:
-            req.cached_tokens = hits * bs
+            reported = req.reported_cached
+            req.cached_tokens = hits * bs if reported is None else reported
+            local = hits if req.local_hits < 0 else min(hits, req.local_hits)
             self.stats.prefix_queries += req.prompt_len
-            self.stats.prefix_hits += hits * bs
+            self.stats.prefix_hits += local * bs
             self.stats.prompt_tokens += req.prompt_len
         return True
 

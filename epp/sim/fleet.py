@@ -95,6 +95,7 @@ class SimFleet:
             pod.runtime.close()
         for pod in pods:
             await pod.runner.cleanup()
+            await pod.runtime.aclose()
             if pod.publisher is not None:
                 pod.publisher.close()
         if self._zmq is not None:

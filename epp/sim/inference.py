@@ -2,7 +2,9 @@
 ``/v1/responses`` (streaming and not), with fault injection.
 
 A request is tokenized, queued on the pod's engine and answered from the engine's token events;
-if the client goes away the request is aborted so its KV blocks are released.
+if the client goes away the request is aborted so its KV blocks are released. Before that the
+pod's role and the P/D headers decide how it is served (``epp.sim.disagg``): as a prefill leg, as
+a decode leg after a remote prefill, or in full.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from epp.sim import disagg
 from epp.sim.engine import RequestRejected, TokenEvent
 from epp.sim.openai import ApiError, Parsed, parse_chat, parse_completion, parse_responses
 from epp.sim.runtime import PodRuntime
@@ -22,7 +25,9 @@ from epp.sim.tokenizer import detokenize
 from epp.sim.wire import DONE, Format, ResponsesFormat, formatter
 
 RUNTIME = web.AppKey("runtime", PodRuntime)
+PORT = web.AppKey("port", int)
 BODY_SHA256 = web.RequestKey("sim_body_sha256", str)  # hex SHA-256 of the raw body
+PREFILL_POD = web.RequestKey("sim_prefill_pod", str)  # the pod that computed the prompt
 
 
 class _CutStream(Exception):
@@ -109,10 +114,21 @@ async def handle_generate(request: web.Request, path_kind: str) -> web.StreamRes
     injected = await _faults(request, runtime)
     if injected is not None:
         return injected
+    plan = await disagg.plan(request, runtime, path_kind, body, parsed)
+    if isinstance(plan, web.Response):
+        return plan
+    parsed = plan.parsed
+    request[PREFILL_POD] = plan.prefill_pod
     fmt = formatter(parsed)
+    if plan.leg and not parsed.stream:
+        prompt = len(parsed.prompts[0])
+        fmt.kv_transfer_params = disagg.leg_answer_params(runtime.config, request.app[PORT], prompt)
     try:
         channels = [
-            (f"{fmt.id}-{i}", runtime.submit(f"{fmt.id}-{i}", ids, parsed.max_tokens, lora))
+            (
+                f"{fmt.id}-{i}",
+                runtime.submit(f"{fmt.id}-{i}", ids, parsed.max_tokens, lora, plan.remote),
+            )
             for i, ids in enumerate(parsed.prompts)
         ]
     except RequestRejected as exc:

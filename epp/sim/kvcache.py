@@ -181,6 +181,35 @@ class BlockPool:
             if entry.ref == 0:
                 self._evictable[block] = None
 
+    def adopt(
+        self,
+        chain: Sequence[int],
+        token_ids: Sequence[int],
+        lora_id: int | None,
+        lora_name: str | None,
+    ) -> int:
+        """Blocks of ``chain`` received from another engine (a P/D KV transfer) join the cache.
+
+        Missing blocks are allocated and registered (``BlockStored``), then released with the
+        cached prefix, so they stay cached (evictable) for the request that pulled them and any
+        later one. The cached prefix is held meanwhile so that allocating cannot evict it. Stops
+        at the first block that cannot be allocated. Returns the leading blocks cached after.
+        """
+        bs = self.block_size
+        start = self.match_prefix(chain)
+        held: list[int | None] = []
+        for h in chain[:start]:
+            self.acquire(h)
+            held.append(h)
+        for i in range(start, len(chain)):
+            if not self.allocate():
+                break
+            parent = chain[i - 1] if i else None
+            self.register(chain[i], parent, token_ids[i * bs : (i + 1) * bs], lora_id, lora_name)
+            held.append(chain[i])
+        self.release(held)
+        return len(held)
+
     def reset(self) -> bool:
         """vLLM's ``reset_prefix_cache``: only possible when no block is in use."""
         if self.used_blocks:

@@ -263,7 +263,10 @@ class MetricsRenderer:
             if name:
                 w.scalar(name, kind, help_text, base, values[field])
             if field == "waiting" and names.waiting_by_reason:
-                self._waiting_by_reason(w, names.waiting_by_reason, base, values["waiting"])
+                deferred = engine.num_transferring if overrides.num_requests_waiting is None else 0
+                self._waiting_by_reason(
+                    w, names.waiting_by_reason, base, values["waiting"], deferred
+                )
         w.scalar(names.cache_info, "gauge", _CACHE_INFO_HELP, self._cache_labels(), 1.0)
         if names.lora_info and self.config.lora_enabled:
             self._lora_info(w, names.lora_info, engine, overrides, wall_time)
@@ -275,11 +278,13 @@ class MetricsRenderer:
         return w.text()
 
     @staticmethod
-    def _waiting_by_reason(w: _Writer, name: str, base: Mapping[str, str], waiting: float) -> None:
-        # The simulator defers nothing: every waiting request waits for capacity.
+    def _waiting_by_reason(
+        w: _Writer, name: str, base: Mapping[str, str], waiting: float, deferred: int
+    ) -> None:
+        # Deferred = waiting for KV from a prefill pod (P/D); every other one waits for capacity.
         w.family(name, "gauge", _WAITING_BY_REASON_HELP)
-        w.sample(name, {**base, "reason": "capacity"}, waiting)
-        w.sample(name, {**base, "reason": "deferred"}, 0.0)
+        w.sample(name, {**base, "reason": "capacity"}, waiting - deferred)
+        w.sample(name, {**base, "reason": "deferred"}, float(deferred))
 
     @staticmethod
     def _request_success(

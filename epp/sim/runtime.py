@@ -8,6 +8,9 @@ nothing. The virtual clock runs ``time_scale`` times faster than the loop's cloc
 
 If a timer fires late the engine catches up by running every step that is due, so simulated
 throughput does not depend on timer precision (tokens then arrive in bursts).
+
+A decode pod's sidecar (``epp.sim.disagg``) calls prefill pods over HTTP with the runtime's own
+client session (``http()``, created on first use, closed by ``aclose``).
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
+
 from epp.sim.config import PodConfig
 from epp.sim.control import Faults, Overrides
-from epp.sim.engine import Engine, TokenEvent
+from epp.sim.engine import Engine, RemoteKV, TokenEvent
 from epp.sim.kvevents import KVEventPublisher
 from epp.sim.metrics import MetricsRenderer
 
@@ -33,6 +38,10 @@ class ServeCounters:
     injected_errors: int = 0
     dropped_connections: int = 0
     streams_cut: int = 0
+    prefill_legs: int = 0
+    """P/D prefill legs this pod served (one token and ``kv_transfer_params``)."""
+    prefill_failures: int = 0
+    """Decode requests whose remote prefill failed (its error went back to the client)."""
 
 
 class PodRuntime:
@@ -52,6 +61,19 @@ class PodRuntime:
         self._start = self._loop.time()
         self._timer: asyncio.TimerHandle | None = None
         self._next_id = 0
+        self._http: aiohttp.ClientSession | None = None
+
+    def http(self) -> aiohttp.ClientSession:
+        """The client session this pod's sidecar calls prefill pods with."""
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(trust_env=False)
+        return self._http
+
+    async def aclose(self) -> None:
+        self.close()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
 
     # ---- clock ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -63,10 +85,16 @@ class PodRuntime:
 
     # ---- requests ------------------------------------------------------------------------
     def submit(
-        self, request_id: str, prompt_ids: list[int], max_tokens: int | None, lora: str | None
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        max_tokens: int | None,
+        lora: str | None,
+        remote: RemoteKV | None = None,
     ) -> asyncio.Queue[TokenEvent]:
-        """Queue a request; raises ``RequestRejected`` if it can never run."""
-        self.engine.add_request(request_id, prompt_ids, max_tokens, self.now(), lora)
+        """Queue a request (``remote``: its prompt KV comes from a prefill pod); raises
+        ``RequestRejected`` if it can never run."""
+        self.engine.add_request(request_id, prompt_ids, max_tokens, self.now(), lora, remote)
         channel: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self._channels[request_id] = channel
         self._pump()
@@ -109,6 +137,7 @@ class PodRuntime:
         e, s, c = self.engine, self.engine.stats, self.counters
         return {
             "pod": self.config.name,
+            "role": self.config.role,
             "requests_received": s.requests_received,
             "requests_served": c.requests_served,
             "requests_failed": c.requests_failed,
@@ -123,6 +152,11 @@ class PodRuntime:
             "prefix_hit_tokens": s.prefix_hits,
             "evictions": e.pool.evictions,
             "preemptions": s.preemptions,
+            "prefill_legs": c.prefill_legs,
+            "remote_prefills": s.remote_prefills,
+            "kv_transfer_blocks": s.kv_transfer_blocks,
+            "prefill_failures": c.prefill_failures,
+            "transferring": e.num_transferring,
             "kv_used_blocks": e.pool.used_blocks,
             "kv_cached_blocks": e.pool.cached_blocks,
             "kv_events_published": self.publisher.sent if self.publisher else 0,

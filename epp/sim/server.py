@@ -13,10 +13,12 @@ Routes (vLLM-compatible unless noted):
 * simulator control (ours): ``GET|POST /sim/overrides``, ``GET|POST /sim/faults``,
   ``GET /sim/stats``.
 
-Every response carries ``x-sim-pod: <pod name>``. Diagnostics for proxy tests: a response to a
-request with a JSON body carries ``x-sim-request-sha256`` (hex SHA-256 of the body bytes as
-received), and a request that arrived with ``x-prefiller-host-port`` gets its value back as
-``x-sim-saw-prefiller``.
+Every response carries ``x-sim-pod: <pod name>`` and ``x-sim-role: both|prefill|decode``; a
+generation answer also ``x-sim-prefill-pod``, the pod that computed its prompt (P/D, see
+``epp.sim.disagg``). Diagnostics for proxy tests: a response to a request with a JSON body carries
+``x-sim-request-sha256`` (hex SHA-256 of the body bytes as received), and a request that arrived
+with ``x-prefiller-host-port`` or ``x-data-parallel-host-port`` gets its value back as
+``x-sim-saw-prefiller`` or ``x-sim-saw-data-parallel``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from aiohttp import web
 from epp.sim.control import Faults, Overrides
 from epp.sim.inference import (
     BODY_SHA256,
+    PORT,
+    PREFILL_POD,
     RUNTIME,
     error_response,
     handle_generate,
@@ -219,22 +223,27 @@ async def _stats(request: web.Request) -> web.StreamResponse:
     return json_response(request.app[RUNTIME].stats_json())
 
 
-PORT = web.AppKey("port", int)
-
-
 def build_app(runtime: PodRuntime, port: int) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[RUNTIME] = runtime
     app[PORT] = port
-    pod = runtime.config.name
+    pod, role = runtime.config.name, runtime.config.role
+    echoes = (
+        ("x-prefiller-host-port", "x-sim-saw-prefiller"),
+        ("x-data-parallel-host-port", "x-sim-saw-data-parallel"),
+    )
 
     async def tag(request: web.Request, response: web.StreamResponse) -> None:
         response.headers["x-sim-pod"] = pod
+        response.headers["x-sim-role"] = role
         if BODY_SHA256 in request:
             response.headers["x-sim-request-sha256"] = request[BODY_SHA256]
-        prefiller = request.headers.get("x-prefiller-host-port")
-        if prefiller is not None:
-            response.headers["x-sim-saw-prefiller"] = prefiller
+        if PREFILL_POD in request:
+            response.headers["x-sim-prefill-pod"] = request[PREFILL_POD]
+        for header, echo in echoes:
+            value = request.headers.get(header)
+            if value is not None:
+                response.headers[echo] = value
 
     app.on_response_prepare.append(tag)
     r = app.router

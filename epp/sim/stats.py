@@ -62,6 +62,10 @@ class EngineStats:
     prefix_queries: int = 0
     prefix_hits: int = 0
     preemptions: int = 0
+    remote_prefills: int = 0
+    """Requests whose prompt KV came from a prefill pod (P/D decode legs)."""
+    kv_transfer_blocks: int = 0
+    """Blocks those requests pulled (the prompt's blocks not already cached here)."""
     finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))

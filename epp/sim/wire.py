@@ -34,6 +34,7 @@ class _Base:
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.generated = 0
+        self.kv_transfer_params: dict[str, Any] | None = None  # a P/D prefill leg's answer
 
     def envelope(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.parsed.model}
@@ -79,7 +80,7 @@ class CompletionFormat(_Base):
             for i, (text, reason) in enumerate(zip(texts, reasons, strict=True))
         ]
         body = {**self.envelope("text_completion"), "choices": choices, "usage": self.usage()}
-        return {**body, "system_fingerprint": None, "kv_transfer_params": None}
+        return {**body, "system_fingerprint": None, "kv_transfer_params": self.kv_transfer_params}
 
 
 class ChatFormat(_Base):
@@ -131,7 +132,7 @@ class ChatFormat(_Base):
         }
         body = {**self.envelope("chat.completion"), "choices": [choice], "usage": self.usage()}
         extra = {"service_tier": None, "system_fingerprint": None, "prompt_logprobs": None}
-        return {**body, **extra, "kv_transfer_params": None}
+        return {**body, **extra, "kv_transfer_params": self.kv_transfer_params}
 
 
 class ResponsesFormat(_Base):
@@ -226,7 +227,10 @@ class ResponsesFormat(_Base):
 
     def full(self, texts: list[str], reasons: list[str]) -> dict[str, Any]:
         self.text_parts = [texts[0]]
-        return self.response("completed")
+        body = self.response("completed")
+        if self.kv_transfer_params is not None:
+            body["kv_transfer_params"] = self.kv_transfer_params
+        return body
 
 
 Format = CompletionFormat | ChatFormat | ResponsesFormat

@@ -14,9 +14,11 @@ the legacy ``inference.networking.k8s.io/engine-type``); a missing or unknown en
 * cache info (``vllm:cache_config_info``): labels ``block_size`` / ``num_gpu_blocks`` (or the
   engine's ``cacheBlockSizeLabelName`` / ``cacheNumBlocksLabelName``).
 
-Values absent from the payload keep their previous value. ``update_time`` becomes ``now`` when at
-least one value was read. A payload with none of the engine's metrics raises ``ValueError`` (the
-collector counts it as an extract error); non-finite values are ignored.
+Values absent from the payload keep their previous value, and so do the endpoint attributes other
+extractors published (``Metrics.attributes``): the result is always derived from the ``Metrics``
+given. ``update_time`` becomes ``now`` when at least one value was read. A payload with none of
+the engine's metrics raises ``ValueError`` (the collector counts it as an extract error);
+non-finite values are ignored.
 
 YAML example::
 

@@ -10,9 +10,11 @@ File schema (at most 1 MiB)::
       labels:                   # optional, string to string
         llm-d.ai/engine-type: vllm
 
-Each entry is one endpoint with id ``<namespace>/<name>`` and rank 0. An empty list is a valid
-(empty) set; a file without the ``endpoints`` key, with unknown keys or with an invalid entry is
-rejected as a whole.
+Each entry is one endpoint with id ``<namespace>/<name>`` and rank 0, as upstream's file
+discovery. Data-parallel ranks of one pod are one entry each (same address, the rank's port),
+conventionally named as Kubernetes discovery names them (``vllm-0-rank-1``). An empty list is a
+valid (empty) set; a file without the ``endpoints`` key, with unknown keys or with an invalid entry
+is rejected as a whole.
 
 ``run`` loads the file and publishes it; a broken file at start raises (startup error). With
 ``watchFile: true`` the file is checked every ``pollInterval`` (our addition, default ``1s``):
@@ -53,16 +55,25 @@ class EndpointsFileError(ValueError):
     """The endpoints file cannot be used; the message names the file and the problem."""
 
 
-def dump_endpoints(entries: Iterable[tuple[str, str, int]], namespace: str = "default") -> str:
-    """A file-discovery document (YAML) for ``(name, address, port)`` entries."""
-    return yaml.safe_dump(
-        {
-            "endpoints": [
-                {"name": name, "namespace": namespace, "address": address, "port": str(port)}
-                for name, address, port in entries
-            ]
+def dump_endpoints(
+    entries: Iterable[tuple[str, str, int]],
+    namespace: str = "default",
+    labels: Mapping[str, Mapping[str, str]] | None = None,
+) -> str:
+    """A file-discovery document (YAML) for ``(name, address, port)`` entries; ``labels`` maps an
+    entry's name to its labels (entries not in it have none)."""
+    out: list[dict[str, Any]] = []
+    for name, address, port in entries:
+        entry: dict[str, Any] = {
+            "name": name,
+            "namespace": namespace,
+            "address": address,
+            "port": str(port),
         }
-    )
+        if labels and labels.get(name):
+            entry["labels"] = dict(labels[name])
+        out.append(entry)
+    return yaml.safe_dump({"endpoints": out})
 
 
 def load_endpoints(path: str) -> list[Endpoint]:

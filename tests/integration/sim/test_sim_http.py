@@ -308,14 +308,22 @@ async def test_client_disconnect_aborts_request_when_stream_is_abandoned() -> No
 
 
 async def test_diagnostic_headers_echo_body_hash_and_prefiller_when_present(
-    http: aiohttp.ClientSession,
+    fleet: SimFleet, http: aiohttp.ClientSession
 ) -> None:
     raw = json.dumps({"model": MODEL, "prompt": "hash me", "max_tokens": 1}).encode()
-    headers = {"x-prefiller-host-port": "10.0.0.9:8000", "Content-Type": "application/json"}
+    own = f"127.0.0.1:{fleet.ports[0]}"  # the pod prefills for itself: a real, local prefill leg
+    headers = {
+        "x-prefiller-host-port": own,
+        "x-data-parallel-host-port": "127.0.0.1:8001",
+        "Content-Type": "application/json",
+    }
     async with http.post("/v1/completions", data=raw, headers=headers) as resp:
         assert resp.status == 200
         assert resp.headers["x-sim-request-sha256"] == hashlib.sha256(raw).hexdigest()
-        assert resp.headers["x-sim-saw-prefiller"] == "10.0.0.9:8000"
+        assert resp.headers["x-sim-saw-prefiller"] == own
+        assert resp.headers["x-sim-saw-data-parallel"] == "127.0.0.1:8001"
+        assert (resp.headers["x-sim-role"], resp.headers["x-sim-prefill-pod"]) == ("both", "pod-a")
     async with http.get("/health") as resp:
-        assert "x-sim-request-sha256" not in resp.headers
-        assert "x-sim-saw-prefiller" not in resp.headers
+        assert resp.headers["x-sim-role"] == "both"
+        for header in ("x-sim-request-sha256", "x-sim-saw-prefiller", "x-sim-prefill-pod"):
+            assert header not in resp.headers

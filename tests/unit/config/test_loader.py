@@ -288,3 +288,14 @@ def test_profile_without_scorer_is_named_in_a_warning_when_loaded(
         r.levelname == "WARNING" and "'bare' has no scorer" in r.getMessage()
         for r in caplog.records
     )
+
+
+def test_unlisted_endpoint_extractor_hears_endpoint_events_when_declared_alone(
+    registry: PluginRegistry,
+) -> None:
+    from epp.datalayer.collector import NotificationPipeline
+
+    p = load(HEAD + "plugins:\n  - type: topology-extractor\n", registry, allow_experimental=True)
+    [notified] = [s for s in p.sources if isinstance(s, NotificationPipeline)]
+    assert notified.source.typed_name.type == "endpoint-notification-source"
+    assert [e.typed_name.type for e in notified.extractors] == ["topology-extractor"]

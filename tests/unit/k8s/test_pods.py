@@ -90,6 +90,30 @@ def test_active_ports_are_none_when_no_annotation_is_set() -> None:
     assert active_ports({"llm-d.ai/active-ports": " 8000 ,8001"}) == frozenset({8000, 8001})
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("8000,invalid,8002", {8000, 8002}, id="invalid-entry-skipped"),
+        pytest.param("8000,-1,8002", {8000, 8002}, id="negative-skipped"),
+        pytest.param("8000,8001,8000", {8000, 8001}, id="duplicates"),
+        pytest.param("", set(), id="empty-means-none-active"),
+        pytest.param("+8001", {8001}, id="sign"),
+        pytest.param("8001abc, 8002 x", {8001, 8002}, id="leading-digits-as-sscanf"),
+        pytest.param("0x1f41,0", set(), id="zero-and-hex-are-not-ports"),
+    ],
+)
+def test_active_ports_read_entries_as_upstream_when_annotated(
+    text: str, expected: set[int]
+) -> None:
+    assert active_ports({"llm-d.ai/active-ports": text}) == frozenset(expected)
+
+
+def test_rank_keeps_its_target_port_index_when_earlier_ports_are_inactive() -> None:
+    pod = info(annotations={"llm-d.ai/active-ports": "8001abc"})
+    (endpoint,) = pool_endpoints([pod], POOL)
+    assert (endpoint.id, endpoint.port, endpoint.rank) == ("default/vllm-0-rank-1", 8001, 1)
+
+
 def test_pod_decodes_when_shaped_as_the_api_server_sends_it() -> None:
     decoded = decode_pod(pod("vllm-0", "10.0.0.9", {"app": "vllm"}, ready=False))
     assert (decoded.name, decoded.ip, decoded.ready, decoded.terminating) == (

@@ -42,3 +42,13 @@ def test_data_type_is_its_name_when_compared_or_formatted() -> None:
     custom: DataType[int] = DataType("Custom")
     assert custom == "Custom"
     assert f"{custom}/p" == custom.key("p")
+
+
+def test_key_survives_copy_and_pickle_when_attributes_are_copied() -> None:
+    import copy
+    import pickle
+
+    key = TOKENIZED_PROMPT.key("tp")
+    for clone in (copy.deepcopy(key), pickle.loads(pickle.dumps(key))):
+        assert isinstance(clone, DataKey)
+        assert (clone, clone.producer) == (key, "tp")

@@ -46,6 +46,27 @@ class InMemoryConfig:
 class KVBlockIndexConfig:
     in_memory_config: InMemoryConfig = field(default_factory=InMemoryConfig)
     enable_metrics: bool = False
+    metrics_logging_interval: int | str = 0
+    """Upstream's ``time.Duration``: integer nanoseconds (``60000000000`` = 1 m); a Go duration
+    string (``1m``) is accepted too. Zero or negative = no logging."""
+
+    def __post_init__(self) -> None:
+        _seconds(self.metrics_logging_interval)
+
+    @property
+    def metrics_logging_seconds(self) -> float:
+        """The logging interval in seconds (``<= 0``: off)."""
+        return _seconds(self.metrics_logging_interval)
+
+
+def _seconds(value: int | str) -> float:
+    """Integer nanoseconds (Go's ``time.Duration`` in JSON) or a duration string → seconds."""
+    if isinstance(value, int):
+        return value / 1e9
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise ValueError(f"metricsLoggingInterval: {exc}") from None
 
 
 @dataclass(frozen=True)

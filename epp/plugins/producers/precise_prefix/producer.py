@@ -2,10 +2,10 @@
 engines' own KV-cache events report it (spec §4.9).
 
 Each model server publishes ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` events over
-ZMQ (``events``, ``kvevents``). The producer recomputes its own *request keys* from the
-events' token ids (``keys``; engine hashes are opaque), indexes them per endpoint (``index``,
-applied by ``ingest``) and, before scheduling, hashes the
-request's prompt the same way and publishes ``PrefixCacheMatchInfo/<name>``: for every candidate
+ZMQ (``events``, ``kvevents``). The producer recomputes its own *request keys* from the events'
+token ids (``keys``; engine hashes are opaque), indexes them per endpoint (``index``, applied by
+``ingest``) and, before scheduling, hashes the request's prompt the same way and publishes
+``PrefixCacheMatchInfo/<name>``: for every candidate
 ``PrefixMatchInfo(match_blocks, total_blocks, blockSizeTokens)``, where ``match_blocks`` is the
 number of leading blocks of each prompt the endpoint holds consecutively (summed over prompts)
 and ``total_blocks`` the number of full blocks. Pair it with ``prefix-cache-scorer``
@@ -21,8 +21,13 @@ Subscriptions: with ``discoverPods`` (default) one SUB socket per pool endpoint 
 ``tcp://*:<port>``); with ``zmqEndpoint`` one SUB socket binds there and engines connect to it
 (endpoint ``tcp://<epp>:<port>``), each event then belongs to the endpoint named by its topic's
 pod field (``kv@<pod>@<model>``: endpoint id, name, ``address:port``, or address with the
-payload's data-parallel rank). Both can be on together. Endpoints that left the pool are
-unsubscribed and forgotten (checked every 0.5 s).
+payload's data-parallel rank). Both can be on together.
+
+Following the pool. As an extractor of ``endpoint-notification-source`` (upstream's samples) it
+subscribes an added endpoint at once and unsubscribes a removed one, clearing its index entries;
+from the first event on it stops polling the pool. Otherwise it compares its subscriptions with
+the pool every 0.5 s. Publishers that send nothing for 30 s are reported (log, metrics; ``pool``):
+routing goes on, their endpoints match no prefix.
 
 Speculative indexing (``speculativeIndexing``): on PreRequest the request's keys are added for the
 chosen endpoint for ``speculativeTTL``, so a burst of requests sharing a new prefix follows the
@@ -36,7 +41,10 @@ Parameters (YAML):
   divide it / be a multiple of it), ``blockSize`` (deprecated alias), ``hashSeed`` (""),
   ``hashAlgorithm`` (``cbor-fnv`` | ``xxh64``; ``xxh64`` is ~100x cheaper to compute here).
 - ``indexerConfig.kvBlockIndexConfig``: ``inMemoryConfig`` {``size`` (max request keys, LRU;
-  1e8), ``podCacheSize`` (max endpoints per key; 10)}, ``enableMetrics`` (false).
+  1e8), ``podCacheSize`` (max endpoints per key; 10)}, ``enableMetrics`` (false: the
+  ``kv_cache_index_*`` metrics, see ``instrumented``), ``metricsLoggingInterval`` (0 = off;
+  integer nanoseconds as upstream's ``time.Duration``, e.g. ``60000000000``, or a duration string
+  such as ``1m``; at least 1 s): with ``enableMetrics``, log those metrics every interval.
 - ``kvEventsConfig``: ``zmqEndpoint`` (""), ``topicFilter`` (``kv@``), ``concurrency`` (4),
   ``engineType`` (``vllm`` | ``sglang``), ``discoverPods`` (true), ``podDiscoveryConfig``
   {``podLabelSelector`` ("": every pool endpoint; ``k=v``, ``k!=v``, ``k``, ``!k`` terms, comma
@@ -44,11 +52,13 @@ Parameters (YAML):
   is not supported, a non-zero value fails startup)}.
 - ``speculativeIndexing`` (false), ``speculativeTTL`` (``2s``).
 
-Deviation from upstream: ``podLabelSelector`` defaults to every pool endpoint, because endpoints
-here come from the pool (already selected), not from a Kubernetes pod watch.
+Deviations from upstream: ``podLabelSelector`` defaults to every pool endpoint, because endpoints
+here come from the pool (already selected), not from a Kubernetes pod watch; without an
+``endpoint-notification-source`` upstream subscribes to no pod, this producer polls the pool;
+``metricsLoggingInterval`` also takes a duration string.
 
-Memory: bounded by ``size`` keys; ``dump_state`` reports entries, ``bytesPerBlock`` and the
-estimate. Metrics: ``llm_d_epp_precise_prefix_index_blocks``/``_index_bytes`` (gauges),
+Memory: bounded by ``size`` keys and the pool; ``dump_state`` reports entries, ``bytesPerBlock``
+and the estimate. Metrics: ``llm_d_epp_precise_prefix_index_blocks``/``_index_bytes`` (gauges),
 ``llm_d_epp_kv_events_total{event}``, ``llm_d_epp_kv_events_skipped_total{reason}``,
 ``llm_d_epp_kv_events_dropped_total{reason}``, ``llm_d_epp_kv_events_lost_total`` (sequence
 gaps), all labelled ``plugin_name``.
@@ -65,6 +75,11 @@ YAML::
           speculativeIndexing: true
       - type: prefix-cache-scorer
         parameters: {prefixMatchInfoProducerName: precise-prefix-cache-producer}
+      - type: endpoint-notification-source
+    dataLayer:
+      sources:
+        - pluginRef: endpoint-notification-source
+          extractors: [{pluginRef: precise-prefix-cache-producer}]
 """
 
 from __future__ import annotations
@@ -81,6 +96,8 @@ from epp.plugin import (
     TOKENIZED_PROMPT,
     DataKey,
     Endpoint,
+    EndpointEvent,
+    EndpointEventType,
     Handle,
     InferenceRequest,
     PluginBase,
@@ -90,16 +107,21 @@ from epp.plugin import (
 )
 from epp.plugin.units import parse_duration
 from epp.plugins.producers.precise_prefix.events import EventBatch
-from epp.plugins.producers.precise_prefix.index import PreciseIndex
 from epp.plugins.producers.precise_prefix.ingest import EventApplier
+from epp.plugins.producers.precise_prefix.instrumented import InstrumentedIndex, build_index
 from epp.plugins.producers.precise_prefix.keys import Extra, KeyHasher
 from epp.plugins.producers.precise_prefix.kvevents import KVEventHub, tcp_url
 from epp.plugins.producers.precise_prefix.metrics import IndexMetrics
 from epp.plugins.producers.precise_prefix.params import PreciseParams, parse_selector
+from epp.plugins.producers.precise_prefix.pool import Membership, PodMap, PublisherWatch
 
 TOKEN_PRODUCER: Final = "token-producer"
 REFRESH_INTERVAL: Final = 0.5
-"""Seconds between subscription/pool reconciliations."""
+"""Seconds between subscription/pool reconciliations (when not following notifications)."""
+WATCH_EVERY: Final = 10
+"""Housekeeping ticks between checks for silent publishers (5 s)."""
+MIN_BEAT_INTERVAL: Final = 1.0
+"""Shortest ``metricsLoggingInterval`` honoured (seconds): a log line, not a busy loop."""
 RESOLVE_INTERVAL: Final = 0.1
 """Minimum seconds between rebuilds of the pod → endpoint map on an unknown topic pod."""
 MAX_DUMPED_ENDPOINTS: Final = 100
@@ -135,8 +157,9 @@ class PrecisePrefixCacheProducer(PluginBase):
         self.hasher = KeyHasher(
             algorithm=tp.hash_algorithm, block_size=self.block_size, hash_seed=tp.hash_seed
         )
-        memory = p.indexer_config.kv_block_index_config.in_memory_config
-        self.index = PreciseIndex(memory.size, memory.pod_cache_size)
+        self.index = build_index(
+            p.indexer_config.kv_block_index_config, handle.registry, self.typed_name.name, self._log
+        )
         self._metrics = IndexMetrics(handle.registry, self.typed_name.name)
         self.applier = EventApplier(self.index, self.hasher, self._log, self._metrics.count)
         self._ttl = parse_duration(p.speculative_ttl)
@@ -144,11 +167,11 @@ class PrecisePrefixCacheProducer(PluginBase):
         self._input_key = TOKENIZED_PROMPT.key(TOKEN_PRODUCER)
         self._state_key = f"{self.TYPE}:{self.typed_name.name}:prompts"
         self._selector = parse_selector(p.kv_events_config.pod_discovery_config.pod_label_selector)
-        self._pods: dict[str, str] = {}
-        self._ranks: dict[str, dict[int, str]] = {}
-        self._resolved_at = float("-inf")
+        self._pod_map = PodMap()
+        self.membership = Membership(self.reconcile, self._log)
+        self.watch = PublisherWatch(handle.registry, self.typed_name.name, self._log)
         self.hub: KVEventHub | None = None
-        self._loop_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self.dropped: dict[str, int] = {}
         self.lost = 0
 
@@ -218,6 +241,7 @@ class PrecisePrefixCacheProducer(PluginBase):
         """Apply one decoded message (the hub's handler; also usable directly)."""
         self.applier.apply(batch)
         self._metrics.size(self.index)
+        self.watch.heard(batch.endpoint)
 
     def _drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
@@ -246,32 +270,73 @@ class PrecisePrefixCacheProducer(PluginBase):
         await self.hub.start()
         if cfg.zmq_endpoint:
             self.hub.bind(cfg.zmq_endpoint)
+            self.watch.central_bound(self.handle.clock())
         self.reconcile()
-        self._loop_task = asyncio.create_task(self._reconcile_loop(), name=f"{self.typed_name}")
+        name = str(self.typed_name)
+        self._tasks = [asyncio.create_task(self._housekeeping(), name=name)]
+        index_cfg = self.params.indexer_config.kv_block_index_config
+        if isinstance(self.index, InstrumentedIndex) and index_cfg.metrics_logging_seconds > 0:
+            interval = max(index_cfg.metrics_logging_seconds, MIN_BEAT_INTERVAL)
+            self._tasks.append(asyncio.create_task(self._beat(interval), name=f"{name} beat"))
 
     async def stop(self) -> None:
-        task, self._loop_task = self._loop_task, None
-        if task is not None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         hub, self.hub = self.hub, None
         if hub is not None:
             await hub.stop()
 
-    async def _reconcile_loop(self) -> None:
+    async def _housekeeping(self) -> None:
+        """Every 0.5 s: follow the pool when no notifications come, expire speculative entries;
+        every ``WATCH_EVERY`` ticks: look for silent publishers."""
+        tick = 0
         while True:
             await asyncio.sleep(REFRESH_INTERVAL)
+            tick += 1
             try:
-                self.reconcile()
+                if self.membership.members is None:
+                    self.reconcile()
+                elif self.index.expire(self.handle.clock()):
+                    self._metrics.size(self.index)
+                if tick % WATCH_EVERY == 0 and self.hub is not None:
+                    quiet = self.hub.messages == 0
+                    self.watch.check(
+                        self.hub.targets(), self.handle.clock(), nothing_received=quiet
+                    )
             except Exception:  # a bad endpoint must not end the subscriptions
                 self._log.exception("reconciling KV-event subscriptions failed")
 
+    async def _beat(self, interval: float) -> None:
+        """Upstream's "metrics beat": the index metrics in one log line every ``interval``."""
+        assert isinstance(self.index, InstrumentedIndex)
+        while True:
+            await asyncio.sleep(interval)
+            fields = self.index.counters.beat()
+            self._log.info("metrics beat %s", " ".join(f"{k}={v}" for k, v in fields.items()))
+
+    # ---- following the pool ---------------------------------------------------------------------
+
+    def extract_endpoint(self, event: EndpointEvent) -> None:
+        """An event of ``endpoint-notification-source``: from the first one on the pool is
+        followed by events (subscribe on add, unsubscribe and clear on remove), not polled."""
+        if event.type is EndpointEventType.DELETE:
+            cleared = self.index.clear_endpoint(event.endpoint.id)
+            self._log.debug("endpoint %s left: %d keys cleared", event.endpoint.id, cleared)
+        self.membership.follow(event)
+
+    def _pool(self) -> Sequence[Endpoint]:
+        members = self.membership.members
+        return self.handle.endpoints() if members is None else tuple(members.values())
+
     def reconcile(self) -> None:
-        """Follow the pool: subscribe to new endpoints, drop those that left, expire
-        speculative entries."""
-        endpoints = self.handle.endpoints()
-        self._build_pod_map(endpoints)
+        """Follow the pool (as notified, else as polled): subscribe to new endpoints, drop those
+        that left, expire speculative entries."""
+        endpoints = self._pool()
+        self._pod_map.build(endpoints, self.handle.clock())
         gone = self.index.retain({ep.id for ep in endpoints})
         if gone:
             self._log.info("forgot %d endpoints that left the pool", len(gone))
@@ -292,34 +357,12 @@ class PrecisePrefixCacheProducer(PluginBase):
 
     def resolve(self, pod: str, rank: int | None) -> str | None:
         """The endpoint a central-socket topic's pod field names."""
-        found = self._lookup_pod(pod, rank)
+        found = self._pod_map.lookup(pod, rank)
         now = self.handle.clock()
-        if found is None and now - self._resolved_at >= RESOLVE_INTERVAL:
-            self._build_pod_map(self.handle.endpoints())
-            found = self._lookup_pod(pod, rank)
+        if found is None and now - self._pod_map.built_at >= RESOLVE_INTERVAL:
+            self._pod_map.build(self._pool(), now)
+            found = self._pod_map.lookup(pod, rank)
         return found
-
-    def _lookup_pod(self, pod: str, rank: int | None) -> str | None:
-        found = self._pods.get(pod)
-        if found is not None:
-            return found
-        ranks = self._ranks.get(pod)
-        if not ranks:
-            return None
-        if rank is not None and rank in ranks:
-            return ranks[rank]
-        return ranks.get(0) if len(ranks) > 1 else next(iter(ranks.values()))
-
-    def _build_pod_map(self, endpoints: Sequence[Endpoint]) -> None:
-        pods: dict[str, str] = {}
-        ranks: dict[str, dict[int, str]] = {}
-        for ep in endpoints:
-            pods[ep.id] = ep.id
-            pods.setdefault(ep.name, ep.id)
-            pods[ep.hostport] = ep.id
-            ranks.setdefault(ep.address, {})[ep.rank] = ep.id
-        self._pods, self._ranks = pods, ranks
-        self._resolved_at = self.handle.clock()
 
     # ---- state --------------------------------------------------------------------------------
 
@@ -339,9 +382,16 @@ class PrecisePrefixCacheProducer(PluginBase):
             "lostMessages": self.lost,
             "keyCache": {"hits": self.hasher.cache_hits, "misses": self.hasher.cache_misses},
             "subscriptions": {
+                "pool": "polled" if self.membership.members is None else "notified",
                 "targets": len(hub.targets()) if hub else 0,
                 "subscribed": len(hub.subscribed) if hub else 0,
+                "silent": list(self.watch.silent[:MAX_DUMPED_ENDPOINTS]),
                 "bound": hub.bound_endpoint if hub else "",
                 "messages": hub.messages if hub else 0,
             },
+            "indexMetrics": (
+                dict(self.index.counters.beat())
+                if isinstance(self.index, InstrumentedIndex)
+                else {}
+            ),
         }

@@ -14,7 +14,9 @@ from epp.plugins.sources.file_discovery import (
     MAX_FILE_BYTES,
     EndpointsFileError,
     FileDiscovery,
+    dump_endpoints,
     load_endpoints,
+    parse_endpoints,
 )
 from tests.builders import handle
 
@@ -114,6 +116,20 @@ def test_load_endpoints_allows_same_name_when_namespaces_differ(tmp_path: Path) 
     document = {"endpoints": [_entry(), _entry(namespace="other", address="10.0.0.2")]}
     ids = [e.id for e in load_endpoints(_write(tmp_path, json.dumps(document)))]
     assert ids == ["default/a", "other/a"]
+
+
+def test_rank_entries_keep_their_names_and_ports_when_one_pod_has_several_ranks() -> None:
+    # Upstream's file discovery: id <namespace>/<name>, rank index 0, the port as written.
+    text = dump_endpoints(
+        [("vllm-0-rank-0", "10.0.0.1", 8000), ("vllm-0-rank-1", "10.0.0.1", 8001)],
+        labels={"vllm-0-rank-1": {"llm-d.ai/role": "decode"}},
+    )
+    endpoints = parse_endpoints(text.encode())
+    assert [(e.id, e.hostport, e.rank) for e in endpoints] == [
+        ("default/vllm-0-rank-0", "10.0.0.1:8000", 0),
+        ("default/vllm-0-rank-1", "10.0.0.1:8001", 0),
+    ]
+    assert [dict(e.labels) for e in endpoints] == [{}, {"llm-d.ai/role": "decode"}]
 
 
 def test_load_endpoints_raises_when_yaml_is_malformed(tmp_path: Path) -> None:

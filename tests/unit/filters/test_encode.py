@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from epp.plugin import Filter, NoParams
+from epp.plugin.testing import check_filter, check_plugin_class, sample_endpoints
+from filters.encode import EncodeFilter
+from tests.builders import handle
+from tests.unit.filters._roles import endpoints, kept_roles
+
+
+def _filter() -> EncodeFilter:
+    return EncodeFilter(name="encode-filter", params=NoParams(), handle=handle())
+
+
+def test_keeps_encode_roles_and_drops_unlabeled_pods() -> None:
+    assert kept_roles(_filter()) == ["encode", "encode-prefill", "encode-prefill-decode"]
+
+
+def test_contract() -> None:
+    check_plugin_class(EncodeFilter, "encode-filter")
+    flt = _filter()
+    assert isinstance(flt, Filter)
+    check_filter(flt, endpoints())
+    check_filter(flt, sample_endpoints(7))
