@@ -10,7 +10,8 @@ Endpoints come from the config's ``dataLayer.discovery`` plugin, or, with ``--po
 imported then). InferenceObjective / InferenceModelRewrite objects come from the cluster and from
 ``--objectives-file`` files in any mode. Readiness: discovery synced, first scrape cycle done,
 plugins ready, not draining; in Kubernetes mode every watch synced and the pool present; with
-leader election, holding the lease.
+leader election, holding the lease; with a cross-replica syncer, the log's tail applied or its
+bootstrap wait over (``epp.state.sync``: active-active replicas share routing facts).
 """
 
 from __future__ import annotations
@@ -24,9 +25,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
-from grpc_health.v1 import health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from epp.config.loader import ConfigError, LoadOptions, PluginFactory, load_config
@@ -34,6 +32,7 @@ from epp.config.pipeline import Pipeline
 from epp.datalayer.collector import Collector
 from epp.datalayer.store import Datastore
 from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.shared import CrossReplicaOptions
 from epp.k8s.files import ObjectFiles, ObjectsFileError
 from epp.k8s.sink import ObjectSink
 from epp.observability.decisions import DecisionLog
@@ -49,9 +48,9 @@ from epp.requestcontrol.rewrites import RewriteStore
 from epp.scheduling.scheduler import Scheduler
 from epp.server import health
 from epp.server.context import ServerContext
-from epp.server.extproc import ExtProcServicer
-from epp.server.tls import server_credentials
+from epp.server.serve import private_host, start_grpc
 from epp.settings import Settings
+from epp.state.sync import StateSync
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +110,11 @@ class App:
         self._wire_sources()
         self.flow = self._flow_controller()
         self.director = self._director()
+        p, flow = self.pipeline, [self.flow] if self.flow is not None else []
+        self.sync = StateSync.create(  # the flow controller shares its queues like a plugin
+            p.syncer, [*p.shared, *flow], interval=p.sync_interval, registry=self.metrics.registry,
+            namespace=settings.pool_namespace, pool_name=settings.pool_name,
+        )  # fmt: skip
         self.collector = Collector(
             store=self.store,
             pipelines=self.pipeline.sources,
@@ -214,6 +218,11 @@ class App:
                 registry=self.metrics.registry,
                 clock=time.monotonic,
                 pool_name=self.settings.pool_name or "default",
+                model_labels=self.metrics.models,
+                cross_replica=CrossReplicaOptions(
+                    pool_wide_max_requests=self.settings.flow_control_pool_wide_max_requests,
+                    pool_wide_priority=self.settings.flow_control_pool_wide_priority,
+                ),
             )
         except ValueError as exc:
             raise ConfigError(f"config: flowControl: {exc}") from None
@@ -231,6 +240,7 @@ class App:
             and all(p.is_ready() for p in self.pipeline.readiness)
             and (self.kube is None or self.kube.ready())
             and (self.elector is None or self.elector.is_leader())
+            and (self.sync is None or self.sync.ready())
         )
 
     def _discovery(self) -> Discovery:
@@ -273,7 +283,8 @@ class App:
             await servers[2].stop()
 
     def _background(self) -> list[Any]:
-        """The long-lived tasks: discovery, scraping, pool gauges, flow control, objects files."""
+        """The long-lived tasks: discovery, scraping, pool gauges, flow control, objects files,
+        cross-replica sync."""
         s = self.settings
         source = self.kube.run() if self.kube else self._discovery().run(self._publish)
         gauges = pool_gauges(
@@ -289,30 +300,13 @@ class App:
             gauges,
             *([self.flow.run()] if self.flow is not None else []),
             *([self.object_files.run()] if self.object_files is not None else []),
+            *([self.sync.run()] if self.sync is not None else []),
         ]
 
     async def _start_servers(self) -> list[Any]:
         s = self.settings
-        opts = [
-            ("grpc.max_receive_message_length", s.grpc_max_recv_msg_size),
-            ("grpc.max_send_message_length", s.grpc_max_send_msg_size),
-        ]
-        ext = grpc.aio.server(options=opts)
-        external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
-            ExtProcServicer(self.context), ext
-        )
-        if s.health_checking:
-            health_pb2_grpc.add_HealthServicer_to_server(self.health, ext)
-        addr = f"{s.bind_address}:{s.grpc_port}"
-        if s.secure_serving:
-            self.grpc_port = ext.add_secure_port(addr, server_credentials(s.cert_path))
-        else:
-            self.grpc_port = ext.add_insecure_port(addr)
-        hs = grpc.aio.server()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, hs)
-        self.health_port = hs.add_insecure_port(f"{s.bind_address}:{s.grpc_health_port}")
-        await ext.start()
-        await hs.start()
+        grpc_servers = await start_grpc(s, self.context, self.health)
+        self.grpc_port, self.health_port = grpc_servers.grpc_port, grpc_servers.health_port
         ms = MetricsServer(
             DebugViews(
                 registry=self.metrics.registry,
@@ -322,7 +316,7 @@ class App:
                 dumpers=self.pipeline.dumpers,
             )
         )
-        self.metrics_port = await ms.start(s.bind_address, s.metrics_port)
+        self.metrics_port = await ms.start(private_host(s), s.metrics_port)
         log.info(
             "serving ext_proc on %s (tls=%s), health on %d, metrics on %d",
             self.grpc_port,
@@ -330,7 +324,7 @@ class App:
             self.health_port,
             self.metrics_port,
         )
-        return [ext, hs, ms]
+        return [grpc_servers.ext, grpc_servers.health, ms]
 
     async def _drain(self, servers: list[Any]) -> None:
         self.draining = True
@@ -380,6 +374,10 @@ class App:
         self.stop()
         if self._runner is not None:
             await self._runner
+
+    async def wait_started(self) -> None:
+        """Return once the servers listen and the background tasks run (ports are known)."""
+        await self._started.wait()
 
     async def wait_ready(self, timeout: float = 10.0) -> None:
         async with asyncio.timeout(timeout):

@@ -1,6 +1,7 @@
 """Command line: upstream's flags, names and defaults (spec §2), plus a few subcommands.
 
-``epp [flags]`` runs the EPP. ``epp plugins list`` lists the installed plugins. ``epp sim`` runs
+``epp [flags]`` runs the EPP; with ``--workers N`` above 1 it runs a supervisor of N EPP
+processes (``epp.workers``). ``epp plugins list`` lists the installed plugins. ``epp sim`` runs
 the model-server simulator. ``epp stack`` runs the local demo stack.
 
 Boolean flags accept ``--flag``, ``--flag=true`` and ``--flag=false``; durations take Go syntax
@@ -130,12 +131,18 @@ def settings_from_args(argv: Sequence[str]) -> Settings:
     return dataclasses.replace(settings, config_file="", config_text=config_text)
 
 
-def _setup_logging(settings: Settings) -> None:
+def setup_logging(settings: Settings, *, worker: int | None = None) -> None:
+    """Log lines to stderr; a worker of ``--workers N`` names itself in each line."""
     level = logging.DEBUG if settings.verbosity >= 4 else logging.INFO
     if settings.log_json:
-        fmt = '{"ts":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}'
+        tag = "" if worker is None else f'"worker":{worker},'
+        fmt = (
+            '{"ts":"%(asctime)s","level":"%(levelname)s",' + tag + '"logger":"%(name)s",'
+            '"msg":"%(message)s"}'
+        )
     else:
-        fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+        tag = "" if worker is None else f"[worker {worker}] "
+        fmt = "%(asctime)s %(levelname)s " + tag + "%(name)s: %(message)s"
     logging.basicConfig(level=level, format=fmt, stream=sys.stderr)
 
 
@@ -152,7 +159,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args and args[0] in _SUBCOMMANDS:
         return _SUBCOMMANDS[args[0]](args[1:])
     settings = settings_from_args(args)
-    _setup_logging(settings)
+    setup_logging(settings)
+    if settings.workers > 1:
+        from epp.workers.supervisor import supervise
+
+        return supervise(settings)
     from epp.config.loader import ConfigError
     from epp.plugin import PluginError
 
@@ -211,4 +222,20 @@ def _bench(args: list[str]) -> int:
     return bench_main(args)
 
 
-_SUBCOMMANDS = {"plugins": _plugins, "sim": _sim, "stack": _stack, "bench": _bench}
+def _worker(args: list[str]) -> int:
+    """Internal: one worker of ``--workers N``, started by the supervisor (``epp.workers``)."""
+    from epp.workers.worker import main as worker_main
+
+    if args:
+        print("epp _worker is started by 'epp --workers N' and takes no arguments", file=sys.stderr)
+        return 2
+    return worker_main(setup_logging)
+
+
+_SUBCOMMANDS = {
+    "plugins": _plugins,
+    "sim": _sim,
+    "stack": _stack,
+    "bench": _bench,
+    "_worker": _worker,
+}

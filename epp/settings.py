@@ -21,6 +21,9 @@ T = TypeVar("T")
 MIN_REFRESH_METRICS_INTERVAL: Final = 0.05
 """``--refresh-metrics-interval`` below this is raised to it."""
 
+MAX_WORKERS: Final = 64
+"""The most ``--workers`` accepted."""
+
 
 class SettingsError(ValueError):
     """A flag value, or a combination of settings, that the EPP refuses; the message is shown
@@ -213,6 +216,27 @@ class Settings:
     )
     enable_grpc_stream_metrics: bool = flag(False, "accepted for compatibility", BOOL)
     drain_timeout: float = flag(30.0, "drain window after SIGTERM (default 30s)", DURATION)
+    workers: int = flag(
+        1,
+        "worker processes sharing the ext_proc port (default 1; more than 1 needs a "
+        "cross-replica syncer: dataLayer.crossReplicaSyncerPluginRef)",
+        INT,
+    )
+    """Our addition: with more than 1, a supervisor runs this many EPP processes on one host
+    (``epp.workers``); 1 is the single process, unchanged."""
+    flow_control_pool_wide_max_requests: bool = flag(
+        False,
+        "with a cross-replica syncer: flowControl maxRequests bound the requests queued across "
+        "all replicas, not per replica",
+        BOOL,
+    )
+    flow_control_pool_wide_priority: bool = flag(
+        False,
+        "with a cross-replica syncer: a band waits while any replica queues a higher band",
+        BOOL,
+    )
+    """Our additions (``epp.flowcontrol.shared``): off, each replica's flow control runs as if
+    alone and only reports the pool-wide occupancy."""
     refresh_metrics_interval: float = flag(
         0.05, "scrape interval per endpoint (default 50ms, minimum 50ms)", DURATION
     )
@@ -252,6 +276,12 @@ class Settings:
     """``$POD_NAME``: in standalone mode the pool is named after this pod's Deployment."""
     kube_watch_timeout: int = 300
     """Our addition: server-side timeout of each Kubernetes watch call, in seconds."""
+    group_member: bool = False
+    """Set by ``epp --workers N`` on its workers: the ext_proc port is shared with the other
+    workers (SO_REUSEPORT), and the health and metrics servers listen on loopback only (the
+    supervisor answers for the group on the public ports). A single process never shares its
+    port, so a second ``epp`` started by mistake on the same port fails instead of splitting
+    the traffic."""
 
     @classmethod
     def from_command_line(cls, values: Mapping[str, Any], environ: Mapping[str, str]) -> Settings:
@@ -269,7 +299,8 @@ class Settings:
     def validate(self) -> None:
         """Raise :class:`SettingsError` unless the fields fit together (spec §2): one config
         source; at most one Kubernetes mode, standalone mode with a well-formed selector and its
-        target ports; leader election in Kubernetes mode with 0 < retry < renew < lease."""
+        target ports; ``--workers`` 1..64 and never with leader election; leader election in
+        Kubernetes mode with 0 < retry < renew < lease."""
         if self.config_file and self.config_text:
             raise SettingsError("--config-file and --config-text are mutually exclusive")
         if self.pool_name and self.endpoint_selector:
@@ -283,6 +314,13 @@ class Settings:
                 raise SettingsError("--endpoint-selector needs --endpoint-target-ports")
         elif self.endpoint_target_ports:
             raise SettingsError("--endpoint-target-ports is only used with --endpoint-selector")
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise SettingsError(f"--workers must be 1..{MAX_WORKERS}")
+        if self.workers > 1 and self.ha_enable_leader_election:
+            raise SettingsError(
+                "--workers above 1 and --ha-enable-leader-election are mutually exclusive: the "
+                "workers of one host are one replica, and each would compete for the lease"
+            )
         if not self.ha_enable_leader_election:
             return
         if not (self.pool_name or self.endpoint_selector):

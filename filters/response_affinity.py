@@ -24,7 +24,31 @@ Routing, for a request whose body names ``previous_response_id``:
 Requests that name no previous response pass untouched (one dict probe).
 
 Bounds: at most ``maxEntries`` bindings, least recently used evicted first; a binding lapses
-``ttl`` after it was last bound or used. About 200 bytes per binding.
+``ttl`` after it was last bound or used. About 250 bytes per binding.
+
+Shared between EPP replicas (``epp.plugin.SharedState``, with a cross-replica syncer configured):
+a follow-up may reach any replica, so every replica must know every binding.
+
+- ``export_facts()`` drains the bindings learned here since the last call, one fact each:
+  ``{"id": <response id>, "endpoint": <endpoint id>, "age": <seconds since bound>}``. A burst is
+  capped at 4096 per call, oldest dropped first. Only bindings learned from a response here are
+  exported: bindings applied from peers are not (no echo), and a lookup's TTL refresh stays
+  local (the peer's copy lapses ``ttl`` after the binding, unless that replica uses it too).
+- ``apply_facts(facts, origin)`` inserts each binding with the recency it had when exported:
+  it lapses ``ttl - age`` from now. Replicas share no clock, so the age is measured at export and
+  time in transit (one sync interval, more for a replayed log) is not counted: an applied
+  binding may outlive the original by that much. A binding this replica already holds at least as
+  recently is kept, whatever the fact says, so an older, reordered fact changes nothing, and a
+  duplicate at most extends the lapse by the time between its two deliveries; a more recent one
+  replaces it. Malformed facts and facts older than ``ttl`` are ignored.
+- Fairness under ``maxEntries``: eviction is by recency alone, whoever learned the binding. A
+  peer's binding goes where its recency puts it, so it can push out only bindings used less
+  recently than itself, never a fresher local one; when it is the least recent of all it is the
+  one dropped. Every replica holds the bindings of the whole pool, so size ``maxEntries`` for the
+  pool's rate of new responses times ``ttl``, not one replica's.
+- Staleness: a binding learned on another replica is usable here one sync interval (200 ms)
+  after its response completed; a follow-up sent sooner to another replica is routed as a
+  ``miss``.
 
 Parameters:
 
@@ -33,7 +57,9 @@ Parameters:
 
 Metrics (label ``plugin_name``): ``llm_d_epp_response_affinity_lookups_total{outcome}`` (``hit``,
 ``miss``, ``pod_gone``, ``not_candidate``), ``llm_d_epp_response_affinity_evictions_total{reason}``
-(``ttl``, ``capacity``), ``llm_d_epp_response_affinity_bindings`` (gauge).
+(``ttl``, ``capacity``), ``llm_d_epp_response_affinity_bindings`` (gauge),
+``llm_d_epp_response_affinity_shared_total{event}`` (``exported``, ``export_dropped``,
+``applied``, ``ignored``).
 
 The built-in default configuration runs it first in its profile.
 
@@ -51,6 +77,9 @@ YAML::
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -71,6 +100,11 @@ from epp.plugin.metrics import metric_family
 from epp.plugin.units import parse_duration
 
 PREVIOUS_RESPONSE_FIELD: Final = "previous_response_id"
+MAX_EXPORT: Final = 4096
+"""Bindings one ``export_facts`` call hands over at most (the oldest are dropped first)."""
+MAX_ID_LENGTH: Final = 1024
+"""Longest response or endpoint id accepted from a peer."""
+_COMPACT_SLACK: Final = 1024  # stale heap entries tolerated beyond the live count
 
 
 class ResponseAffinityFilter(PluginBase):
@@ -94,12 +128,19 @@ class ResponseAffinityFilter(PluginBase):
 
     def __init__(self, *, name: str, params: Any, handle: Handle) -> None:
         super().__init__(name=name, params=params, handle=handle)
-        # response id -> (endpoint id, expiry); least recently bound or used first, which is
-        # also earliest expiry first, so lapsed bindings are always at the front.
-        self._bindings: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        # response id -> (endpoint id, expiry, seq); expiry = last bound or used + ttl. The heap
+        # holds (expiry, seq, response id) for every write, live while its seq is the dict's: its
+        # front is the least recently bound or used binding, whoever learned it.
+        self._bindings: dict[str, tuple[str, float, int]] = {}
+        self._heap: list[tuple[float, int, str]] = []
+        self._seq = itertools.count()
+        # bindings learned here, not exported yet: response id -> (endpoint id, bound at)
+        self._pending: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._target_key = f"{self.TYPE}/{self.typed_name.name}/target"
-        registry = handle.registry
-        label = self.typed_name.name
+        self._register_metrics(handle)
+
+    def _register_metrics(self, handle: Handle) -> None:
+        registry, label = handle.registry, self.typed_name.name
         lookups = metric_family(
             registry,
             Counter,
@@ -125,6 +166,15 @@ class ResponseAffinityFilter(PluginBase):
             "Response ids bound to an endpoint",
             ("plugin_name",),
         ).labels(label)
+        shared = metric_family(
+            registry,
+            Counter,
+            "llm_d_epp_response_affinity_shared",
+            "Response bindings shared with other EPP replicas, by event",
+            ("plugin_name", "event"),
+        )
+        events = ("exported", "export_dropped", "applied", "ignored")
+        self._shared = {e: shared.labels(label, e) for e in events}
 
     # ---- Filter -------------------------------------------------------------------------------
 
@@ -162,6 +212,50 @@ class ResponseAffinityFilter(PluginBase):
         if endpoint_id:
             self._bind(response.response_id, endpoint_id, self.handle.clock())
 
+    # ---- SharedState --------------------------------------------------------------------------
+
+    def export_facts(self) -> list[Any]:
+        """The bindings learned here since the last call (see the module docstring)."""
+        if not self._pending:
+            return []
+        now = self.handle.clock()
+        facts = [
+            {"id": rid, "endpoint": eid, "age": max(0.0, now - bound)}
+            for rid, (eid, bound) in self._pending.items()
+        ]
+        self._pending.clear()
+        self._shared["exported"].inc(len(facts))
+        return facts
+
+    def apply_facts(self, facts: Sequence[Any], origin: str) -> None:
+        """Merge bindings another replica learned (see the module docstring)."""
+        now = self.handle.clock()
+        self._expire(now)
+        applied = 0
+        for fact in facts:
+            if self._apply_one(fact, now):
+                applied += 1
+        if applied:
+            self._trim()
+        self._shared["applied"].inc(applied)
+        self._shared["ignored"].inc(len(facts) - applied)
+        self._size.set(len(self._bindings))
+
+    def _apply_one(self, fact: Any, now: float) -> bool:
+        if not isinstance(fact, dict):
+            return False
+        rid, eid, age = fact.get("id"), fact.get("endpoint"), fact.get("age")
+        if not (_is_id(rid) and _is_id(eid)) or not _is_age(age):
+            return False
+        expiry = now + self.params.ttl_seconds - age
+        if expiry <= now:
+            return False
+        held = self._bindings.get(rid)
+        if held is not None and held[1] >= expiry:
+            return False  # ours is at least as recent: duplicates and old facts stop here
+        self._set(rid, eid, expiry)
+        return True
+
     # ---- StateDumper --------------------------------------------------------------------------
 
     def dump_state(self) -> Mapping[str, Any]:
@@ -169,6 +263,7 @@ class ResponseAffinityFilter(PluginBase):
             "bindings": len(self._bindings),
             "maxEntries": self.params.max_entries,
             "ttlSeconds": self.params.ttl_seconds,
+            "pendingExport": len(self._pending),
         }
 
     # ---- bindings -----------------------------------------------------------------------------
@@ -184,32 +279,65 @@ class ResponseAffinityFilter(PluginBase):
         entry = self._bindings.get(response_id)
         if entry is None:
             return None
-        endpoint_id, expiry = entry
+        endpoint_id, expiry, _ = entry
         if expiry <= now:
             self._expire(now)
             return None
-        self._bindings[response_id] = (endpoint_id, now + self.params.ttl_seconds)
-        self._bindings.move_to_end(response_id)
+        self._set(response_id, endpoint_id, now + self.params.ttl_seconds)
         return endpoint_id
 
     def _bind(self, response_id: str, endpoint_id: str, now: float) -> None:
         self._expire(now)
-        self._bindings[response_id] = (endpoint_id, now + self.params.ttl_seconds)
-        self._bindings.move_to_end(response_id)
-        while len(self._bindings) > self.params.max_entries:
-            self._bindings.popitem(last=False)
-            self._evicted["capacity"].inc()
+        self._set(response_id, endpoint_id, now + self.params.ttl_seconds)
+        self._trim()
         self._size.set(len(self._bindings))
+        pending = self._pending
+        pending[response_id] = (endpoint_id, now)
+        pending.move_to_end(response_id)
+        if len(pending) > MAX_EXPORT:
+            pending.popitem(last=False)
+            self._shared["export_dropped"].inc()
+
+    def _set(self, response_id: str, endpoint_id: str, expiry: float) -> None:
+        seq = next(self._seq)
+        self._bindings[response_id] = (endpoint_id, expiry, seq)
+        heapq.heappush(self._heap, (expiry, seq, response_id))
+        if len(self._heap) > 2 * len(self._bindings) + _COMPACT_SLACK:
+            self._heap = sorted((exp, n, rid) for rid, (_, exp, n) in self._bindings.items())
+
+    def _pop_live(self) -> bool:
+        """Pop the heap's front; True if it was a live binding (then deleted)."""
+        _, seq, rid = heapq.heappop(self._heap)
+        entry = self._bindings.get(rid)
+        if entry is None or entry[2] != seq:
+            return False  # superseded by a later write
+        del self._bindings[rid]
+        return True
+
+    def _trim(self) -> None:
+        while len(self._bindings) > self.params.max_entries:
+            if self._pop_live():
+                self._evicted["capacity"].inc()
 
     def _expire(self, now: float) -> None:
-        bindings = self._bindings
-        while bindings:
-            _, (_, expiry) = next(iter(bindings.items()))
-            if expiry > now:
-                break
-            bindings.popitem(last=False)
-            self._evicted["ttl"].inc()
-        self._size.set(len(bindings))
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            if self._pop_live():
+                self._evicted["ttl"].inc()
+        self._size.set(len(self._bindings))
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH
+
+
+def _is_age(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
 
 
 def previous_response_id(request: InferenceRequest) -> str:

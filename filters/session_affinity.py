@@ -27,8 +27,11 @@ the scorer; errors name this filter.
 
 The filter builds a ``session-affinity-scorer`` under its own name through
 ``Handle.create_plugin`` and forwards its hooks (pre-request, response headers), so the two share
-one implementation; the filter keeps its own bindings. Configure the filter or the scorer for a
-session, not both: under ``session_id`` their bindings are independent and can disagree.
+one implementation; the filter keeps its own bindings. It forwards ``export_facts`` and
+``apply_facts`` too, so under ``session_id`` its bindings are shared between EPP replicas exactly
+as the scorer's (see that module), under the filter's own name. Configure the filter or the
+scorer for a session, not both: under ``session_id`` their bindings are independent and can
+disagree.
 
 YAML::
 
@@ -119,3 +122,10 @@ class SessionAffinityFilter(PluginBase):
 
     def dump_state(self) -> Mapping[str, Any]:
         return dict(self.affinity.dump_state())
+
+    # SharedState: the composed scorer's bindings (the scorer itself is not registered)
+    def export_facts(self) -> list[Any]:
+        return list(self.affinity.export_facts())
+
+    def apply_facts(self, facts: Sequence[Any], origin: str) -> None:
+        self.affinity.apply_facts(facts, origin)

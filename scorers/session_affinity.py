@@ -25,6 +25,34 @@ endpoint is not a candidate has no preference either, and is rebound to the endp
 instead. A binding unused for ``evictionTtlSeconds`` is forgotten (swept every
 ``evictionSweepSeconds``). Nothing is written back to the client.
 
+Shared between EPP replicas (``epp.plugin.SharedState``, with a cross-replica syncer configured),
+``session_id`` only: a session's requests may reach any replica, so each must know the session's
+endpoint. (``encoded_endpoint_header`` needs nothing: the token travels with the client; this
+strategy exports nothing and ignores facts.)
+
+- ``export_facts()`` drains, one fact each, ``{"session": <id>, "endpoint": <endpoint id>,
+  "age": <seconds since last use>}`` for the sessions bound or moved here since the last call,
+  and for sessions reused here on the same endpoint whose last share is older than
+  ``evictionTtlSeconds / 8`` (so a session active on one replica stays alive on the others, at
+  one fact per session per TTL/8 rather than one per request). At most 4096 per call, oldest
+  dropped first. Bindings applied from peers are never re-exported (no echo), with one
+  exception: a peer's fact that loses a conflict (below) makes this replica export its own
+  winning binding once, so the two converge within a sync round trip.
+- ``apply_facts(facts, origin)``: the binding whose last use is the most recent wins (ties: the
+  greater endpoint id, so every replica picks the same), whoever holds it: the endpoint that
+  served a session's latest request holds its longest cached prefix. Older news (reordered or
+  replayed facts) changes nothing, a duplicate at most dates the use later by the time between
+  its two deliveries; a peer's more recent use refreshes the binding here; malformed facts and
+  facts older than the TTL are ignored. A binding applied here lapses ``evictionTtlSeconds``
+  after the peer's last use as measured at export: replicas share no clock, so time in transit
+  (about one sync interval; more for a log replayed at startup) is not counted.
+- Bounds and fairness: the same 100 000 cap, evicting the least recently used binding whoever
+  learned it; a peer's binding is placed by its last use, so it never pushes out a binding used
+  more recently here. Every replica holds the sessions of the whole pool.
+- Staleness: a session first routed on one replica is known to the others one sync interval
+  (200 ms) later; a request arriving elsewhere before that has no preference, and if it lands on
+  another endpoint, the later use wins everywhere (the session moves once).
+
 A malformed or spoofed token never fails a request: a value that is not valid padded base64, is
 longer than 1024 characters, or does not decode to the id of a candidate endpoint gives no
 affinity, exactly as no token. The token is not authenticated (as upstream): a client may name any
@@ -84,7 +112,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
@@ -105,6 +132,7 @@ from epp.plugin import (
     cookie_value,
 )
 from epp.plugin.session import COOKIE_HEADER
+from scorers._session_bindings import SessionBindings
 
 STRATEGY_HEADER: Final = "encoded_endpoint_header"
 STRATEGY_SESSION_ID: Final = "session_id"
@@ -112,7 +140,6 @@ DEFAULT_TOKEN_HEADER: Final = "x-session-token"
 DEFAULT_SESSION_HEADER: Final = "x-session-id"
 DEFAULT_TTL_SECONDS: Final = 300.0
 DEFAULT_SWEEP_SECONDS: Final = 10.0
-MAX_BINDINGS: Final = 100_000
 MAX_TOKEN_LENGTH: Final = 1024
 SET_COOKIE: Final = "set-cookie"
 _SESSION_ID_TYPES: Final = frozenset({str(SESSION_ID), "SessionID"})
@@ -153,42 +180,6 @@ def decode_token(token: str) -> str:
         return ""
 
 
-class _Bindings:
-    """Session id → endpoint id, least recently used first, each with its last use."""
-
-    def __init__(self, ttl: float, capacity: int = MAX_BINDINGS) -> None:
-        self.ttl = ttl
-        self.capacity = capacity
-        self._entries: OrderedDict[str, tuple[str, float]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, session: str, now: float) -> str:
-        entry = self._entries.get(session)
-        if entry is None or now - entry[1] > self.ttl:
-            return ""
-        return entry[0]
-
-    def commit(self, session: str, endpoint_id: str, now: float, *, absent: bool) -> None:
-        """Bind (or refresh) after scheduling. A live binding to another endpoint moves only
-        when this request saw its endpoint absent from the candidates (``absent``)."""
-        current = self.get(session, now)
-        if current and current != endpoint_id and not absent:
-            return
-        self._entries[session] = (endpoint_id, now)
-        self._entries.move_to_end(session)
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
-
-    def sweep(self, now: float) -> None:
-        while self._entries:
-            session, (_, seen) = next(iter(self._entries.items()))
-            if now - seen <= self.ttl:
-                return
-            del self._entries[session]
-
-
 class SessionAffinityScorer(PluginBase):
     TYPE: ClassVar[str] = "session-affinity-scorer"
     STABILITY: ClassVar[Stability] = Stability.ALPHA
@@ -225,7 +216,7 @@ class SessionAffinityScorer(PluginBase):
         self.sources = sid.sources or (SessionIDSource(header=DEFAULT_SESSION_HEADER),)
         self.ttl = sid.eviction_ttl_seconds or DEFAULT_TTL_SECONDS
         self.sweep_every = sid.eviction_sweep_seconds or DEFAULT_SWEEP_SECONDS
-        self._bindings = _Bindings(self.ttl)
+        self._bindings = SessionBindings(self.ttl)
         self._next_sweep = 0.0
         self._logger = handle.logger(self.typed_name)
         # Per-request scratch in request.attributes, private to this instance.
@@ -328,6 +319,20 @@ class SessionAffinityScorer(PluginBase):
         if self.cookie and SET_COOKIE not in set_headers and SET_COOKIE not in response.headers:
             set_headers[SET_COOKIE] = f"{self.cookie}={token}; Path=/; HttpOnly; SameSite=Lax"
 
+    # ---- SharedState ------------------------------------------------------------------------
+
+    def export_facts(self) -> list[Any]:
+        """``session_id``: the bindings made, moved or due for a refresh here since the last
+        call (none under the stateless ``encoded_endpoint_header``)."""
+        if not self.stateful or not self._bindings.pending:
+            return []
+        return self._bindings.export(self.handle.clock())
+
+    def apply_facts(self, facts: Sequence[Any], origin: str) -> None:
+        """``session_id``: merge another replica's bindings, the most recent use winning."""
+        if self.stateful and facts:
+            self._bindings.apply(facts, self.handle.clock())
+
     # ---- StateDumper ------------------------------------------------------------------------
 
     def dump_state(self) -> Mapping[str, Any]:
@@ -338,6 +343,8 @@ class SessionAffinityScorer(PluginBase):
             "bindings": len(self._bindings),
             "capacity": self._bindings.capacity,
             "ttlSeconds": self.ttl,
+            "pendingExport": self._bindings.pending,
+            "exportDropped": self._bindings.export_dropped,
         }
 
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import textwrap
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from google.protobuf import struct_pb2
 
 from epp.app import App
 from epp.localstack.envoy import Envoy
+from epp.localstack.redis import RedisServer
 from epp.plugin import Endpoint
 from epp.plugin.registry import GROUP, PluginInfo, PluginRegistry
 from epp.settings import Settings
@@ -355,3 +357,26 @@ async def metrics_server() -> AsyncIterator[ServerFactory]:
     yield start
     for server in servers:
         await server.close()
+
+
+# ---- redis-server (cross-replica state) -------------------------------------------------------
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
+    """``redis_server(*extra_args, tls=None, port=0)`` → a started ``RedisServer`` (on a free
+    port unless given)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)")
+    started: list[RedisServer] = []
+
+    def start(*args: str, tls: tuple[Path, Path, Path] | None = None, port: int = 0) -> RedisServer:
+        workdir = tmp_path / f"redis-{len(started)}"
+        workdir.mkdir()
+        server = RedisServer(workdir, args=args, tls=tls, port=port)
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.stop()

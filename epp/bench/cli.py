@@ -39,6 +39,14 @@ epp, rr and vllm about 1.5 minutes. TTFT is wall-clock time: compare targets wit
 
 ``epp bench micro [--runs N]`` prints the median time of each hot-path step (body parse, prefix
 hashing, scheduling at 10/100/1000 endpoints), see ``epp/bench/micro.py``.
+
+``epp bench replicas [--scenarios outage,restart,workers]`` runs active-active replicas through a
+Redis outage and a replica restart under load, and ``epp --workers 2`` against one process, see
+``epp/bench/replicas.py``.
+
+``epp bench fuzz [--sequences N] [--model-names N] [--seed S]`` drives seeded adversarial ext_proc
+streams at an in-process EPP and reports crashes, hung streams, silent failures, control headers
+passed through, RSS growth and the ``/metrics`` size, see ``epp/bench/fuzz.py``.
 """
 
 from __future__ import annotations
@@ -95,12 +103,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _fuzz(argv: list[str]) -> int:
+    from epp.bench.fuzz import main as fuzz_main
+
+    return fuzz_main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["micro"]:
         from epp.bench.micro import main as micro_main
 
         return micro_main(args_list[1:])
+    if args_list[:1] == ["replicas"]:
+        from epp.bench.replicas import main as replicas_main
+
+        return replicas_main(args_list[1:])
+    if args_list[:1] == ["fuzz"]:
+        return _fuzz(args_list[1:])
     parser = build_parser()
     args = parser.parse_args(args_list)
     try:

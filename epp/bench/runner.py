@@ -45,7 +45,8 @@ from epp.bench.results import TargetResult, add_peer_ratios, summarize
 from epp.bench.sessions import add_foreign_stats, add_session_stats
 from epp.bench.spec import MODEL, BenchRequest, Workload, limit_requests
 from epp.bench.workloads import build
-from epp.localstack.procs import cpu_seconds, peak_rss_bytes, rss_bytes
+from epp.localstack.procs import peak_rss_bytes, rss_bytes
+from epp.localstack.procs import tree_cpu_seconds as cpu_seconds
 
 _WARMUP_TIMEOUT = 30.0
 
@@ -112,7 +113,7 @@ async def _drive(
     }
     if not (running.metrics_url and workload.objectives):
         return await driver.run(running.url, requests, **kwargs), {}
-    rss0 = rss_bytes(running.processes["epp"])
+    rss0 = rss_bytes(running.processes.get("epp") or running.processes.get("epp-0", 0))
     async with QueueSampler(running.metrics_url) as sampler:
         outcomes = await driver.run(running.url, requests, **kwargs)
     priorities = sorted({p for _, p in workload.objectives}, reverse=True)

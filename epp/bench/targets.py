@@ -10,6 +10,14 @@ key         what runs
 ``lr``      Envoy alone, ``LEAST_REQUEST`` over the pods
 ``sglang``  sglang-router ``cache_aware`` (see ``epp.bench.peers``)
 ``vllm``    vllm-router ``cache_aware``
+``epp-r2``  2 (to 8: ``epp-r<n>``) replicas of the ``epp`` target behind one Envoy, each
+            learning only from its own traffic (Envoy balances ext_proc streams round-robin
+            over the replicas its gRPC health check finds SERVING)
+``epp-r2-redis``  the same replicas sharing what they learn through a local ``redis-server``
+            (``redis-syncer``, 200 ms sync interval); unavailable without ``redis-server``
+``epp-w2``  one ``epp --workers 2`` (to 8) group sharing through a local ``redis-server``;
+            Envoy opens a further connection per 4 concurrent streams, so that the kernel
+            spreads them over the workers
 ``epp-pd``  Envoy + this EPP with ``deploy/configs/pd.yaml`` (``epp-pd:<config.yaml>``: that P/D
             config), on the workload's P/D fleet: the same pods with the roles of
             ``Workload.pd_roles``, labelled ``llm-d.ai/role`` in the endpoints file. Not in the
@@ -19,7 +27,8 @@ key         what runs
 ==========  ===================================================================================
 
 ``Running.processes`` names the PIDs whose CPU time and peak RSS the report shows (the EPP and
-its Envoy, Envoy alone, or the peer router). An EPP target also gives its metrics URL and the
+its Envoy, Envoy alone, or the peer router; each replica and the Redis of a replica set; a
+``--workers`` group's CPU includes its workers). An EPP target also gives its metrics URL and the
 config it runs; when the workload declares InferenceObjectives they are written to
 ``objectives.yaml`` in the target's work directory and passed with ``--objectives-file``. A
 config that already has a ``file-discovery`` plugin (the files under ``deploy/configs/``) gets
@@ -29,17 +38,20 @@ its path pointed at the run's endpoints file; ``epp:<config.yaml>`` runs with
 
 from __future__ import annotations
 
-import sys
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from epp.bench.fleet import SimProcess
 from epp.bench.peers import SGLANG, VLLM, PeerSpec, ensure_installed, no_egress_env, repo_root
+from epp.bench.replicaset import EppSet, SetupError
 from epp.bench.spec import FleetSpec, Workload
 from epp.localstack.envoy import Envoy, free_port
 from epp.localstack.eppconfig import PD_CONFIG, epp_config_text, unloadable_plugins
 from epp.localstack.procs import Proc, wait_http
+from epp.localstack.redis import INSTALL_HINT as REDIS_HINT
+from epp.localstack.redis import available as redis_available
 from epp.plugins.sources.file_discovery import dump_endpoints
 
 TARGETS: dict[str, str] = {
@@ -51,6 +63,28 @@ TARGETS: dict[str, str] = {
 }
 PEERS: dict[str, PeerSpec] = {"sglang": SGLANG, "vllm": VLLM}
 PD_TARGET = "epp-pd"
+REPLICA_KEY = re.compile(r"epp-(r([2-8])(-redis)?|w([2-8]))")
+"""``epp-r<n>``: n replicas learning alone; ``epp-r<n>-redis``: sharing through Redis;
+``epp-w<n>``: one ``epp --workers n`` group (sharing through Redis)."""
+WORKER_STREAMS = 4
+"""Concurrent ext_proc streams per Envoy connection to an ``epp --workers`` group: past it Envoy
+opens another connection, which the kernel may give to another worker."""
+
+
+@dataclass(frozen=True)
+class ReplicaShape:
+    replicas: int = 1
+    shared: bool = False
+    workers: int = 1
+
+
+def replica_shape(key: str) -> ReplicaShape:
+    m = REPLICA_KEY.fullmatch(key)
+    if m is None:
+        return ReplicaShape()
+    if m.group(4):
+        return ReplicaShape(workers=int(m.group(4)), shared=True)
+    return ReplicaShape(replicas=int(m.group(2)), shared=bool(m.group(3)))
 
 
 class TargetUnavailable(Exception):
@@ -82,6 +116,12 @@ def pd_config(key: str) -> Path:
 
 def label(key: str) -> str:
     """Display name of a target; ``epp:<config.yaml>`` is the EPP with that config."""
+    shape = replica_shape(key)
+    if shape.workers > 1:
+        return f"EPP --workers {shape.workers} via Envoy"
+    if shape.replicas > 1:
+        how = "sharing via Redis" if shape.shared else "learning alone"
+        return f"EPP x{shape.replicas} replicas {how}"
     if is_pd(key):
         return f"EPP ({pd_config(key).stem}) via Envoy, P/D fleet"
     if key.startswith("epp:"):
@@ -90,7 +130,7 @@ def label(key: str) -> str:
 
 
 def is_known(key: str) -> bool:
-    if key == PD_TARGET:
+    if key == PD_TARGET or REPLICA_KEY.fullmatch(key):
         return True
     if key.startswith(("epp:", PD_TARGET + ":")):
         return Path(key.split(":", 1)[1]).is_file()
@@ -106,7 +146,7 @@ def fleet_spec(key: str, workload: Workload) -> FleetSpec:
     return workload.pd_fleet
 
 
-def _endpoints_yaml(fleet: SimProcess) -> str:
+def endpoints_yaml(fleet: SimProcess) -> str:
     return dump_endpoints(
         (
             (name, host, port)
@@ -117,39 +157,33 @@ def _endpoints_yaml(fleet: SimProcess) -> str:
 
 
 def _start_epp(
-    fleet: SimProcess, workload: Workload, workdir: Path, base: str | None = None
+    fleet: SimProcess, workload: Workload, workdir: Path, base: str | None = None, key: str = "epp"
 ) -> Running:
     eps = workdir / "endpoints.yaml"
-    eps.write_text(_endpoints_yaml(fleet))
-    cfg = workdir / "epp-config.yaml"
+    eps.write_text(endpoints_yaml(fleet))
     config_text = epp_config_text(eps, workload.epp_extra_scorers, base)
-    cfg.write_text(config_text)
-    grpc_port, metrics_port = free_port(), free_port()
-    argv = [
-        sys.executable, "-m", "epp", "--config-file", str(cfg), "--secure-serving=false",
-        "--grpc-port", str(grpc_port), "--grpc-health-port", str(free_port()),
-        "--metrics-port", str(metrics_port), "--bind-address", "127.0.0.1",
-        "--drain-timeout", "0s", "--seed", "1",
-    ]  # fmt: skip
+    args: list[str] = []
     if base is not None:  # a config given on the command line may use alpha plugins
-        argv.append("--allow-experimental-plugins")
+        args.append("--allow-experimental-plugins")
     if workload.objectives:
         objectives = workdir / "objectives.yaml"
         objectives.write_text(workload.objectives_yaml())
-        argv += ["--objectives-file", str(objectives)]
-    epp = Proc("epp", argv, workdir / "epp.log").start()
-    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-    running = Running("", {"epp": epp.pid}, [epp.stop], metrics_url, config_text)
+        args += ["--objectives-file", str(objectives)]
+    shape = replica_shape(key)
+    group = EppSet(
+        workdir,
+        config_text,
+        replicas=shape.replicas,
+        shared=shape.shared,
+        workers=shape.workers,
+        extra_args=args,
+        envoy_max_streams=WORKER_STREAMS if shape.workers > 1 else 0,
+    )
     try:
-        wait_http(metrics_url, epp, timeout=30)
-        envoy = Envoy("full-duplex", epp_port=grpc_port, epp_tls=False).start()
-        running.stops.append(envoy.stop)
-        running.url = envoy.url
-        running.processes["envoy"] = envoy.proc.pid if envoy.proc else 0
-    except BaseException:
-        running.stop()
-        raise
-    return running
+        group.start()
+    except SetupError as exc:
+        raise TargetUnavailable(str(exc)) from None
+    return Running(group.url, group.pids(), [group.stop], group.metrics_url(0), config_text)
 
 
 def _start_envoy(fleet: SimProcess, lb_policy: str) -> Running:
@@ -176,6 +210,8 @@ def prepare(key: str) -> None:
     ``TargetUnavailable`` for a P/D target whose config does not load here."""
     if key in PEERS:
         ensure_installed(PEERS[key], repo_root())
+    if replica_shape(key).shared and not redis_available():
+        raise TargetUnavailable(REDIS_HINT)
     if is_pd(key):
         missing = unloadable_plugins(pd_config(key).read_text())
         if missing:
@@ -187,8 +223,8 @@ def prepare(key: str) -> None:
 
 def start(key: str, fleet: SimProcess, workload: Workload, workdir: Path) -> Running:
     workdir.mkdir(parents=True, exist_ok=True)
-    if key == "epp":
-        return _start_epp(fleet, workload, workdir)
+    if key == "epp" or REPLICA_KEY.fullmatch(key):
+        return _start_epp(fleet, workload, workdir, key=key)
     if key.startswith("epp:"):
         return _start_epp(fleet, workload, workdir, Path(key[4:]).read_text())
     if is_pd(key):

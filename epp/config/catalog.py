@@ -110,6 +110,7 @@ _KINDS: Final = (
     ("epp.plugins.flow.", "flow control / admission"),
     ("epp.plugins.hooks.", "request hook"),
     ("epp.plugins.scoring.", "scorer / filter"),
+    ("epp.plugins.sync.", "cross-replica syncer"),
 )
 
 

@@ -40,10 +40,13 @@ from epp.plugin import (
     Extractor,
     Handle,
     Parser,
+    ReplicaSyncer,
     SaturationDetector,
 )
 from epp.plugin.params import ParamError, decode
 from epp.plugin.registry import PluginRegistry
+from epp.plugin.units import parse_duration
+from epp.state.sync import DEFAULT_INTERVAL
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +141,7 @@ def load_config(
     detector = _saturation_detector(b, cfg)
     ensure_flow_defaults(b.add, b.instances)  # spec §3.3.5, whether or not the gate is on
     sources, discovery = _data_layer(b, cfg)
+    syncer, sync_interval = _cross_replica(b, cfg)
     _auto_producers(b)
     return Pipeline.assemble(
         instances=b.instances,
@@ -150,6 +154,8 @@ def load_config(
         feature_gates=gates,
         flow_control=cfg.flow_control,
         config=cfg,
+        syncer=syncer,
+        sync_interval=sync_interval,
     )
 
 
@@ -222,6 +228,39 @@ def _data_layer(
                 "a discovery plugin"
             )
     return sources, discovery
+
+
+def _cross_replica(b: Builder, cfg: EndpointPickerConfig) -> tuple[ReplicaSyncer | None, float]:
+    """The cross-replica syncer and the sync interval (seconds) of ``dataLayer``.
+
+    ``crossReplicaSyncInterval`` is a Go duration; absent or not positive it is 200 ms, as
+    upstream. ``peerDiscovery`` is accepted and ignored: replicas meet through the syncer's log.
+    """
+    dl = cfg.data_layer
+    if dl is None:
+        return None, DEFAULT_INTERVAL
+    if dl.peer_discovery is not None:
+        log.info(
+            "dataLayer.peerDiscovery (%s) is ignored: replicas share state through "
+            "dataLayer.crossReplicaSyncerPluginRef",
+            dl.peer_discovery.plugin_ref,
+        )
+    try:
+        interval = parse_duration(dl.cross_replica_sync_interval or "0")
+    except ValueError as exc:
+        raise ConfigError(f"config: dataLayer.crossReplicaSyncInterval: {exc}") from None
+    if interval <= 0:
+        interval = DEFAULT_INTERVAL
+    ref = dl.cross_replica_syncer_plugin_ref
+    if not ref:
+        return None, interval
+    syncer = b.ref(ref, "dataLayer.crossReplicaSyncerPluginRef")
+    if not isinstance(syncer, ReplicaSyncer):
+        raise ConfigError(
+            f"config: dataLayer.crossReplicaSyncerPluginRef: {ref!r} is not a cross-replica "
+            f"syncer (type {syncer.typed_name.type!r}; e.g. redis-syncer)"
+        )
+    return syncer, interval
 
 
 def _endpoint_extractors(b: Builder, refs: list[str], i: int) -> list[EndpointExtractor]:

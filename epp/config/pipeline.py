@@ -24,12 +24,15 @@ from epp.plugin import (
     Profile,
     ProfileHandler,
     ReadinessChecker,
+    ReplicaSyncer,
     RequestHeaderProcessor,
     ResponseComplete,
     ResponseHeaders,
     SaturationDetector,
+    SharedState,
     StateDumper,
 )
+from epp.state.sync import DEFAULT_INTERVAL
 
 
 @dataclass
@@ -57,6 +60,12 @@ class Pipeline:
     lifecycle: list[Lifecycle] = field(default_factory=list)
     readiness: list[ReadinessChecker] = field(default_factory=list)
     dumpers: list[StateDumper] = field(default_factory=list)
+    syncer: ReplicaSyncer | None = None
+    """``dataLayer.crossReplicaSyncerPluginRef``: the transport of cross-replica state."""
+    sync_interval: float = DEFAULT_INTERVAL
+    """``dataLayer.crossReplicaSyncInterval`` in seconds."""
+    shared: list[SharedState] = field(default_factory=list)
+    """Plugins whose routing facts are shared with the other replicas (with a syncer)."""
 
     @classmethod
     def assemble(cls, **kw: Any) -> Pipeline:
@@ -77,6 +86,7 @@ class Pipeline:
         p.lifecycle = [x for x in everything if isinstance(x, Lifecycle)]
         p.readiness = [x for x in everything if isinstance(x, ReadinessChecker)]
         p.dumpers = [x for x in everything if isinstance(x, StateDumper)]
+        p.shared = [x for x in everything if isinstance(x, SharedState)]
         return p
 
     def describe(self) -> dict[str, Any]:
@@ -97,6 +107,14 @@ class Pipeline:
             "producers": [str(p.typed_name) for p in self.producers],
             "requestHeaderProcessors": [str(p.typed_name) for p in self.request_header],
             "featureGates": self.feature_gates,
+            **(
+                {
+                    "crossReplicaSyncer": str(self.syncer.typed_name),
+                    "sharedState": [str(p.typed_name) for p in self.shared],
+                }
+                if self.syncer is not None
+                else {}
+            ),
         }
 
 

@@ -38,6 +38,10 @@ Outcomes (metric label → wire):
 
 Priority adjusters (e.g. ``turn-priority``) may move a request to a higher band; the request's
 own ``priority`` is left as is.
+
+Across EPP replicas the controller is a ``epp.plugin.SharedState`` (``typed_name``
+``flow-control``): it shares its per-band queue occupancy, exposes the pool-wide view in metrics
+and, only when ``CrossReplicaOptions`` asks, gates on it (``epp.flowcontrol.shared``).
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ from prometheus_client import CollectorRegistry
 from epp.config.schema import FlowControlSpec
 from epp.flowcontrol.config import FlowControlConfig, resolve_config
 from epp.flowcontrol.eviction import InFlight, Reclaimer
-from epp.flowcontrol.metrics import FlowControlMetrics
+from epp.flowcontrol.metrics import FlowControlMetrics, ModelLabelPolicy
 from epp.flowcontrol.outcomes import (
     DISPATCHED,
     EVICTED_CONTEXT_CANCELLED,
@@ -69,7 +73,8 @@ from epp.flowcontrol.outcomes import (
     outcome_error,
 )
 from epp.flowcontrol.queues import Band
-from epp.flowcontrol.saturation import SaturationReader, confirmation_grace
+from epp.flowcontrol.saturation import SaturationReader, band_ceilings, confirmation_grace
+from epp.flowcontrol.shared import FLOW_CONTROL_NAME, CrossReplicaOptions, PeerOccupancy
 from epp.plugin import (
     DEFAULT_FAIRNESS_ID,
     Endpoint,
@@ -94,7 +99,9 @@ class FlowController:
         detector: SaturationDetector,
         metrics: FlowControlMetrics,
         clock: Callable[[], float],
+        cross_replica: CrossReplicaOptions | None = None,
     ) -> None:
+        self.typed_name = FLOW_CONTROL_NAME
         self._config = config
         self._reserving = detector if isinstance(detector, ReservingDetector) else None
         self._reader = SaturationReader(detector, metrics)
@@ -104,6 +111,7 @@ class FlowController:
         if 0 not in self._bands:
             self._bands[0] = Band(0, config.default_band)
         self._order = sorted(self._bands, reverse=True)  # provisioned priorities, highest first
+        self._peers = PeerOccupancy(cross_replica or CrossReplicaOptions(), config, metrics)
         self._queued = 0
         self._queued_bytes = 0
         self._seq = itertools.count()
@@ -127,12 +135,15 @@ class FlowController:
         registry: CollectorRegistry,
         clock: Callable[[], float],
         pool_name: str,
+        cross_replica: CrossReplicaOptions | None = None,
+        model_labels: ModelLabelPolicy | None = None,
     ) -> FlowController:
         return cls(
             resolve_config(spec, plugins),
             detector=detector,
-            metrics=FlowControlMetrics(registry, pool_name),
+            metrics=FlowControlMetrics(registry, pool_name, model_labels),
             clock=clock,
+            cross_replica=cross_replica,
         )
 
     # ---- request side -------------------------------------------------------------------------
@@ -160,7 +171,7 @@ class FlowController:
         started = time.perf_counter()
         item.regime_empty = not candidates()
         labels = self._metrics.queue_labels(item)
-        if not self._has_capacity(band, item.size_bytes):
+        if not self._peers.has_capacity(band, self._queued, self._queued_bytes, item.size_bytes):
             outcome = REJECTED_NO_ENDPOINTS if item.regime_empty else REJECTED_CAPACITY
             item.outcome = outcome
             self._metrics.observe_enqueue(item, outcome, time.perf_counter() - started)
@@ -200,6 +211,16 @@ class FlowController:
         if self._reclaimer is not None and record.eviction is not None:
             self._reclaimer.confirm(record, now)
         self._wakeup.set()
+
+    # ---- SharedState: queue occupancy across replicas (epp.flowcontrol.shared) ----------------
+
+    def export_facts(self) -> list[Any]:
+        self._peers.record(self._bands, self._clock())
+        return self._peers.export(self._bands, self._clock())
+
+    def apply_facts(self, facts: Sequence[Any], origin: str) -> None:
+        self._peers.apply(facts, origin, self._clock())
+        self._peers.record(self._bands, self._clock())
 
     async def shutdown(self) -> None:
         self._closed = True
@@ -258,9 +279,11 @@ class FlowController:
             item = flow.peek() if flow is not None else None
             if flow is None or item is None:
                 continue
+            if self._peers.holds(priority, now):
+                return False  # a peer has requests waiting in a higher band
             saturation = self._reader.read(item.candidates(), now)
             if ceilings is None:
-                ceilings = self._ceilings(saturation)
+                ceilings = band_ceilings(self._config.usage_limit, saturation, self._order)
             if saturation >= ceilings[index]:
                 if self._reclaimer is not None:
                     in_flight = self._in_flight.values()
@@ -284,15 +307,6 @@ class FlowController:
         if self._reserving is not None:
             _guard(self._reserving.reserve, request)
 
-    def _ceilings(self, saturation: float) -> list[float]:
-        n = len(self._order)
-        try:
-            computed = list(self._config.usage_limit.compute_limit(saturation, list(self._order)))
-        except Exception:
-            log.exception("flow control: usage-limit policy failed; not gating this cycle")
-            computed = []
-        return (computed + [1.0] * n)[:n]
-
     # ---- bands, capacity, expiry --------------------------------------------------------------
 
     def _priority_for(self, request: InferenceRequest, now: float) -> int:
@@ -311,17 +325,6 @@ class FlowController:
             self._bands[priority] = band
             self._order = sorted(self._bands, reverse=True)
         return band
-
-    def _has_capacity(self, band: Band, size: int) -> bool:
-        cfg = self._config
-        if cfg.max_bytes and self._queued_bytes + size > cfg.max_bytes:
-            return False
-        if cfg.max_requests and self._queued + 1 > cfg.max_requests:
-            return False
-        limits = band.config
-        if limits.max_bytes and band.bytes + size > limits.max_bytes:
-            return False
-        return not (limits.max_requests and band.live + 1 > limits.max_requests)
 
     def _sweep(self, now: float) -> None:
         self._next_expiry = math.inf

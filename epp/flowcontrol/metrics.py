@@ -1,19 +1,22 @@
 """Prometheus families of the flow controller (spec §9), on the App's registry.
 
 Canonical names are ``llm_d_epp_flow_control_*``; the six families upstream still dual-emits
-also get their deprecated ``inference_extension_flow_control_*`` twin. The ``fairness_id`` label
-keeps at most 1000 distinct values and the model labels 1000 (shared by ``model_name`` and
-``target_model_name``); later values read ``other``.
+also get their deprecated ``inference_extension_flow_control_*`` twin. Labels from client-chosen
+strings are bounded as on the request metrics (``epp.observability.labels``): the ``fairness_id``
+label keeps its first 64 values of at most 128 characters (later or longer ones read ``other``),
+and ``model_name`` / ``target_model_name`` go through the App's model-label policy (a name the
+pool does not serve reads ``unknown``; without one, as in unit tests, a cap of 1000 values).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from epp.observability.labels import FAIRNESS_LABEL_CAP, MAX_FAIRNESS_CHARS
 from epp.observability.metrics import LabelCap, MetricSpec, build_families
 
 if TYPE_CHECKING:
@@ -21,7 +24,8 @@ if TYPE_CHECKING:
     from epp.flowcontrol.queues import Band
     from epp.plugin.flow import QueuedRequest
 
-FAIRNESS_LABEL_CAP: Final = 1000
+ModelLabelPolicy = Callable[[str, str], tuple[str, str]]
+"""(incoming model, target model) -> their label values (``EppMetrics.models``)."""
 
 _QUEUE_BUCKETS: Final = (
     0.0001,
@@ -205,6 +209,22 @@ FLOW_CONTROL_METRICS: Final = (
         _POOL_LABELS,
         _CONFIRM_BUCKETS,
     ),
+    # Ours: the view across EPP replicas (epp.flowcontrol.shared).
+    MetricSpec(
+        "cross_replica_queue_size",
+        Gauge,
+        "llm_d_epp_flow_control_cross_replica_queue_size",
+        "Requests queued in flow control across EPP replicas (this one plus its peers as last "
+        "reported), by band",
+        _BAND_LABELS,
+    ),
+    MetricSpec(
+        "cross_replica_peers",
+        Gauge,
+        "llm_d_epp_flow_control_cross_replica_peers",
+        "Other EPP replicas whose flow-control occupancy this replica holds",
+        _POOL_LABELS,
+    ),
 )
 
 
@@ -233,11 +253,16 @@ class FlowControlMetrics:
     reclaim_target: Gauge
     pending_reclaim: Gauge
     confirmation: Histogram
+    cross_replica_queue_size: Gauge
+    cross_replica_peers: Gauge
 
-    def __init__(self, registry: CollectorRegistry, pool: str) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, pool: str, model_labels: ModelLabelPolicy | None = None
+    ) -> None:
         self.pool = pool
-        self.fairness_cap = LabelCap(FAIRNESS_LABEL_CAP)
+        self.fairness_cap = LabelCap(FAIRNESS_LABEL_CAP, max_chars=MAX_FAIRNESS_CHARS)
         self.model_cap = LabelCap()
+        self._model_labels = model_labels or (lambda m, t: (self.model_cap(m), self.model_cap(t)))
         self._labels: dict[int, tuple[str, ...]] = {}  # queue labels by item seq, while queued
         for spec in FLOW_CONTROL_METRICS:
             families = build_families(spec, registry)
@@ -245,13 +270,8 @@ class FlowControlMetrics:
 
     def queue_labels(self, item: QueuedRequest) -> tuple[str, ...]:
         """The ``queue_size`` / ``queue_bytes`` labels of ``item``, label caps applied."""
-        return (
-            self.fairness_cap(item.fairness_id),
-            str(item.priority),
-            self.pool,
-            self.model_cap(item.request.incoming_model),
-            self.model_cap(item.request.target_model),
-        )
+        model, target = self._model_labels(item.request.incoming_model, item.request.target_model)
+        return (self.fairness_cap(item.fairness_id), str(item.priority), self.pool, model, target)
 
     def observe_enqueue(self, item: QueuedRequest, outcome: str, seconds: float) -> None:
         labels = (self.fairness_cap(item.fairness_id), str(item.priority), outcome)
@@ -312,6 +332,17 @@ class FlowControlMetrics:
             self.global_requests.labels(self.pool).set(queued / config.max_requests)
         if config.max_bytes:
             self.global_bytes.labels(self.pool).set(queued_bytes / config.max_bytes)
+
+    def record_cross_replica(
+        self, queued: Mapping[int, int], gone: Iterable[int], peers: int
+    ) -> None:
+        """Requests queued across replicas by band priority; ``gone``: bands no longer known."""
+        for priority, count in queued.items():
+            self.cross_replica_queue_size.labels(str(priority), self.pool).set(count)
+        for priority in gone:
+            with contextlib.suppress(KeyError):
+                self.cross_replica_queue_size.remove(str(priority), self.pool)
+        self.cross_replica_peers.labels(self.pool).set(peers)
 
     def forget_band(self, priority: int) -> None:
         for gauge in (self.capacity_requests, self.capacity_bytes):

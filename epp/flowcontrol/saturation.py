@@ -11,6 +11,7 @@ the detector's reading over all the endpoints (1.0 for none).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Sequence
 
 from epp.flowcontrol.metrics import FlowControlMetrics
@@ -21,7 +22,10 @@ from epp.plugin import (
     SaturationDetector,
     StaleEndpointCounter,
 )
+from epp.plugin.flow import UsageLimitPolicy
 from epp.plugin.roles import DECODE_ROLES, PREFILL_ROLES, role_of
+
+log = logging.getLogger(__name__)
 
 
 def stage_partitions(endpoints: Sequence[Endpoint]) -> tuple[list[Endpoint], list[Endpoint]]:
@@ -72,3 +76,17 @@ def confirmation_grace(detector: SaturationDetector) -> float:
     if isinstance(detector, ConfirmationGrace):
         return detector.confirmation_grace()
     return DEFAULT_CONFIRMATION_GRACE
+
+
+def band_ceilings(
+    policy: UsageLimitPolicy, saturation: float, priorities: Sequence[int]
+) -> list[float]:
+    """The saturation below which each band (``priorities``, highest first) may dispatch; 1.0
+    for a band the policy leaves out, and for every band when it fails (no gating this cycle)."""
+    n = len(priorities)
+    try:
+        computed = list(policy.compute_limit(saturation, list(priorities)))
+    except Exception:
+        log.exception("flow control: usage-limit policy failed; not gating this cycle")
+        computed = []
+    return (computed + [1.0] * n)[:n]

@@ -12,6 +12,13 @@ decode pods, labelled ``llm-d.ai/role``, behind ``deploy/configs/pd.yaml`` (or
 ``--config-file``); the table shows TTFT, ITL, output tokens per second and the share of answers
 prefilled on another pod. When that config's plugins do not load the P/D run is skipped with the
 reason.
+
+With ``--replicas N`` (N ≥ 2) the EPP runs as N active-active replicas behind the one Envoy, which
+balances ext_proc streams over the replicas its gRPC health check finds ready; they share routing
+state (prefix-cache blocks, in-flight load) through a ``redis-server`` started on a free local
+port (it must be installed), each config being the stack's plus the ``redis-syncer``
+(``epp.localstack.replicas``). After the table a second one shows each replica's ext_proc streams,
+requests and cross-replica sync. ``--replicas`` does not combine with ``--pd``.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -27,9 +35,10 @@ from pathlib import Path
 
 import aiohttp
 
-from epp.localstack.envoy import Envoy, free_port
+from epp.localstack.envoy import Envoy
 from epp.localstack.eppconfig import PD_CONFIG, epp_config_text, unloadable_plugins
 from epp.localstack.procs import Proc
+from epp.localstack.replicas import EppGroup, SetupError, check_replicas, report_table
 from epp.localstack.workload import (
     Summary,
     WorkItem,
@@ -83,6 +92,13 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="with --pd: how many of the pods prefill (default: half of them)",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="EPP replicas (default 1); 2 or more run active-active behind the one Envoy, "
+        "sharing state through a local redis-server (which must be installed)",
     )
     p.add_argument(
         "--keep-running",
@@ -163,55 +179,35 @@ async def _run_epp(
     title: str = "EPP (default config)",
     base: str | None = None,
     roles: Sequence[Role] = (),
-) -> Summary:
+) -> tuple[Summary, str]:
+    """The workload through Envoy and the stack's EPP replicas: its summary, and with several
+    replicas the table of what each one did."""
     workdir.mkdir(parents=True, exist_ok=True)
     async with _fleet(args, roles) as fleet:
         eps = _endpoints_file(fleet.ports, workdir, roles)
-        cfg = workdir / "epp-config.yaml"
-        cfg.write_text(epp_config_text(eps, (), base))
-        grpc_port, metrics_port = free_port(), free_port()
-        # The EPP runs in its own process (as in production), TLS on as by default.
-        epp = Proc(
-            "epp",
-            [
-                sys.executable,
-                "-m",
-                "epp",
-                "--config-file",
-                str(cfg),
-                "--grpc-port",
-                str(grpc_port),
-                "--grpc-health-port",
-                str(free_port()),
-                "--metrics-port",
-                str(metrics_port),
-                "--bind-address",
-                "127.0.0.1",
-                "--drain-timeout",
-                "0s",
-                *(["--allow-experimental-plugins"] if roles else []),
-            ],
-            workdir / "epp.log",
-        ).start()
-        try:
-            metrics_url = f"http://127.0.0.1:{metrics_port}"
-            await _wait_scraped(metrics_url, epp, len(fleet.ports))
-            with Envoy("full-duplex", epp_port=grpc_port, epp_tls=True) as envoy:
-                print(
-                    f"stack: envoy {envoy.url} -> EPP :{grpc_port} (TLS, pid {epp.pid}) -> "
-                    f"{len(fleet.ports)} simulated vLLM pods; EPP metrics {metrics_url}/metrics, "
-                    f"decisions {metrics_url}/debug/decisions"
-                )
+        text = epp_config_text(eps, (), base)
+        # Each EPP runs in its own process (as in production), TLS on as by default.
+        group = EppGroup(workdir, text, replicas=args.replicas, experimental=bool(roles))
+        with group.start():
+            for member in group.members:
+                await _wait_scraped(member.metrics_url, member.proc, len(fleet.ports))
+            with group.envoy() as envoy:
+                if args.replicas > 1:
+                    await envoy.wait_healthy(args.replicas, timeout=30.0)
+                print(group.describe(envoy.url, len(fleet.ports)))
                 await _first_request(envoy.url, fleet)
                 results = await drive(envoy.url, waves, model=MODEL, concurrency=args.concurrency)
                 summary = summarize(title, results)
+                report = ""
+                if args.replicas > 1:
+                    report = report_table(await group.report(envoy, expected=len(results) + 1))
                 if args.keep_running:
                     print(pd_table([summary]) if args.pd else table([summary]))
+                    if report:
+                        print(report)
                     print("stack is up; Ctrl-C to stop")
                     await asyncio.Event().wait()
-        finally:
-            epp.stop()
-    return summary
+    return summary, report
 
 
 async def _run_baseline(args: argparse.Namespace) -> Summary:
@@ -242,12 +238,16 @@ async def _main_pd(args: argparse.Namespace) -> int:
         if reason:
             print(f"P/D run skipped: {reason}")
             args.keep_running = False
-        rows = [await _run_epp(args, Path(tmp) / "aggregated", waves, title="EPP aggregated")]
+        aggregated, _ = await _run_epp(
+            args, Path(tmp) / "aggregated", waves, title="EPP aggregated"
+        )
+        rows = [aggregated]
         if not reason:
             title = f"EPP P/D ({roles.count('prefill')}P/{roles.count('decode')}D)"
-            rows.append(
-                await _run_epp(args, Path(tmp) / "pd", waves, title=title, base=text, roles=roles)
+            pd, _ = await _run_epp(
+                args, Path(tmp) / "pd", waves, title=title, base=text, roles=roles
             )
+            rows.append(pd)
     item = waves[0][0]
     print()
     print(
@@ -265,7 +265,10 @@ async def _main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="epp-stack-") as tmp:
         base = Path(args.config_file).read_text() if args.config_file else None
         waves = mixed_workload(seed=args.seed)
-        epp_summary = await _run_epp(args, Path(tmp), waves, base=base)
+        title = (
+            f"EPP x{args.replicas} active-active" if args.replicas > 1 else "EPP (default config)"
+        )
+        epp_summary, report = await _run_epp(args, Path(tmp), waves, title=title, base=base)
         rows = [epp_summary]
         if not args.skip_baseline:
             rows.append(await _run_baseline(args))
@@ -275,20 +278,64 @@ async def _main(args: argparse.Namespace) -> int:
         f"{args.time_scale:g}x; TTFT in wall-clock ms):"
     )
     print(table(rows))
+    if report:
+        print()
+        print(
+            f"{args.replicas} EPP replicas (streams: ext_proc streams Envoy sent each; requests, "
+            "facts published to and applied from the other replicas, sync errors and lag: each "
+            "replica's /metrics):"
+        )
+        print(report)
     return 0 if all(r.errors == 0 for r in rows) else 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse what cannot run, before anything starts."""
+    if args.replicas < 1:
+        parser.error(f"--replicas must be at least 1, got {args.replicas}")
+    if args.replicas > 1 and args.pd:
+        parser.error("--replicas and --pd cannot be combined: the P/D comparison runs one EPP")
     if args.pd:
         try:
             pd_roles(args.pods, args.prefill_pods)
         except ValueError as exc:
             parser.error(str(exc))
+    try:
+        check_replicas(args.replicas)
+    except SetupError as exc:
+        parser.error(str(exc))
+
+
+async def _until_terminated(args: argparse.Namespace) -> int:
+    """``_main``; SIGTERM stops it as Ctrl-C does (what it started is stopped, not orphaned)."""
+    task = asyncio.current_task()
+    assert task is not None
+    terminated: list[bool] = []
+
+    def on_sigterm() -> None:
+        terminated.append(True)
+        task.cancel()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
+    try:
+        return await _main(args)
+    except asyncio.CancelledError:
+        if not terminated:
+            raise
+        print(f"\n{STOPPED} (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
+
+
+STOPPED = "stopped; everything started by this command is shut down"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check(parser, args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return asyncio.run(_main(args))
+        return asyncio.run(_until_terminated(args))
     except KeyboardInterrupt:
-        print("\nstopped; everything started by this command is shut down", file=sys.stderr)
+        print(f"\n{STOPPED}", file=sys.stderr)
         return 130

@@ -7,6 +7,7 @@ several Envoys run side by side.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -26,6 +27,14 @@ _TLS_BLOCK = (
     "transport_socket: {name: envoy.transport_sockets.tls, typed_config: "
     '{"@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext, '
     "common_tls_context: {alpn_protocols: [h2]}}}"
+)
+
+# With several EPP replicas: a replica that is not ready (starting, draining) gets no stream. No
+# panic routing: with every replica unhealthy Envoy answers 503 rather than pick a dead one.
+_HEALTH_BLOCK = (
+    "health_checks: [{timeout: 1s, interval: 0.2s, no_traffic_interval: 0.2s, "
+    "unhealthy_threshold: 1, healthy_threshold: 1, grpc_health_check: {}}]\n"
+    "    common_lb_config: {healthy_panic_threshold: {value: 0}}"
 )
 
 
@@ -62,17 +71,34 @@ def render(
     epp_tls: bool,
     fallback: Sequence[tuple[str, int]] = (),
     lb_policy: str = "ROUND_ROBIN",
+    epp_replicas: Sequence[int] = (),
+    epp_max_streams: int = 0,
 ) -> str:
+    """The config ``deploy/envoy/<name>.yaml`` filled in. ``epp_replicas`` are the ext_proc ports
+    of further EPP replicas on 127.0.0.1 (active-active): Envoy then balances ext_proc streams
+    round-robin over every replica that its gRPC health check finds SERVING (the replicas must
+    serve ``grpc.health.v1`` on their ext_proc port: ``--health-checking``). ``epp_max_streams``
+    > 0 caps the concurrent ext_proc streams per connection to the EPP, so Envoy opens more
+    connections under load (``epp --workers``: the kernel spreads connections over the workers)."""
     template = string.Template((config_dir() / f"{name}.yaml").read_text())
     endpoints = "\n        ".join(
         f"- endpoint: {{address: {{socket_address: {{address: {h}, port_value: {p}}}}}}}"
         for h, p in fallback
+    )
+    replicas = "\n        ".join(
+        f"- endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {p}}}}}}}"
+        for p in epp_replicas
     )
     return template.safe_substitute(
         LISTEN_PORT=listen_port,
         ADMIN_PORT=admin_port,
         EPP_PORT=epp_port,
         EPP_TLS=_TLS_BLOCK if epp_tls else "",
+        EPP_REPLICAS=replicas,
+        EPP_HEALTH_CHECK=_HEALTH_BLOCK if epp_replicas else "",
+        EPP_H2_OPTIONS=(
+            f"{{max_concurrent_streams: {epp_max_streams}}}" if epp_max_streams > 0 else "{}"
+        ),
         FALLBACK_ENDPOINTS=endpoints or "[]",
         LB_POLICY=lb_policy,
     )
@@ -87,6 +113,10 @@ class Envoy:
     epp_tls: bool = True
     fallback: Sequence[tuple[str, int]] = ()
     lb_policy: str = "ROUND_ROBIN"
+    epp_replicas: Sequence[int] = ()
+    """ext_proc ports of further EPP replicas (see ``render``)."""
+    epp_max_streams: int = 0
+    """Concurrent ext_proc streams per connection to the EPP; 0: Envoy's default (``render``)."""
     listen_port: int = 0
     admin_port: int = 0
     log_level: str = "warning"
@@ -111,6 +141,8 @@ class Envoy:
                 epp_tls=self.epp_tls,
                 fallback=self.fallback,
                 lb_policy=self.lb_policy,
+                epp_replicas=self.epp_replicas,
+                epp_max_streams=self.epp_max_streams,
             )
         )
         log = open(Path(self._workdir) / "envoy.log", "wb")  # noqa: SIM115 - lives with the proc
@@ -151,6 +183,17 @@ class Envoy:
             time.sleep(0.05)
         self.stop()
         raise TimeoutError(f"envoy not ready after {timeout}s:\n{self.log()}")
+
+    async def wait_healthy(self, replicas: int, timeout: float = 10.0) -> None:
+        """Wait until ``replicas`` EPP replicas pass Envoy's health check (with ``epp_replicas``;
+        a starting Envoy may fail its first round). Async: the EPPs may share this event loop."""
+        deadline = time.monotonic() + timeout
+        while (await asyncio.to_thread(self.stats)).get("cluster.epp.membership_healthy", 0) < (
+            replicas
+        ):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fewer than {replicas} EPP replicas healthy:\n{self.log()}")
+            await asyncio.sleep(0.05)
 
     def stats(self) -> dict[str, int]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/stats", timeout=5) as r:

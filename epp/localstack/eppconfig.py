@@ -3,8 +3,9 @@
 ``epp stack`` and ``epp bench`` both start the EPP against simulated pods listed in an endpoints
 file; this is the one place that turns a base config (the built-in default unless given) into
 that config. ``unloadable_plugins`` tells a tool, before it starts anything, which plugin types of
-a config the installed plugins cannot provide (a P/D config before the P/D plugins exist), and
-``PD_CONFIG`` is the P/D config of the source tree.
+a config the installed plugins cannot provide (a P/D config before the P/D plugins exist),
+``PD_CONFIG`` is the P/D config of the source tree, and ``with_syncer`` adds the Redis syncer that
+active-active replicas share state through.
 """
 
 from __future__ import annotations
@@ -57,4 +58,17 @@ def epp_config_text(
     for scorer, weight in extra_scorers:
         doc["plugins"].append({"type": scorer})
         doc["schedulingProfiles"][0]["plugins"].append({"pluginRef": scorer, "weight": weight})
+    return str(yaml.safe_dump(doc, sort_keys=False))
+
+
+def with_syncer(config_text: str, redis_url: str, interval: str = "200ms") -> str:
+    """``config_text`` with a ``redis-syncer`` on ``redis_url`` as its cross-replica syncer
+    (active-active replicas share what they learn through it)."""
+    doc = yaml.safe_load(config_text) or {}
+    doc.setdefault("plugins", []).append(
+        {"type": "redis-syncer", "parameters": {"url": redis_url}}
+    )
+    data_layer = doc.setdefault("dataLayer", {})
+    data_layer["crossReplicaSyncerPluginRef"] = "redis-syncer"
+    data_layer["crossReplicaSyncInterval"] = interval
     return str(yaml.safe_dump(doc, sort_keys=False))

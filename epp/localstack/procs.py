@@ -6,6 +6,8 @@ the kernel's accounting of that PID:
 
 * CPU seconds: ``utime + stime`` of ``/proc/<pid>/stat`` (fields 14 and 15, in clock ticks),
   i.e. all threads of the process;
+* the same summed over a process and its descendants (``tree_cpu_seconds``: a supervisor and its
+  workers);
 * peak RSS: ``VmHWM`` of ``/proc/<pid>/status`` (the high-water mark since the process started);
   current RSS: ``VmRSS``.
 """
@@ -39,6 +41,25 @@ def cpu_seconds(pid: int) -> float:
     # the command name (field 2) may hold spaces and parentheses: split after the last ')'
     fields = text[text.rfind(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (``/proc/<pid>/task/*/children``, recursively): the
+    workers of an ``epp --workers`` supervisor count as the EPP's CPU."""
+    out: list[int] = []
+    todo = [pid]
+    while todo and len(out) < 1024:
+        current = todo.pop()
+        out.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            with contextlib.suppress(OSError, ValueError):
+                todo.extend(int(c) for c in task.read_text().split())
+    return out
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` and its live descendants so far."""
+    return sum(cpu_seconds(p) for p in descendants(pid))
 
 
 def _status_kb(pid: int, field: str) -> int:

@@ -9,6 +9,12 @@ whatever the traffic. Served on the metrics port:
 - ``GET /debug/decisions?limit=N`` — the newest N entries, newest first;
 - ``GET /debug/decisions/<request id>`` — one entry.
 
+Client-chosen strings (request id, path, model names, objective, fairness id, the error text) are
+kept to their first ``MAX_FIELD_CHARS`` (256) characters, ``…`` marking a cut, so an entry stays
+small whatever a client sends: with the default capacity the log holds at most a few MB. The log
+keeps a model name as the client sent it (clipped), not its metric label, since this view is for
+explaining one request.
+
 The scheduler captures per-scorer scores for every request with at most ``breakdown_limit``
 candidates (default 64), and for any request carrying the header ``x-epp-explain: true``;
 totals are always recorded.
@@ -26,7 +32,13 @@ from epp.plugin import Endpoint, InferenceRequest, SchedulingResult
 EXPLAIN_KEY: Final = "epp.explain"
 """``InferenceRequest.attributes`` key where the scheduler leaves per-scorer scores."""
 EXPLAIN_HEADER: Final = "x-epp-explain"
+MAX_FIELD_CHARS: Final = 256
 _TOP: Final = 16
+
+
+def clip(value: str, limit: int = MAX_FIELD_CHARS) -> str:
+    """``value`` cut to ``limit`` characters, the cut marked with ``…``."""
+    return value if len(value) <= limit else value[: limit - 1] + "…"
 
 
 class DecisionLog:
@@ -35,6 +47,7 @@ class DecisionLog:
         self._entries: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
     def _put(self, request_id: str, entry: dict[str, Any]) -> None:
+        request_id = clip(request_id)
         self._entries.pop(request_id, None)
         self._entries[request_id] = entry
         while len(self._entries) > self._capacity:
@@ -87,13 +100,13 @@ class DecisionLog:
                 **_request_fields(request),
                 "outcome": "rejected",
                 "status": status,
-                "error": message,
+                "error": clip(message),
                 **({"dropReason": drop_reason} if drop_reason else {}),
             },
         )
 
     def get(self, request_id: str) -> dict[str, Any] | None:
-        return self._entries.get(request_id)
+        return self._entries.get(clip(request_id))
 
     def latest(self, limit: int) -> list[dict[str, Any]]:
         items = list(self._entries.values())[-max(0, limit) :]
@@ -103,13 +116,13 @@ class DecisionLog:
 
 def _request_fields(request: InferenceRequest) -> dict[str, Any]:
     return {
-        "requestId": request.request_id,
+        "requestId": clip(request.request_id),
         "time": time.time(),
-        "path": request.path,
-        "model": request.incoming_model,
-        "targetModel": request.target_model,
-        "objective": request.objective,
+        "path": clip(request.path),
+        "model": clip(request.incoming_model),
+        "targetModel": clip(request.target_model),
+        "objective": clip(request.objective),
         "priority": request.priority,
-        "fairnessId": request.fairness_id,
+        "fairnessId": clip(request.fairness_id),
         "bodyBytes": request.size_bytes,
     }

@@ -2,19 +2,41 @@
 
 Names follow upstream (spec §9): canonical ``llm_d_epp_*`` families, plus the deprecated twins
 (``inference_objective_*``, ``inference_pool_*``, ``inference_extension_*``) so existing dashboards
-keep working. Model-name labels share a cap of 1000 distinct values; past it they read ``other``.
+keep working. Model-name labels follow ``epp.observability.labels.ModelLabels``: a name the pool
+does not serve reads ``unknown``, so clients cannot grow the series count by choosing names.
+``llm_d_epp_extproc_protocol_errors_total{reason}`` is ours (no upstream twin): ext_proc streams
+ended with INVALID_ARGUMENT for protocol misuse (``epp.server.stream``).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-MODEL_LABEL_CAP: Final = 1000
-OTHER: Final = "other"
+from epp.observability.labels import (
+    FAIRNESS_LABEL_CAP,
+    MODEL_LABEL_CAP,
+    OTHER,
+    UNKNOWN,
+    LabelCap,
+    ModelLabels,
+)
+
+__all__ = [
+    "EPP_METRICS",
+    "FAIRNESS_LABEL_CAP",
+    "MODEL_LABELS",
+    "MODEL_LABEL_CAP",
+    "OTHER",
+    "UNKNOWN",
+    "EppMetrics",
+    "LabelCap",
+    "MetricSpec",
+    "ModelLabels",
+    "build_families",
+]
 
 # Upstream's bucket bounds, verbatim (32778 included), packed densely rather than one a line.
 # fmt: off
@@ -71,24 +93,6 @@ def build_families(spec: MetricSpec, registry: CollectorRegistry) -> list[Family
         labels = spec.labels if spec.twin_labels is None else spec.twin_labels
         families.append(spec.kind(spec.twin, doc, labels, registry=registry, **kw))
     return families
-
-
-class LabelCap:
-    """Folds label values beyond ``cap`` distinct ones into ``other`` (thread-safe)."""
-
-    def __init__(self, cap: int = MODEL_LABEL_CAP) -> None:
-        self._cap = cap
-        self._seen: set[str] = set()
-        self._lock = threading.Lock()
-
-    def __call__(self, value: str) -> str:
-        if value in self._seen:
-            return value
-        with self._lock:
-            if len(self._seen) >= self._cap:
-                return OTHER
-            self._seen.add(value)
-            return value
 
 
 class _Twin:
@@ -312,6 +316,13 @@ EPP_METRICS: Final = (
         _REWRITE_LABELS,
         twin="inference_extension_model_rewrite_decisions_total",
     ),
+    MetricSpec(
+        "protocol_errors",
+        Counter,
+        "llm_d_epp_extproc_protocol_errors_total",
+        "ext_proc streams ended with INVALID_ARGUMENT because the data plane broke the protocol",
+        ("reason",),
+    ),
 )
 
 
@@ -320,7 +331,7 @@ class EppMetrics:
     deprecated twin, else the bare family."""
 
     registry: CollectorRegistry
-    model_cap: LabelCap
+    model_labels: ModelLabels
     request_total: _Twin
     request_errors: _Twin
     request_duration: _Twin
@@ -345,13 +356,18 @@ class EppMetrics:
     per_endpoint_queue: _Twin
     info: Gauge
     model_rewrites: _Twin
+    protocol_errors: Counter
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        self.model_cap = LabelCap()
+        self.model_labels = ModelLabels()
         for spec in EPP_METRICS:
             families = build_families(spec, self.registry)
             setattr(self, spec.attr, _Twin(*families) if spec.twin else families[0])
 
     def models(self, model: str, target: str) -> tuple[str, str]:
-        return self.model_cap(model), self.model_cap(target)
+        """Label values of a request's model and target model (``ModelLabels`` policy)."""
+        target_label = self.model_labels(target)
+        if model == target:
+            return target_label, target_label
+        return self.model_labels.alias(model), target_label

@@ -1,15 +1,35 @@
-"""Records request-path events into ``EppMetrics`` (kept out of the protocol code)."""
+"""Records request-path events into ``EppMetrics`` (kept out of the protocol code).
+
+Label values from client-chosen strings are bounded (``epp.observability.labels``): model names go
+through the metrics' ``ModelLabels`` (a name the pool does not serve reads ``unknown``), fairness
+ids through a ``LabelCap`` of ``FAIRNESS_LABEL_CAP`` (64) values of at most 128 characters (later
+or longer ones read ``other``). Labels are worked out when each event is recorded, so a request
+whose model was confirmed by its own 2xx response (``on_response_status``) has its completion
+metrics under the model's name; ``llm_d_epp_request_running`` is the exception: it is decremented
+with the labels it was incremented with.
+"""
 
 from __future__ import annotations
 
-from epp.observability.metrics import EppMetrics, LabelCap
+from typing import Final
+
+from epp.observability.labels import FAIRNESS_LABEL_CAP, MAX_FAIRNESS_CHARS, LabelCap, ModelSource
+from epp.observability.metrics import EppMetrics
 from epp.plugin import InferenceRequest, ResponseInfo, SchedulingResult
+
+_RUNNING_LABELS: Final = "epp.stats.running-labels"
+"""``InferenceRequest.attributes`` key: the labels ``running`` was incremented with."""
 
 
 class RequestStats:
-    def __init__(self, metrics: EppMetrics) -> None:
+    def __init__(self, metrics: EppMetrics, *, fairness_cap: int = FAIRNESS_LABEL_CAP) -> None:
         self.m = metrics
-        self._fairness_cap = LabelCap()
+        self.models = metrics.model_labels
+        self._fairness_cap = LabelCap(fairness_cap, max_chars=MAX_FAIRNESS_CHARS)
+
+    def serve_models_from(self, source: ModelSource) -> None:
+        """``source()`` lists model names the pool serves (see ``ModelLabels``)."""
+        self.models.add_source(source)
 
     def _models(self, request: InferenceRequest | None) -> tuple[str, str]:
         if request is None:
@@ -24,14 +44,23 @@ class RequestStats:
         )
         self.m.request_size.observe((model, target), (model, target), req.size_bytes)
         self.m.running.inc((model, target), (model, target))
+        req.attributes[_RUNNING_LABELS] = (model, target)
         for ep in result.primary.targets[:1]:
             self.m.scheduler_attempts.labels(
                 "success", target, ep.name, ep.namespace, str(ep.port)
             ).inc()
 
+    def on_response_status(self, request: InferenceRequest, status: int) -> None:
+        """A model server answered ``status``: a 2xx confirms the target model is served."""
+        if 200 <= status < 300 and request.target_model:
+            self.models.learn(request.target_model)
+
     def on_error(self, request: InferenceRequest | None, code: str) -> None:
         model, target = self._models(request)
         self.m.request_errors.inc((model, target, code), (model, target, code))
+
+    def on_protocol_error(self, reason: str) -> None:
+        self.m.protocol_errors.labels(reason).inc()
 
     def on_first_byte(
         self, request: InferenceRequest | None, seconds: float, streaming: bool
@@ -42,9 +71,10 @@ class RequestStats:
     def on_complete(
         self, request: InferenceRequest, info: ResponseInfo, seconds: float, response_bytes: int
     ) -> None:
-        model, target = self._models(request)
-        labels = (model, target)
-        self.m.running.inc(labels, labels, -1)
+        labels = self._models(request)
+        running = request.attributes.pop(_RUNNING_LABELS, None)
+        running = running if isinstance(running, tuple) else labels
+        self.m.running.inc(running, running, -1)
         self.m.request_duration.observe(labels, labels, seconds)
         self.m.response_size.observe(labels, labels, response_bytes)
         usage = info.usage

@@ -4,7 +4,8 @@ Roles (``Filter``, ``Scorer``, ``Picker``, ``DataProducer``, ...) and value type
 ``protocols`` and ``types``; optional capabilities in ``capabilities``; typed data keys in
 ``keys``; values extractors publish on endpoints in ``attributes`` (and endpoint locality in
 ``topology``); multimodal cache match data in ``multimodal``; session and agent identity in
-``session``; the flow-control policy contract in ``flow``; wire constants in ``wire``; the kit
+``session``; the flow-control policy contract in ``flow``; routing facts shared between replicas,
+and the transport that carries them, in ``sharing``; wire constants in ``wire``; the kit
 plugin authors run in their own tests in ``testing``.
 """
 
@@ -80,6 +81,7 @@ from epp.plugin.session import (
     agent_identity,
     cookie_value,
 )
+from epp.plugin.sharing import Delivery, ReplicaSyncer, SharedState
 from epp.plugin.topology import TOPOLOGY, Topology
 from epp.plugin.types import (
     DEFAULT_FAIRNESS_ID,
@@ -123,6 +125,7 @@ __all__ = [
     "DataSource",
     "DataType",
     "Decider",
+    "Delivery",
     "Discovery",
     "DropReason",
     "EncoderCacheMatchInfo",
@@ -160,6 +163,7 @@ __all__ = [
     "ProfileHandler",
     "ProfileResult",
     "ReadinessChecker",
+    "ReplicaSyncer",
     "RequestBody",
     "RequestHeaderProcessor",
     "ReservingDetector",
@@ -172,6 +176,7 @@ __all__ = [
     "ScoredEndpoint",
     "Scorer",
     "ScorerCategory",
+    "SharedState",
     "Stability",
     "StaleEndpointCounter",
     "StateDumper",

@@ -15,6 +15,11 @@ generic rule also catches a missing model, for parsers that can rewrite the body
 drawn by weight from the director's random source; each such decision is reported to
 ``on_rewrite(rewrite_name, incoming_model, target_model)``.
 
+Metric labels (``epp.observability.labels``): the Director tells its ``RequestStats`` which model
+names the pool serves (the LoRA adapters the endpoints' scraped metrics list, the rewrite objects'
+model names) and which ones a model server confirmed with a 2xx response; any other name a client
+sends is counted under ``unknown``.
+
 The ext_proc server (``epp.server``) only translates protocol messages into these calls.
 """
 
@@ -93,6 +98,22 @@ class Director:
         self._on_rewrite = on_rewrite or (lambda _n, _m, _t: None)
         self._stats = stats
         self.decisions = decisions if decisions is not None else DecisionLog()
+        if stats is not None:
+            stats.serve_models_from(self.pool_models)
+
+    def pool_models(self) -> list[str]:
+        """Model names the pool serves by its own account: LoRA adapters the endpoints' metrics
+        list as running or waiting, and every model an InferenceModelRewrite names."""
+        names: list[str] = []
+        for endpoint in self._endpoints():
+            if endpoint.metrics is not None:
+                names += endpoint.metrics.active_models
+                names += endpoint.metrics.waiting_models
+        for rewrite in self._rewrites.rewrites():
+            for rule in rewrite.rules:
+                names += rule.models
+                names += (target.model for target in rule.targets)
+        return names
 
     # ---- request side -------------------------------------------------------------------------
 
@@ -164,6 +185,11 @@ class Director:
         self.decisions.record_error(request, err.code.http_status, err.body, err.drop_reason)
         if err.code.http_status >= 500:
             log.warning("request %s failed: %s", request and request.request_id, err)
+
+    def protocol_error(self, reason: str) -> None:
+        """The data plane broke the ext_proc protocol on one stream (``epp.server.misuse``)."""
+        if self._stats is not None:
+            self._stats.on_protocol_error(reason)
 
     async def decide(
         self, request: InferenceRequest, body: bytes, metadata: Mapping[str, Any]
@@ -272,8 +298,10 @@ class Director:
             ex.state = decision.parser.new_response_state(headers)
         elif not streaming:
             ex.buffer = bytearray()
-        if not status.startswith("2") and self._stats is not None:
-            self._stats.on_error(ex.request, "ModelServerError")
+        if self._stats is not None:
+            self._stats.on_response_status(ex.request, ex.response.status)
+            if not status.startswith("2"):
+                self._stats.on_error(ex.request, "ModelServerError")
         set_headers = {wire.WENT_INTO_RESP_HEADERS: "true"}
         for hook in self._pipeline.response_headers:
             try:

@@ -140,6 +140,15 @@ def buffered_response_body_reply(body: bytes | None) -> pb.ProcessingResponse:
     return pb.ProcessingResponse(response_body=pb.BodyResponse(response=common))
 
 
+def trailers_reply(metadata: Mapping[str, Any]) -> pb.ProcessingResponse:
+    """Request trailers answered with the decision as ``envoy.lb`` metadata (the body replies of
+    a per-chunk body mode already went out, so no header mutation can carry it any more)."""
+    resp = pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+    resp.dynamic_metadata.CopyFrom(lb_metadata(metadata))
+    return resp
+
+
 EMPTY_REQUEST_HEADERS = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+EMPTY_REQUEST_BODY = pb.ProcessingResponse(request_body=pb.BodyResponse())
 EMPTY_REQUEST_TRAILERS = pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
 EMPTY_RESPONSE_TRAILERS = pb.ProcessingResponse(response_trailers=pb.TrailersResponse())

@@ -3,10 +3,52 @@
 FULL_DUPLEX_STREAMED (the upstream contract): request headers get no reply; body chunks are
 buffered (bounded) until end of stream or trailers; then the EPP sends the request-headers reply
 (destination header + ``envoy.lb`` metadata, ``clear_route_cache``) followed by the body in pieces
-of at most 62,000 bytes. BUFFERED (and STREAMED) request bodies: the headers are answered at once
-with an empty reply and the decision rides on the body reply. Request trailers are always
-answered. Response chunks go through the Director, which passes streamed (SSE) responses on at
-once and holds the others until their end (up to the body limit in FULL_DUPLEX_STREAMED).
+of at most 62,000 bytes. Other request body modes: the headers are answered at once (the reply
+removes every ``wire.OWNED_REQUEST_HEADERS`` header the client sent); BUFFERED (and
+BUFFERED_PARTIAL) decide on the body message, whether or not trailers follow, and the decision
+rides on the body reply; STREAMED (and GRPC) answer every chunk at once and decide at the end of
+the body (the decision on the last body reply, or as ``envoy.lb`` metadata on the trailers
+reply). Request trailers are always answered. Response chunks go through the Director, which
+passes streamed (SSE) responses on at once and holds the others until their end (up to the body
+limit in FULL_DUPLEX_STREAMED); outside FULL_DUPLEX_STREAMED every response chunk is answered
+with a plain body reply (``streamed_response`` is a FULL_DUPLEX_STREAMED-only mutation).
+``protocol_config`` is read from the first message only.
+
+Protocol misuse. Envoy sends one stream per HTTP request, in the order request headers → body →
+trailers, then response headers → body → trailers. A message outside that order never comes from
+a conforming data plane, and Envoy would wait for an answer to it until its message timeout
+(``message_timeout`` does not even fire in FULL_DUPLEX_STREAMED). Such a message ends the stream
+at once with gRPC status ``INVALID_ARGUMENT``, the details naming the case; it is counted in
+``llm_d_epp_extproc_protocol_errors_total{reason}`` and logged (rate-limited, see
+``epp.server.misuse``):
+
+============================================  ==============================
+message                                       reason
+============================================  ==============================
+bytes that do not decode as ProcessingRequest ``undecodable``
+none of the six ``request`` fields set        ``no_request``
+``request_headers`` a second time             ``request_headers_repeated``
+``request_body`` before ``request_headers``   ``request_body_before_headers``
+``request_body`` after the body ended (EOS,   ``request_body_after_end``
+trailers, header-only, or decided)
+``request_trailers`` before headers           ``request_trailers_before_headers``
+``request_trailers`` after the request ended  ``request_trailers_after_end``
+a response message before the request was     ``response_before_request``
+answered
+``response_headers`` a second time, or after  ``response_headers_repeated``
+response body
+response body or trailers after the response  ``response_after_end``
+ended
+============================================  ==============================
+
+Why a gRPC error and not an ImmediateResponse: these are faults of the data plane (a
+misconfigured processing mode, a proxy bug, a foreign client), not of the HTTP client, and they
+can arrive in the response phase. On a gRPC error Envoy applies the operator's failure mode:
+``failure_mode_allow: true`` lets the request or the response go on without the EPP (in the
+response phase the client still gets the model server's answer), fail-closed answers 500. An
+ImmediateResponse would override that choice and, once the response has started, cut it off.
+What the *client* got wrong (a body over the limit, JSON that does not parse, no model) is still
+an ImmediateResponse with its HTTP status (413, 400, …).
 
 Everything a request means (routing, usage, hooks, completion, metrics) is the Director's
 (``epp.requestcontrol.director``); this module only maps messages to its calls and back.
@@ -24,11 +66,15 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.plugin import ErrorCode, InferenceError, TerminationCause, wire
 from epp.requestcontrol.director import Decision, Exchange
 from epp.server import messages
+from epp.server import misuse as m
 from epp.server.context import ServerContext
+from epp.server.misuse import ProtocolError
 
 log = logging.getLogger(__name__)
 
-_FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+_MODE = processing_mode_pb2.ProcessingMode
+_FULL_DUPLEX = _MODE.FULL_DUPLEX_STREAMED
+_PER_CHUNK = (_MODE.STREAMED, _MODE.GRPC)  # every body chunk is answered
 Replies = list[pb.ProcessingResponse]
 
 
@@ -43,13 +89,21 @@ class RequestStream:
         self.metadata: dict[str, Any] = {}
         self.body = bytearray()
         self.done = False
+        self.first = True
+        self.request_ended = False  # EOS seen on request headers or body, or request trailers
+        self.answered = False  # the request headers got their reply (or the decision went out)
+        self.response_headers = False
+        self.response_body = False
+        self.response_ended = False
 
     # ---- dispatch ---------------------------------------------------------------------------
 
     async def on_message(self, msg: pb.ProcessingRequest) -> Replies:
-        if msg.HasField("protocol_config"):
-            self.request_mode = msg.protocol_config.request_body_mode
-            self.response_mode = msg.protocol_config.response_body_mode
+        if self.first:
+            self.first = False
+            if msg.HasField("protocol_config"):
+                self.request_mode = msg.protocol_config.request_body_mode
+                self.response_mode = msg.protocol_config.response_body_mode
         kind = msg.WhichOneof("request")
         if kind == "request_headers":
             return self._on_request_headers(msg)
@@ -63,20 +117,33 @@ class RequestStream:
             return self._on_response_body(msg.response_body)
         if kind == "response_trailers":
             return self._on_response_trailers()
-        log.warning("ignoring ext_proc message of unknown kind %r", kind)
-        return []
+        raise ProtocolError(
+            m.NO_REQUEST,
+            "ProcessingRequest sets none of request_headers, request_body, request_trailers, "
+            "response_headers, response_body, response_trailers",
+        )
 
     # ---- request phase ----------------------------------------------------------------------
 
     def _on_request_headers(self, msg: pb.ProcessingRequest) -> Replies:
+        if self.exchange is not None:
+            raise ProtocolError(
+                m.REQUEST_HEADERS_REPEATED,
+                "request_headers a second time on one stream (one stream carries one request)",
+            )
         headers = messages.header_map(msg.request_headers)
         self.generated_id = not headers.get(wire.REQUEST_ID_HEADER)
         self.exchange = self.director.begin(headers)
         self.metadata = messages.metadata_namespaces(msg, (wire.SUBSET_NAMESPACE,))
         if msg.request_headers.end_of_stream:
+            self.request_ended = True
             return self._header_only()
         if self.request_mode != _FULL_DUPLEX:
-            return [messages.EMPTY_REQUEST_HEADERS]
+            # The headers go on now (NONE, STREAMED) or stay held (BUFFERED): either way a
+            # client-sent control header must not go with them.
+            self.answered = True
+            removal = messages.request_headers_reply({}, wire.OWNED_REQUEST_HEADERS, None)
+            return [removal]
         return []
 
     def _header_only(self) -> Replies:
@@ -85,9 +152,9 @@ class RequestStream:
         try:
             endpoint = self.director.pick_random(self.metadata)
         except InferenceError as err:
-            self.done = True
             return [self._fail(err)]
         dest = endpoint.hostport
+        self.answered = True
         return [
             messages.request_headers_reply(
                 self._set_headers(dest, None),
@@ -99,54 +166,51 @@ class RequestStream:
     async def _on_request_body(self, msg: pb.ProcessingRequest) -> Replies:
         chunk = msg.request_body
         ex = self.exchange
-        if ex is None or ex.decision is not None:
-            return []  # late chunks after a decision are not expected; nothing to answer
+        if ex is None:
+            raise ProtocolError(m.BODY_BEFORE_HEADERS, "request_body before request_headers")
+        if self.request_ended or ex.decision is not None:
+            raise ProtocolError(m.BODY_AFTER_END, "request_body after the request body ended")
         if len(self.body) + len(chunk.body) > self.ctx.max_body_bytes:
-            self.done = True
-            return [
-                self._fail(
-                    InferenceError(
-                        ErrorCode.PAYLOAD_TOO_LARGE,
-                        f"request body exceeds the {self.ctx.max_body_bytes}-byte limit",
-                    )
-                )
-            ]
+            limit = self.ctx.max_body_bytes
+            too_large = f"request body exceeds the {limit}-byte limit"
+            return [self._fail(InferenceError(ErrorCode.PAYLOAD_TOO_LARGE, too_large))]
         self.body += chunk.body
         if msg.HasField("metadata_context"):
             self.metadata.update(messages.metadata_namespaces(msg, (wire.SUBSET_NAMESPACE,)))
-        if chunk.end_of_stream:
-            return await self._decide(ex)
+        self.request_ended = chunk.end_of_stream
+        if self.request_mode in _PER_CHUNK and not chunk.end_of_stream:
+            return [messages.EMPTY_REQUEST_BODY]
+        if chunk.end_of_stream or self.request_mode != _FULL_DUPLEX:
+            return await self._decide(ex, trailers=False)
         return []
 
     async def _on_request_trailers(self) -> Replies:
         # Upstream never answers request trailers, which stalls such requests until Envoy's
         # message timeout. Trailers end the body: decide now, then answer them.
-        replies: Replies = []
         ex = self.exchange
-        if ex is not None and ex.decision is None and not self.done:
-            replies = await self._decide(ex)
-        if not self.done:
-            replies.append(messages.EMPTY_REQUEST_TRAILERS)
-        return replies
+        if ex is None:
+            raise ProtocolError(
+                m.TRAILERS_BEFORE_HEADERS, "request_trailers before request_headers"
+            )
+        if self.request_ended:
+            raise ProtocolError(m.TRAILERS_AFTER_END, "request_trailers after the request ended")
+        self.request_ended = True
+        if ex.decision is not None:
+            return [messages.EMPTY_REQUEST_TRAILERS]
+        return await self._decide(ex, trailers=True)
 
-    async def _decide(self, ex: Exchange) -> Replies:
+    async def _decide(self, ex: Exchange, *, trailers: bool) -> Replies:
+        """The body is complete: route, and answer in the form the body mode needs."""
         try:
             decision = await self.director.route(ex, bytes(self.body), self.metadata)
         except InferenceError as err:
-            self.done = True
             return [self._fail(err)]
         except Exception:
             log.exception("request %s: unexpected error while scheduling", ex.request.request_id)
-            self.done = True
-            return [
-                self._fail(
-                    InferenceError(
-                        ErrorCode.INTERNAL,
-                        "unexpected error while scheduling the request; see the EPP log",
-                    )
-                )
-            ]
+            unexpected = "unexpected error while scheduling the request; see the EPP log"
+            return [self._fail(InferenceError(ErrorCode.INTERNAL, unexpected))]
         self.body = bytearray()  # the decision holds the body to forward
+        self.answered = True
         dest = decision.destination
         lb: dict[str, Any] = {wire.DESTINATION_HEADER: dest}
         if self.ctx.emit_scores:
@@ -154,13 +218,18 @@ class RequestStream:
         set_headers = self._set_headers(dest, decision.body)
         if decision.parsed.skip_response_processing:
             self.done = True
+        owned = wire.OWNED_REQUEST_HEADERS
         if self.request_mode == _FULL_DUPLEX:
-            return [
-                messages.request_headers_reply(set_headers, wire.OWNED_REQUEST_HEADERS, lb),
+            replies = [
+                messages.request_headers_reply(set_headers, owned, lb),
                 *messages.streamed_body(decision.body, response=False),
             ]
-        new_body = decision.body if decision.model_rewritten else None
-        return [messages.buffered_body_reply(set_headers, wire.OWNED_REQUEST_HEADERS, lb, new_body)]
+            return [*replies, messages.EMPTY_REQUEST_TRAILERS] if trailers else replies
+        if trailers:  # the body replies already went out: the decision rides as metadata
+            return [messages.trailers_reply(lb)]
+        rewritten = decision.model_rewritten and self.request_mode not in _PER_CHUNK
+        new_body = decision.body if rewritten else None
+        return [messages.buffered_body_reply(set_headers, owned, lb, new_body)]
 
     def _set_headers(self, dest: str, body: bytes | None) -> dict[str, str]:
         out = dict(self.exchange.request.upstream_headers) if self.exchange is not None else {}
@@ -172,51 +241,67 @@ class RequestStream:
         return out
 
     def _fail(self, err: InferenceError) -> pb.ProcessingResponse:
+        """Answer the request with ``err``; the stream ends after this reply."""
+        self.done = True
         self.director.fail(self.exchange, err)
         return messages.immediate(err)
 
     # ---- response phase ---------------------------------------------------------------------
 
+    def _response_exchange(self) -> Exchange:
+        if not self.answered or self.exchange is None:
+            raise ProtocolError(
+                m.RESPONSE_BEFORE_REQUEST, "a response message before the request was answered"
+            )
+        if self.response_ended:
+            raise ProtocolError(m.RESPONSE_AFTER_END, "a response message after the response ended")
+        return self.exchange
+
     def _on_response_headers(self, msg: pb.ProcessingRequest) -> Replies:
-        ex = self.exchange
-        if ex is None:  # a response without a request: nothing to track, pass it on
-            return [messages.response_headers_reply({wire.WENT_INTO_RESP_HEADERS: "true"})]
+        ex = self._response_exchange()
+        if self.response_headers or self.response_body:
+            raise ProtocolError(
+                m.RESPONSE_HEADERS_REPEATED,
+                "response_headers a second time, or after response body",
+            )
+        self.response_headers = True
         lb = messages.metadata_namespaces(msg, (wire.LB_NAMESPACE,)).get(wire.LB_NAMESPACE, {})
-        served = str(lb.get(wire.SERVED_HEADER, ""))
+        served = str(lb.get(wire.SERVED_HEADER, "")) if isinstance(lb, Mapping) else ""
         headers = messages.header_map(msg.response_headers)
         set_headers = self.director.on_response_headers(ex, headers, served)
         if msg.response_headers.end_of_stream:
+            self.response_ended = True
             self.director.complete(ex, TerminationCause.NATURAL)
         return [messages.response_headers_reply(set_headers)]
 
     def _on_response_body(self, chunk: pb.HttpBody) -> Replies:
+        ex = self._response_exchange()
+        self.response_body = True
         duplex = self.response_mode == _FULL_DUPLEX
         eos = chunk.end_of_stream
-        ex = self.exchange
-        if ex is None:
-            return list(messages.streamed_body(chunk.body, response=True, end_of_stream=eos))
+        self.response_ended = eos
         limit = self.ctx.max_body_bytes if duplex else None
         forward = self.director.on_response_chunk(ex, chunk.body, eos, hold_limit=limit)
         if forward is None:  # held until the end of the response
             return [] if duplex else [messages.buffered_response_body_reply(None)]
-        if forward.whole and not duplex:
-            return [
-                messages.buffered_response_body_reply(forward.body if forward.changed else None)
-            ]
+        if not duplex:  # Envoy takes ``streamed_response`` only in FULL_DUPLEX_STREAMED
+            body = forward.body if forward.changed else None
+            return [messages.buffered_response_body_reply(body)]
         return list(messages.streamed_body(forward.body, response=True, end_of_stream=eos))
 
     def _on_response_trailers(self) -> Replies:
+        ex = self._response_exchange()
+        self.response_ended = True
         replies: Replies = []
-        if self.exchange is not None:
-            forward = self.director.on_response_trailers(self.exchange)
-            if forward is not None:
-                if self.response_mode == _FULL_DUPLEX:
-                    replies.extend(
-                        messages.streamed_body(forward.body, response=True, end_of_stream=False)
-                    )
-                else:
-                    body = forward.body if forward.changed else None
-                    replies.append(messages.buffered_response_body_reply(body))
+        forward = self.director.on_response_trailers(ex)
+        if forward is not None:
+            if self.response_mode == _FULL_DUPLEX:
+                replies.extend(
+                    messages.streamed_body(forward.body, response=True, end_of_stream=False)
+                )
+            else:
+                body = forward.body if forward.changed else None
+                replies.append(messages.buffered_response_body_reply(body))
         replies.append(messages.EMPTY_RESPONSE_TRAILERS)
         return replies
 

@@ -132,7 +132,9 @@ async def test_buffered_mode_answers_headers_at_once_and_decides_on_body(start_a
     body = json.dumps(CHAT).encode()
     replies = await exchange(app, [first, body_msg(body)])
     assert [r.WhichOneof("response") for r in replies] == ["request_headers", "request_body"]
-    assert not replies[0].request_headers.HasField("response")
+    headers_reply = replies[0].request_headers.response  # only removes client control headers
+    assert not headers_reply.header_mutation.set_headers
+    assert "x-gateway-destination-endpoint" in headers_reply.header_mutation.remove_headers
     common = replies[1].request_body.response
     hdrs = {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
     new_body = common.body_mutation.body

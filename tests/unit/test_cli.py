@@ -115,7 +115,7 @@ def test_config_file_is_read(tmp_path: Path) -> None:
 
 # --- Settings is the one declaration of every flag -------------------------------------------
 
-NOT_FLAGS = {"log_json", "pod_name", "kube_watch_timeout"}
+NOT_FLAGS = {"log_json", "pod_name", "kube_watch_timeout", "group_member"}
 
 
 def _samples(spec: Flag, default: object) -> tuple[str, object]:
@@ -219,6 +219,7 @@ def test_settings_keep_their_keyword_defaults() -> None:
         "refresh_prometheus_metrics_interval": 5.0,
         "metrics_staleness_threshold": 2.0,
         "drain_timeout": 30.0,
+        "workers": 1,
         "grpc_max_recv_msg_size": 64 << 20,
         "grpc_max_send_msg_size": 64 << 20,
         "max_request_body_bytes": 64 << 20,
@@ -285,6 +286,14 @@ def test_a_missing_config_file_is_a_usage_error(
             "(--pool-name or --endpoint-selector)",
             id="ha-no-k8s",
         ),
+        pytest.param({"workers": 0}, "--workers must be 1..64", id="workers-zero"),
+        pytest.param({"workers": 65}, "--workers must be 1..64", id="workers-too-many"),
+        pytest.param(
+            {"pool_name": "p", "ha_enable_leader_election": True, "workers": 2},
+            "--workers above 1 and --ha-enable-leader-election are mutually exclusive: the "
+            "workers of one host are one replica, and each would compete for the lease",
+            id="workers-with-leader-election",
+        ),
         *(
             pytest.param(
                 {"pool_name": "p", "ha_enable_leader_election": True, **timings},
@@ -325,3 +334,25 @@ def test_validate_accepts_consistent_settings(fields: dict[str, Any]) -> None:
 
 def test_settings_errors_are_value_errors() -> None:
     assert issubclass(SettingsError, ValueError)
+
+
+def test_workers_without_a_syncer_exit_2_saying_how_to_configure_redis(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from epp.cli import main
+
+    config = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
+    assert main(["--workers", "2", "--config-text", config]) == 2
+    err = capsys.readouterr().err
+    assert "epp: --workers 2: the workers must share routing state" in err
+    assert "crossReplicaSyncerPluginRef: redis-syncer" in err
+
+
+def test_help_shows_workers_and_hides_the_internal_worker_subcommand(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "--workers WORKERS" in out
+    assert "_worker" not in out

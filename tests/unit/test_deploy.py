@@ -20,6 +20,7 @@ from tests.builders import handle
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 KUBE = DEPLOY / "kubernetes"
 YAMLS = sorted(p for p in DEPLOY.rglob("*.yaml") if p.is_file())
+KUSTOMIZATIONS = sorted(p.parent.name for p in KUBE.glob("*/kustomization.yaml"))
 
 
 def documents(path: Path) -> list[Any]:
@@ -45,19 +46,23 @@ def kind(folder: str, wanted: str) -> list[dict[str, Any]]:
     return out
 
 
+def _has_epp(deployment: dict[str, Any]) -> bool:
+    return any(c["name"] == "epp" for c in deployment["spec"]["template"]["spec"]["containers"])
+
+
 def kustomized_args(folder: str) -> list[list[str]]:
     """Container args of the folder's Deployment, after its overlay's JSON patches that append
     args (the one kind of arg patch the overlays use)."""
     kustomization = yaml.safe_load((KUBE / folder / "kustomization.yaml").read_text())
     bases = [r for r in kustomization.get("resources", []) if r.startswith("../")]
-    deployments = kind(folder, "Deployment") or [
+    deployments = [d for d in kind(folder, "Deployment") if _has_epp(d)] or [
         d for b in bases for d in kind(Path(b).name, "Deployment")
     ]
     assert len(deployments) == 1
     containers = deployments[0]["spec"]["template"]["spec"]["containers"]
     args = [list(c.get("args", [])) for c in containers if c["name"] == "epp"]
     for patch in kustomization.get("patches", []):
-        for op in yaml.safe_load(patch["patch"]):
+        for op in yaml.safe_load(patch.get("patch", "[]")):  # JSON 6902 patches only
             if op["path"] == "/spec/template/spec/containers/0/args/-":
                 args[0].append(op["value"])
     return args
@@ -72,11 +77,12 @@ def test_manifest_parses_when_loaded_as_yaml(path: Path) -> None:
 
 @pytest.mark.parametrize(
     "folder",
-    [pytest.param(f, id=f) for f in ("base", "ha", "standalone", "examples", "crds")],
+    [pytest.param(f, id=f) for f in KUSTOMIZATIONS],
 )
 def test_kustomization_lists_existing_files_when_read(folder: str) -> None:
     kustomization = yaml.safe_load((KUBE / folder / "kustomization.yaml").read_text())
     listed = [*kustomization.get("resources", [])]
+    listed += [p["path"] for p in kustomization.get("patches", []) if "path" in p]
     for generator in kustomization.get("configMapGenerator", []):
         listed += [f.split("=")[-1] for f in generator.get("files", [])]
     assert listed
@@ -90,6 +96,7 @@ def test_kustomization_lists_existing_files_when_read(folder: str) -> None:
         pytest.param("base", {"pool_name": "vllm-pool", "ha": False}, id="base"),
         pytest.param("ha", {"pool_name": "vllm-pool", "ha": True}, id="ha"),
         pytest.param("standalone", {"endpoint_selector": "app=vllm", "ha": False}, id="standalone"),
+        pytest.param("active-active", {"pool_name": "vllm-pool", "ha": False}, id="active-active"),
     ],
 )
 def test_deployment_flags_are_accepted_when_epp_parses_them(

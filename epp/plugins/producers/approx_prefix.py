@@ -26,6 +26,15 @@ Algorithm (spec §4.8):
   believes a pod caches four times what it does, and keeps routing to prefixes the pod has
   evicted.) Endpoints that left the pool are purged, at most every 2 s.
 
+Shared state (active-active replicas, ``epp.plugin.sharing``): with a cross-replica syncer the
+producer exports, every sync interval, what its PreRequests added since the last export, one fact
+per endpoint ``[endpoint id, capacity in index blocks, [block hashes, newest first]]`` (repeats
+folded; at most 65,536 pending (endpoint, block) pairs, the oldest dropped and counted). Facts of
+other replicas are added to the local index with ``add`` as if this replica had routed those
+requests, with the capacity the other replica computed from the same scraped metrics, and are
+not exported again (no echo). Duplicates only refresh recency and a lost fact only costs a miss.
+Nothing is buffered until a syncer asks for facts.
+
 Parameters:
 
 - ``blockSizeTokens`` (int, default 16, ≥ 0; > 0 when ``autoTune`` is false). ``blockSize`` is its
@@ -38,7 +47,8 @@ Parameters:
 Metrics (on the App's registry, labels ``plugin_name``, ``plugin_type``; unlabeled deprecated
 twins ``inference_extension_prefix_indexer_*``): ``llm_d_epp_prefix_indexer_size`` (entries),
 ``llm_d_epp_prefix_indexer_hit_ratio`` and ``llm_d_epp_prefix_indexer_hit_bytes`` (per scheduled
-request, for its primary target; bytes = blocks * block size * 4).
+request, for its primary target; bytes = blocks * block size * 4); with sharing,
+``llm_d_epp_prefix_indexer_sync_dropped_blocks_total`` (pending pairs dropped unexported).
 
 YAML::
 
@@ -59,7 +69,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from epp.plugin import (
     PREFIX_MATCH_INFO,
@@ -75,7 +85,7 @@ from epp.plugin import (
 )
 from epp.plugin.metrics import metric_family
 from epp.plugin.prefix import TOKEN_BYTES
-from epp.plugins.producers.prefix_index import PrefixIndex, block_hashes, seed_hash
+from epp.plugins.producers.prefix_index import PendingBlocks, PrefixIndex, block_hashes, seed_hash
 
 MIN_BLOCK_SIZE_TOKENS: Final = 64
 DEFAULT_LRU_CAPACITY: Final = 31250
@@ -84,6 +94,8 @@ PURGE_INTERVAL: Final = 2.0
 PREFILL_PROFILE: Final = "prefill"
 TOKEN_PRODUCER: Final = "token-producer"
 MAX_DUMPED_ENDPOINTS: Final = 100
+MAX_PENDING_BLOCKS: Final = 65536
+"""(endpoint, block) pairs learned since the last export that are kept for other replicas."""
 
 _RATIO_BUCKETS: Final[tuple[float, ...]] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 _BYTES_BUCKETS: Final[tuple[float, ...]] = (0, *(16 * 2**i for i in range(13)))  # 16 .. 65536
@@ -168,6 +180,8 @@ class ApproxPrefixCacheProducer(PluginBase):
         self.index = PrefixIndex(self._default_capacity)
         self._last_purge = handle.clock()
         self._metrics = _IndexerMetrics(handle.registry, self.typed_name.name, self.TYPE)
+        self._pending: PendingBlocks | None = None  # created when a syncer first asks
+        self._pending_dropped: Any = None
 
     def produces(self) -> frozenset[DataKey[Any]]:
         return frozenset({self._key})
@@ -246,10 +260,13 @@ class ApproxPrefixCacheProducer(PluginBase):
         prefill = result.profile_results.get(PREFILL_PROFILE)
         if prefill is not None and prefill.targets and prefill.targets[0].id != target.id:
             targets.append(prefill.targets[0])
+        pending = self._pending
         for ep in targets:
             capacity = self._capacity(ep, state.block_size)
             for hashes in state.per_prompt:
                 self.index.add(ep.id, hashes, capacity)
+                if pending is not None and (dropped := pending.add(ep.id, hashes, capacity)):
+                    self._pending_dropped.inc(dropped)
         self._metrics.size(self.index.size)
         unit = state.block_size * TOKEN_BYTES  # bytes per block, as upstream reports it
         self._metrics.hit(state.matches.get(target.id, 0) * unit, state.total_blocks * unit)
@@ -274,6 +291,34 @@ class ApproxPrefixCacheProducer(PluginBase):
             self._metrics.size(self.index.size)
             self._log.info("dropped %d endpoints that left the pool from the index", len(gone))
 
+    def export_facts(self) -> list[Any]:
+        """What PreRequest learned since the last call (``SharedState``), one fact per endpoint."""
+        if self._pending is None:
+            self._pending = PendingBlocks(MAX_PENDING_BLOCKS)
+            self._pending_dropped = metric_family(
+                self.handle.registry,
+                Counter,
+                "llm_d_epp_prefix_indexer_sync_dropped_blocks",
+                "Learned (endpoint, block) pairs dropped before other replicas got them.",
+                _LABELS,
+            ).labels(self.typed_name.name, self.TYPE)
+        return self._pending.drain()
+
+    def apply_facts(self, facts: Sequence[Any], origin: str) -> None:
+        """Add another replica's facts to the index (``SharedState``); never re-exported. Malformed
+        facts are skipped, then reported by a ValueError once the others are applied."""
+        bad = 0
+        for fact in facts:
+            parsed = _parse_fact(fact)
+            if parsed is None:
+                bad += 1
+                continue
+            endpoint, capacity, hashes = parsed
+            self.index.add(endpoint, hashes, capacity)
+        self._metrics.size(self.index.size)
+        if bad:
+            raise ValueError(f"{bad} of {len(facts)} facts from {origin} are malformed")
+
     def dump_state(self) -> Mapping[str, Any]:
         """Per-endpoint block counts (largest first, at most 100); never the hashes."""
         counts = sorted(self.index.block_counts().items(), key=lambda kv: (-kv[1], kv[0]))
@@ -282,7 +327,20 @@ class ApproxPrefixCacheProducer(PluginBase):
             "totalEndpoints": len(counts),
             "entries": self.index.size,
             "approxBytes": self.index.approx_bytes(),
+            **({"pendingBlocks": len(self._pending)} if self._pending is not None else {}),
         }
+
+
+def _parse_fact(fact: Any) -> tuple[str, int, list[int]] | None:
+    """``[endpoint id, capacity, [hashes]]`` checked, or ``None``."""
+    if not isinstance(fact, (list, tuple)) or len(fact) != 3:
+        return None
+    endpoint, capacity, hashes = fact
+    if not isinstance(endpoint, str) or not endpoint or type(capacity) is not int or capacity <= 0:
+        return None
+    if not isinstance(hashes, list) or not all(type(h) is int and 0 <= h < 2**64 for h in hashes):
+        return None
+    return endpoint, capacity, hashes
 
 
 class _IndexerMetrics:

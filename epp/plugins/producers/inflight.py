@@ -18,17 +18,28 @@ have not completed, and their uncached prompt tokens.
 It publishes, for every candidate:
 
 - ``InFlightLoad/<name>``: ``Mapping[endpoint id, InFlightLoad(requests, tokens)]``, read by
-  ``active-request-scorer`` and ``token-load-scorer`` (upstream's data, unchanged);
+  ``active-request-scorer`` and ``token-load-scorer`` (upstream's data): this EPP's counts plus,
+  with peers (below), every other replica's, summed as upstream sums them;
 - ``LoadEstimate/<name>``: ``Mapping[endpoint id, float]``, read by ``estimated-load-scorer``
-  (this EPP's own data; formula in ``epp.plugin.inflight.LOAD_ESTIMATE``): the endpoint's scraped
-  ``waiting + running`` as of its scrape time ``t``, plus this EPP's requests dispatched there
-  after ``t`` and still in flight, minus those dispatched at or before ``t`` that completed
-  after ``t``; never below this EPP's own in-flight count there. It stays exact between scrapes
-  and true across EPP replicas, restarts and traffic this EPP never sees. Metrics missing or
-  older than ``metricsStalenessThreshold`` → this EPP's in-flight count alone. It is computed
-  for all candidates when first read (during scoring, so with every dispatch and completion up
-  to then) and fixed from there; a configuration that never reads it pays one small object per
+  (this EPP's own data; exact formula in ``epp.plugin.inflight.LOAD_ESTIMATE``): the endpoint's
+  scraped ``waiting + running`` at its scrape time ``t``, plus the change since ``t`` of this
+  EPP's in-flight requests there (its dispatches after ``t`` still in flight, minus completions
+  after ``t`` of those sent before) and of the peers' as known here; never below this EPP's own
+  in-flight count. Metrics missing or older than ``metricsStalenessThreshold`` → the in-flight
+  count of every replica known here. Computed for all candidates when first read (during
+  scoring) and fixed from there; a configuration that never reads it pays one small object per
   request.
+
+Across EPP replicas (``epp.plugin.SharedState``, when a cross-replica syncer is configured and
+``syncCrossReplicaState`` is on): each replica exports its own absolute (requests, tokens) of the
+endpoints that changed since the last export, and of all of them every
+``crossReplicaRefreshInterval`` (a full refresh, also its heartbeat). Applied facts are never
+re-exported. The receiver keeps each origin's newest counts, so duplicates and reordered facts
+change nothing and a lost one is healed by the next change or refresh, and drops an origin that
+sent nothing newer for ``crossReplicaStateTtl`` (fact format and rules:
+``epp.plugins.producers.inflight_peers``). Staleness: a peer's dispatch or completion shows here
+one sync interval (200 ms) plus transport later; a dead peer's load lingers up to the TTL. Keep
+the TTL several sync intervals long: shorter than the sync interval, it drops live peers.
 
 To know which of its requests a scrape has seen, the producer keeps each in-flight request's
 dispatch time, and per endpoint the (completion, dispatch) times of recent completions. A record
@@ -42,15 +53,20 @@ counts as seen by it; the ``own`` floor keeps such a request counted.
 
 Parameters: ``addEstimatedOutputTokens`` (false), ``outputRatio`` (1.5),
 ``maxEstimatedOutputTokens`` (0 = no cap), ``tokenProducerName`` (``token-producer``),
-``prefixProducerName`` (``approx-prefix-cache-producer``), ``metricsStalenessThreshold`` (Go
+``prefixProducerName`` (``approx-prefix-cache-producer``; upstream's name for it,
+``prefixMatchInfoProducerName``, is accepted and wins when set), ``metricsStalenessThreshold`` (Go
 duration, ``2s``, > 0; the EPP's ``--metrics-staleness-threshold`` default: about forty missed
 50 ms scrapes, long enough to ride out a slow scrape, short enough that a pod whose scrapes stop
-is judged by what this EPP knows rather than by a number that no longer describes it).
+is judged by what this EPP knows rather than by a number that no longer describes it),
+``syncCrossReplicaState`` (true; upstream's: false keeps the load local),
+``crossReplicaRefreshInterval`` (Go duration, ``1s``, > 0), ``crossReplicaStateTtl`` (Go
+duration, ``5s``, > the refresh interval).
 
 YAML::
 
     - type: inflight-load-producer
-      parameters: {addEstimatedOutputTokens: true, outputRatio: 1.5, metricsStalenessThreshold: 2s}
+      parameters: {addEstimatedOutputTokens: true, outputRatio: 1.5, metricsStalenessThreshold: 2s,
+                   syncCrossReplicaState: true, crossReplicaStateTtl: 5s}
 """
 
 from __future__ import annotations
@@ -72,6 +88,7 @@ from epp.plugin import (
 from epp.plugin.inflight import INFLIGHT_LOAD, LOAD_ESTIMATE, InFlightLoad
 from epp.plugin.prefix import PREFIX_MATCH_INFO, TOKENIZED_PROMPT
 from epp.plugin.units import parse_duration
+from epp.plugins.producers.inflight_peers import LoadPublisher, PeerLoads
 
 _T = TypeVar("_T")
 _IDLE: Final = InFlightLoad(0, 0)
@@ -89,8 +106,14 @@ class InflightLoadProducer(PluginBase):
         max_estimated_output_tokens: int = 0
         token_producer_name: str = "token-producer"
         prefix_producer_name: str = "approx-prefix-cache-producer"
+        prefix_match_info_producer_name: str = ""
         metrics_staleness_threshold: str = "2s"
+        sync_cross_replica_state: bool = True
+        cross_replica_refresh_interval: str = "1s"
+        cross_replica_state_ttl: str = "5s"
         staleness_seconds: float = field(init=False, default=2.0)
+        refresh_seconds: float = field(init=False, default=1.0)
+        ttl_seconds: float = field(init=False, default=5.0)
 
         def __post_init__(self) -> None:
             if self.output_ratio < 0:
@@ -104,13 +127,22 @@ class InflightLoadProducer(PluginBase):
                     f"got {self.metrics_staleness_threshold!r}"
                 )
             object.__setattr__(self, "staleness_seconds", seconds)
+            refresh = parse_duration(self.cross_replica_refresh_interval)
+            ttl = parse_duration(self.cross_replica_state_ttl)
+            if refresh <= 0.0:
+                raise ValueError("crossReplicaRefreshInterval must be > 0")
+            if ttl <= refresh:
+                raise ValueError("crossReplicaStateTtl must be longer than the refresh interval")
+            object.__setattr__(self, "refresh_seconds", refresh)
+            object.__setattr__(self, "ttl_seconds", ttl)
 
     def __init__(self, *, name: str, params: Params, handle: Handle) -> None:
         super().__init__(name=name, params=params, handle=handle)
         self._key = INFLIGHT_LOAD.key(self.typed_name.name)
         self._estimate_key = LOAD_ESTIMATE.key(self.typed_name.name)
         self._tokens_key = TOKENIZED_PROMPT.key(params.token_producer_name)
-        self._prefix_key = PREFIX_MATCH_INFO.key(params.prefix_producer_name)
+        prefix = params.prefix_match_info_producer_name or params.prefix_producer_name
+        self._prefix_key = PREFIX_MATCH_INFO.key(prefix)
         self._stale = params.staleness_seconds
         # endpoint id → {request id: dispatch time} of its in-flight requests, in dispatch order
         self._dispatched: dict[str, dict[str, float]] = {}
@@ -120,6 +152,9 @@ class InflightLoadProducer(PluginBase):
         # endpoint id → (completion time, dispatch time) of recent completions, completion order
         self._completed: dict[str, deque[tuple[float, float]]] = {}
         self._swept_at = 0.0
+        self._sync = params.sync_cross_replica_state
+        self._publisher = LoadPublisher(params.refresh_seconds)
+        self._peers = PeerLoads(params.ttl_seconds, self._stale)
 
     def produces(self) -> frozenset[DataKey[Any]]:
         return frozenset({self._key, self._estimate_key})
@@ -127,11 +162,46 @@ class InflightLoadProducer(PluginBase):
     async def produce(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
         disp, tok = self._dispatched, self._tokens
         attributes = request.attributes
-        attributes[self._key] = {
-            e.id: InFlightLoad(len(disp[e.id]), tok.get(e.id, 0)) if e.id in disp else _IDLE
-            for e in endpoints
-        }
+        peers = self._peers
+        if peers.origins:
+            peers.expire(self.handle.clock())
+        if peers.totals:
+            attributes[self._key] = self._pool_loads(endpoints)
+        else:
+            attributes[self._key] = {
+                e.id: InFlightLoad(len(disp[e.id]), tok.get(e.id, 0)) if e.id in disp else _IDLE
+                for e in endpoints
+            }
         attributes[self._estimate_key] = LoadEstimates(self, endpoints)
+
+    def _pool_loads(self, endpoints: Sequence[Endpoint]) -> dict[str, InFlightLoad]:
+        """This replica's load on each endpoint plus its peers' (``InFlightLoad`` with peers)."""
+        disp, tok, totals = self._dispatched, self._tokens, self._peers.totals
+        out: dict[str, InFlightLoad] = {}
+        for e in endpoints:
+            eid = e.id
+            opened = disp.get(eid)
+            requests, tokens = (len(opened), tok.get(eid, 0)) if opened else (0, 0)
+            peer = totals.get(eid)
+            if peer is not None:
+                requests, tokens = requests + peer[0], tokens + peer[1]
+            out[eid] = InFlightLoad(requests, tokens) if requests or tokens else _IDLE
+        return out
+
+    def _own(self, endpoint_id: str) -> tuple[int, int]:
+        opened = self._dispatched.get(endpoint_id)
+        return (len(opened) if opened else 0), self._tokens.get(endpoint_id, 0)
+
+    # ---- SharedState: see the module docstring and epp.plugins.producers.inflight_peers ----
+
+    def export_facts(self) -> list[Any]:
+        if not self._sync:
+            return []
+        return self._publisher.export(self.handle.clock(), self._own, self._dispatched.keys)
+
+    def apply_facts(self, facts: Sequence[Any], origin: str) -> None:
+        if self._sync and facts:
+            self._peers.apply(facts, origin, self.handle.clock(), self._publisher.token)
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         targets = result.primary.targets
@@ -146,6 +216,8 @@ class InflightLoadProducer(PluginBase):
         opened[rid] = self.handle.clock()
         self._tokens[eid] = self._tokens.get(eid, 0) + tokens
         self._open[rid] = (eid, tokens)
+        if self._sync:
+            self._publisher.touch(eid)
 
     def response_headers(
         self, request: InferenceRequest, response: ResponseInfo, set_headers: dict[str, str]
@@ -155,6 +227,8 @@ class InflightLoadProducer(PluginBase):
             eid, tokens = entry
             self._tokens[eid] = max(0, self._tokens.get(eid, 0) - tokens)
             self._open[request.request_id] = (eid, 0)
+            if self._sync:
+                self._publisher.touch(eid)
 
     def response_complete(self, request: InferenceRequest, response: ResponseInfo) -> None:
         rid = request.request_id
@@ -163,6 +237,8 @@ class InflightLoadProducer(PluginBase):
             return
         eid, tokens = entry
         now = self.handle.clock()
+        if self._sync:
+            self._publisher.touch(eid)
         opened = self._dispatched.get(eid, {})
         dispatched_at = opened.pop(rid, now)
         if opened:
@@ -182,11 +258,11 @@ class InflightLoadProducer(PluginBase):
         """``LoadEstimate`` of each endpoint now (see the module docstring)."""
         now = self.handle.clock()
         fresh_after = now - self._stale
-        tracked, done = self._dispatched, self._completed
+        tracked, done, peers = self._dispatched, self._completed, self._peers
         out: dict[str, float] = {}
         for e in endpoints:
             eid = e.id
-            if eid in tracked or eid in done:
+            if eid in tracked or eid in done or peers.has_history(eid):
                 out[eid] = self._estimate(e, now)
                 continue
             m = e.metrics  # nothing of ours there: the scrape alone, when fresh
@@ -202,6 +278,8 @@ class InflightLoadProducer(PluginBase):
             "tokens": dict(self._tokens),
             "open": len(self._open),
             "completionRecords": {eid: len(done) for eid, done in self._completed.items()},
+            "peers": {name: len(o.loads) for name, o in self._peers.origins.items()},
+            "peerLoad": {eid: list(load) for eid, load in self._peers.totals.items()},
         }
 
     def _estimate(self, endpoint: Endpoint, now: float) -> float:
@@ -210,7 +288,8 @@ class InflightLoadProducer(PluginBase):
         own = len(opened) if opened else 0
         m = endpoint.metrics
         if m is None or m.update_time <= 0.0 or m.update_time < now - self._stale:
-            return float(own)
+            peer = self._peers.totals.get(eid)
+            return float(own + peer[0]) if peer is not None else float(own)
         scraped_at = m.update_time
         completed = 0
         done = self._completed.get(eid)
@@ -227,6 +306,7 @@ class InflightLoadProducer(PluginBase):
                     break
                 dispatched += 1
         seen = m.waiting_queue_size + m.running_requests_size - completed
+        seen += self._peers.requests_since(eid, scraped_at)
         return float(max(own, max(0, seen) + dispatched))
 
     def _sweep(self, now: float) -> None:

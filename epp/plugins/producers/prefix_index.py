@@ -15,6 +15,9 @@ endpoint's capacity (in blocks). Evicting a hash from an endpoint's LRU removes 
 the hash's owners, so memory is at most ``sum(capacities)`` entries (``approx_bytes`` estimates
 it); endpoints that left the pool are dropped with ``retain``. ``match`` costs O(matched blocks):
 it walks the request's hashes in order and stops at the first block no endpoint holds.
+
+Sharing. ``PendingBlocks`` buffers what the index learned since the last export, folded per
+endpoint in recency order, for the replicas that apply it (``epp.plugin.sharing``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import struct
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
-from typing import Final
+from typing import Any, Final
 
 from xxhash import xxh64_intdigest
 
@@ -196,3 +199,48 @@ class PrefixIndex:
             self._owners[h] = rest
         else:
             del self._owners[h]
+
+
+class PendingBlocks:
+    """The (endpoint, block) pairs learned since the last ``drain``, for other replicas.
+
+    Kept in the order the index touched them, with duplicates folded (a block sent twice to one
+    endpoint is one pair, at its latest position), so one ``PrefixIndex.add`` per endpoint on the
+    receiving side leaves the same recency order as here. At most ``max_blocks`` pairs: past it
+    the oldest are dropped.
+    """
+
+    def __init__(self, max_blocks: int) -> None:
+        self.max_blocks = max_blocks
+        self._pairs: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._capacity: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def add(self, endpoint: str, hashes: Sequence[int], capacity: int) -> int:
+        """Record a chain as ``PrefixIndex.add`` does (last block first: the head is newest);
+        returns how many of the oldest pairs were dropped to stay within the bound."""
+        pairs = self._pairs
+        self._capacity[endpoint] = capacity
+        for h in reversed(hashes[:capacity]):
+            key = (endpoint, h)
+            if key in pairs:
+                pairs.move_to_end(key)
+            else:
+                pairs[key] = None
+        excess = max(0, len(pairs) - self.max_blocks)
+        for _ in range(excess):
+            pairs.popitem(last=False)
+        return excess
+
+    def drain(self) -> list[list[Any]]:
+        """One fact per endpoint, ``[endpoint id, capacity, [block hashes, newest first]]``;
+        empties the buffer."""
+        chains: dict[str, list[int]] = {}
+        for endpoint, h in reversed(self._pairs):
+            chains.setdefault(endpoint, []).append(h)
+        facts: list[list[Any]] = [[ep, self._capacity[ep], chain] for ep, chain in chains.items()]
+        self._pairs.clear()
+        self._capacity.clear()
+        return facts

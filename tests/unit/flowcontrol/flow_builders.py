@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from epp.config.loader import ensure_flow_defaults
 from epp.config.schema import FlowControlSpec
 from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.shared import CrossReplicaOptions
 from epp.plugin import Endpoint, InferenceRequest, SaturationDetector
 from epp.plugin.params import decode
 from epp.plugins.flow.admitter import ProbabilisticAdmitter
@@ -98,6 +99,7 @@ def make_env(
     plugins: Sequence[tuple[str, str, Mapping[str, Any]]] = (),
     detector: str = "utilization-detector",
     pool_size: int = 1,
+    cross_replica: CrossReplicaOptions | None = None,
 ) -> Env:
     """``flow_control`` is the ``flowControl`` YAML section; ``plugins`` are extra
     ``(type, name, parameters)`` instances."""
@@ -116,7 +118,13 @@ def make_env(
     spec = decode(FlowControlSpec, raw) if raw is not None else None
     det: SaturationDetector = instances.get(detector) or add(detector)
     controller = FlowController.from_config(
-        spec, plugins=instances, detector=det, registry=registry, clock=h.clock, pool_name="pool"
+        spec,
+        plugins=instances,
+        detector=det,
+        registry=registry,
+        clock=h.clock,
+        pool_name="pool",
+        cross_replica=cross_replica,
     )
     return Env(h, Pool(h, size=pool_size), instances, controller, registry)
 

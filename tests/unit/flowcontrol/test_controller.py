@@ -402,9 +402,9 @@ async def test_queue_gauges_track_waiting_requests_when_queued_and_dispatched() 
     assert env.metric("llm_d_epp_flow_control_request_queue_duration_seconds_sum", **done) == 1.5
 
 
-async def test_fairness_label_folds_to_other_when_over_1000_ids() -> None:
+async def test_fairness_label_folds_to_other_when_over_64_ids() -> None:
     env = make_env()
-    for i in range(1001):
+    for i in range(70):
         await env.controller.admit(request(f"r{i}", fairness=f"tenant-{i}"), env.pool.endpoints)
     base = {
         "priority": "0",
@@ -414,9 +414,9 @@ async def test_fairness_label_folds_to_other_when_over_1000_ids() -> None:
         "target_model_name": "",
     }
     name = "llm_d_epp_flow_control_request_queue_duration_seconds_count"
-    assert env.metric(name, fairness_id="tenant-999", **base) == 1
-    assert env.metric(name, fairness_id="tenant-1000", **base) is None
-    assert env.metric(name, fairness_id="other", **base) == 1
+    assert env.metric(name, fairness_id="tenant-63", **base) == 1
+    assert env.metric(name, fairness_id="tenant-64", **base) is None
+    assert env.metric(name, fairness_id="other", **base) == 6
 
 
 # ---- turn priority and eviction -----------------------------------------------------------

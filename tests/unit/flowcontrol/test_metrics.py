@@ -75,3 +75,16 @@ def test_a_rejected_item_is_finished_with_explicit_labels() -> None:
     duration = {**QUEUED, "outcome": REJECTED_CAPACITY}
     name = "inference_extension_flow_control_request_queue_duration_seconds"
     assert reg.get_sample_value(f"{name}_count", duration) == 1
+
+
+def test_queue_labels_follow_the_apps_model_policy_and_bound_fairness_ids() -> None:
+    from epp.observability.metrics import EppMetrics
+
+    registry = CollectorRegistry()
+    policy = EppMetrics(registry)
+    policy.model_labels.add_source(lambda: ["t"])
+    m = FlowControlMetrics(registry, "pool", policy.models)
+    item = _item(1)  # incoming "m" (not served: a client's choice), target "t" (served)
+    assert m.queue_labels(item)[3:] == ("unknown", "t")
+    item.fairness_id = "x" * 129  # longer than any fairness label
+    assert m.queue_labels(item)[0] == "other"

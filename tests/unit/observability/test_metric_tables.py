@@ -375,6 +375,13 @@ EPP_FAMILIES: Final[dict[str, Family]] = {
         ("model_rewrite_name", "model_name", "target_model"),
         (),
     ),
+    # Ours, no upstream counterpart: ext_proc protocol misuse (epp.server.stream).
+    "llm_d_epp_extproc_protocol_errors_total": (
+        "counter",
+        "ext_proc streams ended with INVALID_ARGUMENT because the data plane broke the protocol",
+        ("reason",),
+        (),
+    ),
 }
 FLOW_CONTROL_FAMILIES: Final[dict[str, Family]] = {
     "llm_d_epp_flow_control_request_queue_duration_seconds": (
@@ -514,6 +521,20 @@ FLOW_CONTROL_FAMILIES: Final[dict[str, Family]] = {
         "Time from eviction to the end of the evicted request's stream",
         ("inference_pool",),
         _CONFIRMATION,
+    ),
+    # Ours, no upstream counterpart: the view across EPP replicas (epp.flowcontrol.shared).
+    "llm_d_epp_flow_control_cross_replica_queue_size": (
+        "gauge",
+        "Requests queued in flow control across EPP replicas (this one plus its peers as last "
+        "reported), by band",
+        ("priority", "inference_pool"),
+        (),
+    ),
+    "llm_d_epp_flow_control_cross_replica_peers": (
+        "gauge",
+        "Other EPP replicas whose flow-control occupancy this replica holds",
+        ("inference_pool",),
+        (),
     ),
 }
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from epp.observability.metrics import OTHER, EppMetrics, LabelCap
+from epp.observability.metrics import OTHER, UNKNOWN, EppMetrics, LabelCap
 
 
 def test_label_cap_folds_values_beyond_the_cap_into_other() -> None:
@@ -43,7 +43,8 @@ def test_canonical_and_deprecated_twins_move_together() -> None:
     assert reg.get_sample_value("inference_pool_ready_pods", {"name": "pool"}) == 3
 
 
-def test_model_labels_are_capped_at_1000() -> None:
+def test_model_labels_read_unknown_unless_the_pool_serves_the_model() -> None:
     m = EppMetrics()
-    names = [m.models(f"model-{i}", "t")[0] for i in range(1001)]
-    assert names[-1] == OTHER and names[998] == "model-998"
+    m.model_labels.add_source(lambda: ["served"])
+    assert m.models("served", "client-chosen") == ("served", UNKNOWN)
+    assert m.models("", "") == ("", "")

@@ -1,0 +1,1 @@
+"""Cross-replica syncers: transports that carry routing facts between EPP replicas."""

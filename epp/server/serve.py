@@ -1,0 +1,95 @@
+"""The two gRPC servers an EPP listens on: ext_proc (plus gRPC health when enabled) on
+``--grpc-port``, and the standalone health server on ``--grpc-health-port``.
+
+A worker of an ``epp --workers N`` group shares the ext_proc port with its siblings through
+``SO_REUSEPORT`` (the kernel spreads connections across them); its health server stays private
+on 127.0.0.1 so the supervisor can ask each worker separately, and never takes the reuse flag so
+two workers can never answer for each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
+
+from epp.server.context import ServerContext
+from epp.server.extproc import ExtProcServicer
+from epp.server.health import HealthServicer
+from epp.server.tls import server_credentials
+
+
+class ServeSettings(Protocol):
+    """The settings the servers read (``epp.settings.Settings`` has them all)."""
+
+    @property
+    def bind_address(self) -> str: ...
+
+    @property
+    def grpc_port(self) -> int: ...
+
+    @property
+    def grpc_health_port(self) -> int: ...
+
+    @property
+    def grpc_max_recv_msg_size(self) -> int: ...
+
+    @property
+    def grpc_max_send_msg_size(self) -> int: ...
+
+    @property
+    def health_checking(self) -> bool: ...
+
+    @property
+    def secure_serving(self) -> bool: ...
+
+    @property
+    def cert_path(self) -> str: ...
+
+    @property
+    def group_member(self) -> bool: ...
+
+
+@dataclass
+class GrpcServers:
+    ext: grpc.aio.Server
+    health: grpc.aio.Server
+    grpc_port: int
+    health_port: int
+
+
+async def start_grpc(
+    s: ServeSettings, context: ServerContext, health: HealthServicer
+) -> GrpcServers:
+    """Bind and start both servers; the returned ports are the ones actually bound (``0`` in the
+    settings means "pick a free one")."""
+    opts = [
+        ("grpc.max_receive_message_length", s.grpc_max_recv_msg_size),
+        ("grpc.max_send_message_length", s.grpc_max_send_msg_size),
+        ("grpc.so_reuseport", 1 if s.group_member else 0),
+    ]
+    ext = grpc.aio.server(options=opts)
+    external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
+        ExtProcServicer(context), ext
+    )
+    if s.health_checking:
+        health_pb2_grpc.add_HealthServicer_to_server(health, ext)
+    addr = f"{s.bind_address}:{s.grpc_port}"
+    if s.secure_serving:
+        grpc_port = ext.add_secure_port(addr, server_credentials(s.cert_path))
+    else:
+        grpc_port = ext.add_insecure_port(addr)
+    hs = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(health, hs)
+    health_port = hs.add_insecure_port(f"{private_host(s)}:{s.grpc_health_port}")
+    await ext.start()
+    await hs.start()
+    return GrpcServers(ext, hs, grpc_port, health_port)
+
+
+def private_host(s: ServeSettings) -> str:
+    """Where the per-process servers (health, metrics) bind: loopback for a group worker."""
+    return "127.0.0.1" if s.group_member else s.bind_address

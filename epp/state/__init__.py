@@ -1,0 +1,1 @@
+"""Cross-replica state: the sync loop that moves SharedState facts through a syncer."""

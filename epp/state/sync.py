@@ -1,0 +1,299 @@
+"""``StateSync``: moves routing facts between EPP replicas (active-active serving).
+
+One long-lived task per App, started only when the config names a cross-replica syncer
+(``dataLayer.crossReplicaSyncerPluginRef``) and at least one plugin implements ``SharedState``.
+Every ``crossReplicaSyncInterval`` (default 200 ms) one round:
+
+1. **Collect**: ``export_facts()`` of every ``SharedState`` plugin (detected once at load; the
+   flow controller takes part as ``flow-control``) becomes one batch (plugin name → facts) in
+   the outbox. (An interval below 10 ms is raised to 10 ms.)
+2. **Publish** the outbox through the ``ReplicaSyncer``, oldest first, merged into entries of at
+   most ``publish_facts`` facts (at most 4 entries a round). The outbox is bounded
+   (``outbox_facts``, default 8,192 facts): when the syncer is down the newest batches are kept
+   and the oldest dropped and counted (``llm_d_epp_state_sync_dropped_facts_total``).
+3. **Receive** the batches published since the last round and apply them by plugin name: this
+   replica's own batches and names no plugin here has are skipped and counted. Between batches
+   the loop yields to the event loop, so a large catch-up never stalls request handling.
+
+**Bootstrap.** The first round replays the log's tail (``ReplicaSyncer.replay``) and applies it
+before anything else; ``ready()`` is false until then, and ``App.ready()`` includes it, so a
+replica that starts (or restarts under load) reports SERVING only with what its peers learned.
+If the syncer is unreachable, ``ready()`` turns true anyway once ``bootstrap_timeout`` (the
+syncer's, ``bootstrapTimeout`` of ``redis-syncer``: 5 s) has passed since the loop started: a
+Redis outage must never keep the EPP unready. The loop keeps retrying the replay and applies
+the tail as soon as it succeeds. The warm standby of leader election runs the loop too (every
+App does), so a new leader starts warm.
+
+**Outage.** Requests never wait for the syncer: they read local state, which the loop updates
+between them. A failed operation ends the round; it is counted
+(``llm_d_epp_state_sync_errors_total{operation}``), logged (the first time, then at most every
+30 s, and on recovery) and retried with a backoff doubling from the interval up to 1 s. The
+staleness of the view shows as ``llm_d_epp_state_sync_lag_seconds`` (time since the last
+successful receive). When the syncer answers again the outbox is published and the receive
+resumes from the cursor: facts published during the outage are caught up, within the log's bound.
+An exception from a plugin's ``export_facts`` or ``apply_facts`` is counted and logged; it never
+stops the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter as Tally
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final
+
+from prometheus_client import CollectorRegistry
+
+from epp.plugin import Delivery, ReplicaSyncer, SharedState
+from epp.state.metrics import SyncMetrics
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL: Final = 0.2
+"""Seconds between rounds when ``crossReplicaSyncInterval`` is absent (upstream's default)."""
+MIN_INTERVAL: Final = 0.01
+OUTBOX_FACTS: Final = 8192
+PUBLISH_FACTS: Final = 2048
+PUBLISHES_PER_ROUND: Final = 4
+MAX_BACKOFF: Final = 1.0
+LOG_EVERY: Final = 30.0
+
+Batch = dict[str, list[Any]]
+
+
+def pool_scope(namespace: str, pool_name: str) -> str:
+    """The identity a syncer keeps pools apart by: ``<namespace>/<pool>`` (``default`` for
+    either when unset, e.g. with file discovery)."""
+    return f"{namespace or 'default'}/{pool_name or 'default'}"
+
+
+class StateSync:
+    """The sync loop of one App (see the module docstring). ``round`` is one step; ``run`` loops."""
+
+    def __init__(
+        self,
+        syncer: ReplicaSyncer,
+        plugins: Sequence[SharedState],
+        *,
+        interval: float,
+        metrics: SyncMetrics,
+        clock: Callable[[], float] = time.monotonic,
+        outbox_facts: int = OUTBOX_FACTS,
+        publish_facts: int = PUBLISH_FACTS,
+    ) -> None:
+        self.syncer = syncer
+        self.plugins = {p.typed_name.name: p for p in plugins}
+        if len(self.plugins) < len(plugins):
+            log.warning("several shared-state plugins have one name; only the last one syncs")
+        self.interval = max(interval, MIN_INTERVAL)
+        self.metrics = metrics
+        self._clock = clock
+        self._outbox_cap = outbox_facts
+        self._publish_cap = publish_facts
+        self._outbox: deque[tuple[Batch, int]] = deque()
+        self._outbox_size = 0
+        self._bootstrapped = False
+        self._deadline: float | None = None
+        self._last_sync: float | None = None
+        self._failures = 0
+        self._logged_at: dict[str, float] = {}
+        metrics.lag.set_function(self.lag)
+        metrics.outbox_facts.set_function(lambda: self._outbox_size)
+
+    @classmethod
+    def create(
+        cls,
+        syncer: ReplicaSyncer | None,
+        plugins: Sequence[SharedState],
+        *,
+        interval: float,
+        registry: CollectorRegistry,
+        namespace: str = "",
+        pool_name: str = "",
+    ) -> StateSync | None:
+        """The sync loop of an App, or ``None`` without a syncer or anything to share."""
+        if syncer is None:
+            return None
+        if not plugins:
+            log.info("%s: no plugin shares state; cross-replica sync is off", syncer.typed_name)
+            return None
+        syncer.bind(pool_scope(namespace, pool_name))
+        names = ", ".join(str(p.typed_name) for p in plugins)
+        log.info(
+            "cross-replica sync through %s as replica %s every %.3fs: %s",
+            syncer.typed_name,
+            syncer.replica_id,
+            interval,
+            names,
+        )
+        return cls(syncer, plugins, interval=interval, metrics=SyncMetrics(registry))
+
+    # ---- state --------------------------------------------------------------------------------
+
+    @property
+    def bootstrapped(self) -> bool:
+        """Whether the log's tail was replayed and applied."""
+        return self._bootstrapped
+
+    @property
+    def outbox_size(self) -> int:
+        return self._outbox_size
+
+    def lag(self) -> float:
+        """Seconds since the other replicas' facts were last read (0 before the loop starts)."""
+        return 0.0 if self._last_sync is None else max(0.0, self._clock() - self._last_sync)
+
+    def ready(self) -> bool:
+        """Bootstrapped, or the bootstrap wait is over (the loop has run ``bootstrap_timeout``)."""
+        if self._bootstrapped:
+            return True
+        return self._deadline is not None and self._clock() >= self._deadline
+
+    # ---- the loop -----------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Start the bootstrap wait (``run`` does it; tests driving ``round`` call it)."""
+        now = self._clock()
+        self._deadline = now + self.syncer.bootstrap_timeout
+        self._last_sync = now
+
+    async def run(self) -> None:
+        """Rounds until cancelled."""
+        self.begin()
+        while True:
+            ok = await self.round()
+            delay = self.interval
+            if not ok:
+                backoff = self.interval * 2 ** min(self._failures, 16)
+                delay = max(delay, min(backoff, MAX_BACKOFF))
+            await asyncio.sleep(delay)
+
+    async def round(self) -> bool:
+        """One round (collect, bootstrap if due, publish, receive); whether the syncer answered."""
+        self.collect()
+        ok = (
+            (self._bootstrapped or await self._attempt("replay", self._bootstrap()))
+            and await self._attempt("publish", self._flush())
+            and await self._attempt("receive", self._receive())
+        )
+        if ok and self._failures:
+            log.info("cross-replica sync is back after %d failed rounds", self._failures)
+            self._failures = 0
+        return ok
+
+    def collect(self) -> None:
+        """Move every plugin's new facts into the outbox (bounded: the oldest are dropped)."""
+        batch: Batch = {}
+        for name, plugin in self.plugins.items():
+            try:
+                facts = plugin.export_facts()
+            except Exception as exc:
+                self.metrics.errors.labels("export").inc()
+                self._warn("export_facts of %s raised: %r", plugin.typed_name, exc)
+                continue
+            if facts:
+                batch[name] = list(facts)
+        if not batch:
+            return
+        size = sum(len(f) for f in batch.values())
+        self._outbox.append((batch, size))
+        self._outbox_size += size
+        while self._outbox_size > self._outbox_cap and len(self._outbox) > 1:
+            dropped, n = self._outbox.popleft()
+            self._outbox_size -= n
+            for name, facts in dropped.items():
+                self.metrics.dropped_facts.labels(name).inc(len(facts))
+
+    # ---- steps --------------------------------------------------------------------------------
+
+    async def _attempt(self, operation: str, step: Awaitable[None]) -> bool:
+        try:
+            await step
+        except Exception as exc:
+            self._failures += 1
+            self.metrics.errors.labels(operation).inc()
+            self._warn(
+                "cross-replica sync: %s failed (%s); routing continues on local state",
+                operation,
+                f"{type(exc).__name__}: {exc}",
+            )
+            return False
+        return True
+
+    async def _bootstrap(self) -> None:
+        started = self._clock()
+        deliveries = await self.syncer.replay()
+        self.metrics.batches.labels("replayed").inc(len(deliveries))
+        applied = await self._apply(deliveries)
+        self._bootstrapped = True
+        self._last_sync = self._clock()
+        self.metrics.bootstrapped.set(1)
+        log.info(
+            "cross-replica sync: replayed %d batches (%d facts applied) in %.3fs",
+            len(deliveries),
+            applied,
+            self._last_sync - started,
+        )
+
+    async def _flush(self) -> None:
+        for _ in range(PUBLISHES_PER_ROUND):
+            if not self._outbox:
+                return
+            merged: Batch = {}
+            taken = size = 0
+            for batch, n in self._outbox:
+                if taken and size + n > self._publish_cap:
+                    break
+                for name, facts in batch.items():
+                    merged.setdefault(name, []).extend(facts)
+                taken += 1
+                size += n
+            await self.syncer.publish(merged)
+            for _ in range(taken):
+                self._outbox.popleft()
+            self._outbox_size -= size
+            self.metrics.batches.labels("published").inc()
+            for name, facts in merged.items():
+                self.metrics.published_facts.labels(name).inc(len(facts))
+
+    async def _receive(self) -> None:
+        deliveries = await self.syncer.receive()
+        self._last_sync = self._clock()
+        self.metrics.batches.labels("received").inc(len(deliveries))
+        await self._apply(deliveries)
+
+    async def _apply(self, deliveries: Sequence[Delivery]) -> int:
+        """Apply each batch by plugin name; returns the number of facts applied."""
+        own = self.syncer.replica_id
+        skipped: Tally[str] = Tally()
+        applied = 0
+        for i, (origin, batch) in enumerate(deliveries):
+            if i:
+                await asyncio.sleep(0)  # a long catch-up must not stall requests
+            for name, facts in batch.items():
+                plugin = self.plugins.get(name)
+                if origin == own or plugin is None:
+                    skipped["own_origin" if origin == own else "unknown_plugin"] += len(facts)
+                    continue
+                try:
+                    plugin.apply_facts(facts, origin)
+                except Exception as exc:
+                    self.metrics.errors.labels("apply").inc()
+                    self._warn("apply_facts of %s raised: %r", plugin.typed_name, exc)
+                    continue
+                applied += len(facts)
+                self.metrics.applied_facts.labels(name).inc(len(facts))
+        for reason, n in skipped.items():
+            self.metrics.skipped_facts.labels(reason).inc(n)
+        return applied
+
+    def _warn(self, message: str, *args: Any) -> None:
+        """Log each kind of message at most every 30 s (the counters have every occurrence)."""
+        now = self._clock()
+        last = self._logged_at.get(message)
+        if last is None or now - last >= LOG_EVERY:
+            self._logged_at[message] = now
+            log.warning(message, *args)

@@ -1,0 +1,294 @@
+"""Active-active: two EPP replicas behind one Envoy (ext_proc streams balanced round-robin over
+the ready ones, gRPC health-checked), sharing the approximate prefix index through a real
+``redis-server``. What one replica learns routes the other's requests; Redis going away, pausing
+or being unreachable costs no request; a replica restarted under load is ready only once it has
+replayed what its peer learned."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import pytest
+
+from epp.localstack.envoy import free_port
+from epp.plugin import RequestBody
+from tests.builders import make_request
+from tests.conftest import metrics_text, post
+
+pytestmark = [pytest.mark.envoy]
+
+PRODUCER = "approx-prefix-cache-producer"
+
+
+def config(url: str | None, *, bootstrap: str = "3s") -> str:
+    """Prefix affinity alone decides (ties broken at random, each replica with its own seed)."""
+    syncer = (
+        f"- type: redis-syncer\n  parameters: {{url: '{url}', timeout: 250ms, "
+        f"bootstrapTimeout: {bootstrap}}}\n"
+        if url
+        else ""
+    )
+    data_layer = (
+        "dataLayer:\n  crossReplicaSyncerPluginRef: redis-syncer\n"
+        "  crossReplicaSyncInterval: 50ms\n"
+        if url
+        else ""
+    )
+    return (
+        "plugins:\n" + syncer + "- type: prefix-cache-scorer\n"
+        "schedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: prefix-cache-scorer\n"
+        + data_layer
+    )
+
+
+def prompt(i: int) -> str:
+    rng = random.Random(i)
+    return " ".join(f"w{rng.randrange(10**6)}" for _ in range(300))  # 2.4 KB: 9 blocks
+
+
+async def start_replica(start_app: Any, fleet: Any, url: str | None, seed: int, **kw: Any) -> Any:
+    return await start_app(fleet.ports, config(url, **kw.pop("cfg", {})), health_checking=True,
+                           seed=seed, **kw)  # fmt: skip
+
+
+async def send(proxy: Any, i: int, rid: str = "") -> tuple[int, str]:
+    headers = {"x-request-id": rid} if rid else {}
+    body = {"model": "sim-model", "prompt": prompt(i), "max_tokens": 2}
+    status, hdrs, _ = await post(f"{proxy.url}/v1/completions", body, headers)
+    return status, hdrs.get("x-sim-pod", "")
+
+
+def handler(replicas: Sequence[Any], rid: str) -> int:
+    (index,) = [i for i, app in enumerate(replicas) if app.decisions.get(rid) is not None]
+    return index
+
+
+def metric(text: str, line: str) -> float:
+    for row in text.splitlines():
+        if row.startswith(line + " "):
+            return float(row.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@dataclass
+class Load:
+    """Closed-loop load through Envoy: ``workers`` clients cycling over prompts."""
+
+    url: str
+    prompts: Sequence[int]
+    workers: int = 4
+    statuses: Counter[int] = field(default_factory=Counter)
+    latencies: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def start(self) -> Load:
+        self._tasks = [asyncio.create_task(self._worker(w)) for w in range(self.workers)]
+        return self
+
+    async def _worker(self, w: int) -> None:
+        async with aiohttp.ClientSession() as s:
+            n = w
+            while not self._stop.is_set():
+                i = self.prompts[n % len(self.prompts)]
+                body = {"model": "sim-model", "prompt": prompt(i), "max_tokens": 2}
+                n += self.workers
+                started = time.monotonic()
+                try:
+                    async with s.post(f"{self.url}/v1/completions", json=body) as r:
+                        await r.read()
+                        self.statuses[r.status] += 1
+                except aiohttp.ClientError as exc:
+                    self.errors.append(repr(exc))
+                self.latencies.append(time.monotonic() - started)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+    @property
+    def failed(self) -> int:
+        return sum(n for status, n in self.statuses.items() if status != 200) + len(self.errors)
+
+
+async def pairs(proxy: Any, replicas: Sequence[Any], prompts: Sequence[int]) -> list[bool]:
+    """Each prompt sent to one replica, then (after six sync intervals) again until the other
+    replica handles it: did both reach the same pod?"""
+    same = []
+    for i in prompts:
+        tag = f"{i}-{time.monotonic_ns()}"
+        status, first_pod = await send(proxy, i, rid=f"{tag}-0")
+        assert status == 200
+        first = handler(replicas, f"{tag}-0")
+        await asyncio.sleep(0.3)
+        for attempt in range(1, 8):
+            status, pod = await send(proxy, i, rid=f"{tag}-{attempt}")
+            assert status == 200
+            if handler(replicas, f"{tag}-{attempt}") != first:
+                same.append(pod == first_pod)
+                break
+    return same
+
+
+async def envoy_for(envoy: Any, replicas: Sequence[Any]) -> Any:
+    proxy = envoy(replicas[0], epp_replicas=[r.grpc_port for r in replicas[1:]])
+    await proxy.wait_healthy(len(replicas))
+    return proxy
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "control-not-shared"])
+async def test_prefix_learned_by_one_replica_routes_the_others_request_to_that_pod(
+    start_app, sim_pods, envoy, redis_server, shared: bool
+) -> None:
+    url = redis_server().url if shared else None
+    fleet = await sim_pods(4)
+    a = await start_replica(start_app, fleet, url, seed=1)
+    b = await start_replica(start_app, fleet, url, seed=2)
+    proxy = await envoy_for(envoy, [a, b])
+    same = await pairs(proxy, [a, b], range(12))
+    assert len(same) >= 10
+    if shared:
+        assert all(same), same
+    else:  # the control: without sharing, the other replica picks at random among 4 pods
+        assert sum(same) < len(same) / 2, same
+
+
+async def test_redis_killed_under_load_then_restarted_fails_no_request_and_sharing_resumes(
+    start_app, sim_pods, envoy, redis_server
+) -> None:
+    server = redis_server()
+    fleet = await sim_pods(4)
+    a = await start_replica(start_app, fleet, server.url, seed=1)
+    b = await start_replica(start_app, fleet, server.url, seed=2)
+    proxy = await envoy_for(envoy, [a, b])
+    load = Load(proxy.url, range(100, 140)).start()
+    await asyncio.sleep(0.5)
+    server.kill()
+    await asyncio.sleep(1.5)
+    outage = [await metrics_text(app) for app in (a, b)]
+    server.start()  # same port, empty
+    await asyncio.sleep(1.0)
+    await load.stop()
+    assert load.failed == 0, (load.statuses, load.errors[:3])
+    assert sum(load.statuses.values()) > 50
+    assert max(load.latencies) < 1.0  # nobody waited on Redis
+    for text in outage:
+        assert metric(text, "llm_d_epp_state_sync_lag_seconds") > 1.0
+        rows = text.splitlines()
+        errors = [r for r in rows if r.startswith("llm_d_epp_state_sync_errors_total")]
+        assert sum(float(r.rsplit(" ", 1)[1]) for r in errors) > 0
+    for app in (a, b):
+        assert metric(await metrics_text(app), "llm_d_epp_state_sync_lag_seconds") < 0.5
+    same = await pairs(proxy, [a, b], range(200, 206))  # prompts new to both: learned now
+    assert len(same) == 6 and all(same), same
+
+
+async def test_replica_partitioned_from_redis_starts_and_keeps_routing(
+    start_app, sim_pods, envoy, redis_server
+) -> None:
+    server = redis_server()
+    fleet = await sim_pods(4)
+    a = await start_replica(start_app, fleet, server.url, seed=1)
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    started = time.monotonic()
+    b = await start_replica(start_app, fleet, unreachable, seed=2, cfg={"bootstrap": "1s"})
+    assert time.monotonic() - started >= 0.9  # ready once the bootstrap wait is over
+    assert not b.sync.bootstrapped
+    proxy = await envoy_for(envoy, [a, b])
+    load = Load(proxy.url, range(300, 330)).start()
+    await asyncio.sleep(2.0)
+    await load.stop()
+    assert load.failed == 0, (load.statuses, load.errors[:3])
+    handled = [len(app.decisions.latest(10_000)) for app in (a, b)]
+    assert min(handled) > 10, handled  # both replicas served
+    text = await metrics_text(b)
+    assert metric(text, "llm_d_epp_state_sync_lag_seconds") > 2.0
+    assert metric(text, 'llm_d_epp_state_sync_errors_total{operation="replay"}') > 0
+    assert metric(await metrics_text(a), "llm_d_epp_state_sync_lag_seconds") < 0.5
+
+
+async def test_paused_redis_delays_no_request(start_app, sim_pods, envoy, redis_server) -> None:
+    server = redis_server()
+    fleet = await sim_pods(4)
+    a = await start_replica(start_app, fleet, server.url, seed=1)
+    b = await start_replica(start_app, fleet, server.url, seed=2)
+    proxy = await envoy_for(envoy, [a, b])
+    load = Load(proxy.url, range(400, 440)).start()
+    await asyncio.sleep(0.3)
+    server.client().execute_command("CLIENT", "PAUSE", "2000", "ALL")
+    await asyncio.sleep(1.5)
+    paused = [await metrics_text(app) for app in (a, b)]
+    await asyncio.sleep(1.0)
+    await load.stop()
+    assert load.failed == 0, (load.statuses, load.errors[:3])
+    assert max(load.latencies) < 1.0
+    for text in paused:
+        assert metric(text, "llm_d_epp_state_sync_lag_seconds") > 1.0
+    same = await pairs(proxy, [a, b], range(500, 504))
+    assert len(same) == 4 and all(same), same
+
+
+async def test_replica_restarted_under_load_is_ready_only_after_catching_up(
+    start_app, sim_pods, envoy, redis_server
+) -> None:
+    server = redis_server()
+    fleet = await sim_pods(4)
+    port_b = free_port()
+    a = await start_replica(start_app, fleet, server.url, seed=1)
+    b = await start_replica(start_app, fleet, server.url, seed=2, grpc_port=port_b,
+                            drain_timeout=1.0)  # fmt: skip
+    proxy = await envoy_for(envoy, [a, b])
+    load = Load(proxy.url, range(600, 640)).start()
+    await asyncio.sleep(0.5)
+    b.stop()  # drains: NOT_SERVING, Envoy stops sending it streams, then it stops
+    await b._runner
+    # While B is away, A alone learns where a new set of prompts lives.
+    learned = {}
+    for i in range(700, 716):
+        status, pod = await send(proxy, i)
+        assert status == 200
+        learned[i] = pod
+    await asyncio.sleep(0.3)
+    # Redis answers nothing for 1.5 s: B's discovery and first scrape are done long before its
+    # replay can be, and readiness waits for the replay (its bootstrap wait is 3 s).
+    server.client().execute_command("CLIENT", "PAUSE", "1500", "ALL")
+    paused = time.monotonic()
+    b2 = await start_replica(start_app, fleet, server.url, seed=3, grpc_port=port_b, ready=False)
+    async with asyncio.timeout(10):
+        while not b2.ready():
+            await asyncio.sleep(0.001)
+    assert time.monotonic() - paused >= 1.4
+    # The moment it is ready it already knows what A learned while it was away.
+    assert b2.sync.bootstrapped
+    pods = {e.id: f"pod-{fleet.ports.index(e.port)}" for e in b2.store.snapshot()}
+    for i, pod in learned.items():
+        assert await best_pod(b2, i, pods) == pod
+    await proxy.wait_healthy(2)
+    await asyncio.sleep(0.5)
+    await load.stop()
+    assert load.failed == 0, (load.statuses, load.errors[:3])
+    assert len(b2.decisions.latest(10_000)) > 0  # B is back in rotation
+    for i, pod in learned.items():  # now either replica may answer: same pod
+        assert (await send(proxy, i))[1] == pod
+
+
+async def best_pod(app: Any, i: int, pods: dict[str, str]) -> str:
+    """The pod on which the App's prefix index matches prompt ``i`` best (its own producers)."""
+    payload = {"model": "sim-model", "prompt": prompt(i), "max_tokens": 2}
+    body = RequestBody(kind="completions", payload=payload, raw=json.dumps(payload).encode())
+    request = make_request(body=body, target_model="sim-model")
+    endpoints = app.store.snapshot()
+    await app.plugin("token-producer").produce(request, endpoints)
+    await app.plugin(PRODUCER).produce(request, endpoints)
+    infos = request.attributes[f"PrefixCacheMatchInfo/{PRODUCER}"]
+    best = max(infos, key=lambda ep: infos[ep].match_blocks)
+    return pods[best] if infos[best].match_blocks else ""

@@ -1,0 +1,170 @@
+"""``approx-prefix-cache-producer`` as ``SharedState``: what it exports after PreRequest, how
+another replica's facts land in its index, and the bounds."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from epp.plugin import (
+    Endpoint,
+    ProfileResult,
+    SchedulingResult,
+    SharedState,
+    TokenizedPrompt,
+)
+from epp.plugin.params import decode
+from epp.plugins.producers import approx_prefix
+from epp.plugins.producers.approx_prefix import ApproxPrefixCacheProducer
+from epp.plugins.producers.prefix_index import PendingBlocks, PrefixIndex
+from tests.builders import FakeHandle, make_endpoint, make_request
+
+TOKENS_KEY = "TokenizedPrompt/token-producer"
+KEY = "PrefixCacheMatchInfo/approx-prefix-cache-producer"
+
+
+def producer(registry: CollectorRegistry | None = None, **params: Any) -> ApproxPrefixCacheProducer:
+    return ApproxPrefixCacheProducer(
+        name="",
+        params=decode(ApproxPrefixCacheProducer.Params, params),
+        handle=FakeHandle(registry=registry or CollectorRegistry()),
+    )
+
+
+def request(n_tokens: int, first: int = 0) -> Any:
+    prompt = TokenizedPrompt.from_token_ids([[first, *range(1, n_tokens)]])
+    return make_request(target_model="m", attributes={TOKENS_KEY: prompt})
+
+
+async def schedule(p: ApproxPrefixCacheProducer, req: Any, pool: list[Endpoint], i: int) -> None:
+    await p.produce(req, pool)
+    result = SchedulingResult(
+        profile_results={"default": ProfileResult(targets=(pool[i],))}, primary_profile="default"
+    )
+    p.pre_request(req, result)
+
+
+async def matches(p: ApproxPrefixCacheProducer, req: Any, pool: list[Endpoint]) -> dict[str, int]:
+    await p.produce(req, pool)
+    return {ep: info.match_blocks for ep, info in req.attributes[KEY].items()}
+
+
+POOL = [make_endpoint(i) for i in range(3)]
+
+
+async def test_it_is_shared_state_and_buffers_nothing_until_a_syncer_asks() -> None:
+    p = producer()
+    assert isinstance(p, SharedState)
+    await schedule(p, request(640), POOL, 1)
+    assert p.export_facts() == []  # the first call starts the buffering
+    await schedule(p, request(640), POOL, 1)
+    (fact,) = p.export_facts()
+    endpoint, capacity, hashes = fact
+    assert (endpoint, capacity, len(hashes)) == (POOL[1].id, 31250, 10)
+    assert p.export_facts() == []
+
+
+async def test_facts_learned_by_one_replica_make_the_other_match_the_same_endpoint() -> None:
+    a, b = producer(), producer()
+    a.export_facts()
+    await schedule(a, request(640), POOL, 2)
+    b.apply_facts(a.export_facts(), "replica-a")
+    assert await matches(b, request(640), POOL) == {POOL[0].id: 0, POOL[1].id: 0, POOL[2].id: 10}
+    assert b.export_facts() == []  # applied facts are not exported again (no echo)
+
+
+async def test_repeats_are_folded_and_the_newest_chain_comes_first() -> None:
+    a, b = producer(), producer()
+    a.export_facts()
+    await schedule(a, request(640, first=1), POOL, 0)
+    await schedule(a, request(320, first=2), POOL, 0)
+    await schedule(a, request(640, first=1), POOL, 0)  # again: refreshed, not repeated
+    facts = a.export_facts()
+    assert len(facts) == 1 and len(facts[0][2]) == 15
+    b.apply_facts(facts, "replica-a")
+    # the receiving index has the same recency order, so it evicts the same blocks first
+    assert list(b.index._lrus[POOL[0].id]) == list(a.index._lrus[POOL[0].id])
+
+
+async def test_duplicates_and_reordering_leave_the_same_blocks() -> None:
+    a, b = producer(), producer()
+    a.export_facts()
+    await schedule(a, request(640, first=1), POOL, 0)
+    first = a.export_facts()
+    await schedule(a, request(640, first=2), POOL, 1)
+    second = a.export_facts()
+    for facts in (second, first, second, first):
+        b.apply_facts(facts, "replica-a")
+    assert b.index.size == a.index.size == 20
+    assert b.index.block_counts() == a.index.block_counts()
+
+
+async def test_applied_facts_respect_the_endpoint_capacity() -> None:
+    b = producer()
+    b.apply_facts([[POOL[0].id, 4, list(range(100, 110))]], "replica-a")
+    assert b.index.block_counts() == {POOL[0].id: 4}
+    assert b.index.owners(100) == (POOL[0].id,)  # the head of the chain is kept
+    assert b.index.owners(109) == ()
+
+
+async def test_the_capacity_comes_from_the_scraped_cache_of_the_endpoint() -> None:
+    a = producer()
+    ep = make_endpoint(0)
+    assert ep.metrics is not None
+    small = dataclasses.replace(
+        ep, metrics=dataclasses.replace(ep.metrics, cache_num_blocks=40, cache_block_size=16)
+    )
+    a.export_facts()
+    await schedule(a, request(640), [small], 0)
+    ((_, capacity, _),) = a.export_facts()
+    assert capacity == 10  # 40 engine blocks of 16 tokens = 10 index blocks of 64
+
+
+async def test_malformed_facts_are_reported_after_the_valid_ones_are_applied() -> None:
+    b = producer()
+    bad: list[Any] = [
+        "nope",
+        [POOL[0].id, 0, [1]],
+        [POOL[0].id, 5, [-1]],
+        [POOL[0].id, 5, [2**64]],
+        [POOL[0].id, True, [1]],
+        ["", 5, [1]],
+        [POOL[0].id, 5, "123"],
+    ]
+    with pytest.raises(ValueError, match="7 of 8 facts from replica-a are malformed"):
+        b.apply_facts([*bad, [POOL[1].id, 5, [1, 2]]], "replica-a")
+    assert b.index.block_counts() == {POOL[1].id: 2}
+
+
+async def test_pending_blocks_are_bounded_oldest_dropped_and_counted(monkeypatch) -> None:
+    monkeypatch.setattr(approx_prefix, "MAX_PENDING_BLOCKS", 15)
+    registry = CollectorRegistry()
+    a = producer(registry)
+    a.export_facts()
+    await schedule(a, request(640, first=1), POOL, 0)
+    await schedule(a, request(640, first=2), POOL, 1)
+    facts = a.export_facts()
+    assert [(ep, len(h)) for ep, _, h in facts] == [(POOL[1].id, 10), (POOL[0].id, 5)]
+    dropped = registry.get_sample_value(
+        "llm_d_epp_prefix_indexer_sync_dropped_blocks_total",
+        {"plugin_name": "approx-prefix-cache-producer", "plugin_type": a.TYPE},
+    )
+    assert dropped == 5
+    assert a.dump_state()["pendingBlocks"] == 0
+
+
+def test_pending_blocks_drain_mirrors_the_index_order() -> None:
+    pending, index = PendingBlocks(100), PrefixIndex(100)
+    for ep, chain in (("e1", [1, 2, 3]), ("e2", [7, 8]), ("e1", [1, 2, 4])):
+        pending.add(ep, chain, 100)
+        index.add(ep, chain, 100)
+    facts = pending.drain()
+    assert facts == [["e1", 100, [1, 2, 4, 3]], ["e2", 100, [7, 8]]]
+    replica = PrefixIndex(100)
+    for ep, capacity, chain in facts:
+        replica.add(ep, chain, capacity)
+    assert list(replica._lrus["e1"]) == list(index._lrus["e1"])
+    assert len(pending) == 0
