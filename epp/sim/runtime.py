@@ -42,6 +42,8 @@ class ServeCounters:
     """P/D prefill legs this pod served (one token and ``kv_transfer_params``)."""
     prefill_failures: int = 0
     """Decode requests whose remote prefill failed (its error went back to the client)."""
+    stalled_scrapes: int = 0
+    """``/metrics`` requests held by the ``stall_metrics`` fault (counted when the hold begins)."""
 
 
 class PodRuntime:
@@ -144,6 +146,7 @@ class PodRuntime:
             "injected_errors": c.injected_errors,
             "dropped_connections": c.dropped_connections,
             "streams_cut": c.streams_cut,
+            "stalled_scrapes": c.stalled_scrapes,
             "running": e.num_running,
             "waiting": e.num_waiting,
             "prompt_tokens": s.prompt_tokens,

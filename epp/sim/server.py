@@ -138,6 +138,7 @@ async def _metrics(request: web.Request) -> web.StreamResponse:
     if runtime.faults.slow_ms:
         await asyncio.sleep(runtime.faults.slow_ms / 1000.0)
     if runtime.faults.stall_metrics:
+        runtime.counters.stalled_scrapes += 1
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(runtime.faults_cleared.wait(), _STALL_LIMIT_S)
     # the content type prometheus_client serves (text format 0.0.4)

@@ -213,6 +213,8 @@ async def test_stall_metrics_hangs_scrapes_until_cleared(
     await set_faults(http, url, {})
     types, _ = await asyncio.wait_for(pending, 5)
     assert types["vllm:num_requests_running"] == "gauge"
+    async with http.get(f"{url}/sim/stats") as resp:
+        assert (await resp.json())["stalled_scrapes"] == 2
 
 
 async def test_die_mid_stream_cuts_after_n_chunks_when_fault_is_set(
