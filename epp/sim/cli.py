@@ -129,6 +129,12 @@ def _pd_options(p: argparse.ArgumentParser) -> None:
         default=_D.kv_transfer_ms_per_block,
         help="simulated ms a decode pod takes to pull one KV block from a prefill pod",
     )
+    p.add_argument(
+        "--bos-token-id",
+        type=int,
+        default=None,
+        help="token id prepended to text completion prompts (default: none, like the estimate)",
+    )
 
 
 def configs_from_args(args: argparse.Namespace) -> list[PodConfig]:
@@ -167,6 +173,7 @@ def configs_from_args(args: argparse.Namespace) -> list[PodConfig]:
                 seed=args.seed + i,
                 role=roles[i],
                 kv_transfer_ms_per_block=args.kv_transfer_ms_per_block,
+                bos_token_id=args.bos_token_id,
             )
         )
     return configs

@@ -67,6 +67,8 @@ class PodConfig:
     seed: int = 0
     role: Role = "both"
     kv_transfer_ms_per_block: float = 0.08
+    bos_token_id: int | None = None
+    """Prepended to text completion prompts (None: none, so tokens equal the EPP's estimate)."""
 
     def __post_init__(self) -> None:
         if not self.name:

@@ -88,7 +88,7 @@ async def _faults(request: web.Request, runtime: PodRuntime) -> web.Response | N
 
 def _parse(runtime: PodRuntime, path_kind: str, body: dict[str, Any]) -> Parsed:
     if path_kind == "completion":
-        return parse_completion(body)
+        return parse_completion(body, runtime.config.bos_token_id)
     if path_kind == "chat":
         return parse_chat(body)
     previous = None

@@ -81,16 +81,19 @@ def _is_token_list(value: Any) -> bool:
     )
 
 
-def parse_completion(body: Mapping[str, Any]) -> Parsed:
+def parse_completion(body: Mapping[str, Any], bos_token_id: int | None = None) -> Parsed:
+    """``bos_token_id``: prepended to each text prompt (not to token-id prompts), as a tokenizer
+    that adds special tokens does (vLLM's completions default)."""
     prompt = body.get("prompt")
     prompts: list[list[int]]
+    bos = [] if bos_token_id is None else [bos_token_id]
     if isinstance(prompt, str):
-        prompts = [tokenize(prompt)]
+        prompts = [bos + tokenize(prompt)]
     elif _is_token_list(prompt) and prompt:
         prompts = [list(prompt)]
     elif isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            prompts = [tokenize(p) for p in prompt]
+            prompts = [bos + tokenize(p) for p in prompt]
         elif all(_is_token_list(p) for p in prompt):
             prompts = [list(p) for p in prompt]
         else:

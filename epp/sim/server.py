@@ -78,7 +78,10 @@ def _render(kind: str) -> _Handler:
         try:
             body = await read_json(request)
             body_no_stream = {**body, "stream": False}  # render never streams
-            parsed = parse_completion(body_no_stream) if kind == "completion" else parse_chat(body)
+            bos = runtime.config.bos_token_id
+            parsed = (
+                parse_completion(body_no_stream, bos) if kind == "completion" else parse_chat(body)
+            )
             resolve_model(runtime, parsed.model)
         except ApiError as err:
             return error_response(err)
@@ -94,7 +97,8 @@ async def _tokenize(request: web.Request) -> web.StreamResponse:
     runtime = request.app[RUNTIME]
     try:
         body = await read_json(request)
-        parsed = parse_chat(body) if "messages" in body else parse_completion(body)
+        bos = runtime.config.bos_token_id
+        parsed = parse_chat(body) if "messages" in body else parse_completion(body, bos)
         resolve_model(runtime, parsed.model)
     except ApiError as err:
         return error_response(err)

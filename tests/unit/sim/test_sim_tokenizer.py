@@ -57,3 +57,13 @@ def test_output_token_is_a_four_byte_word_when_detokenized() -> None:
     assert all(len(w.encode()) == 4 for w in words)
     assert len(set(words)) == 16  # the stride visits every word once
     assert output_seed(tokenize("prompt")) == seed
+
+
+def test_bos_token_is_prepended_to_text_prompts_only_when_configured() -> None:
+    from epp.sim.openai import parse_completion
+
+    text = {"model": "m", "prompt": ["ab", "cdef"]}
+    assert parse_completion(text).prompts == [tokenize("ab"), tokenize("cdef")]
+    assert parse_completion(text, 9).prompts == [[9, *tokenize("ab")], [9, *tokenize("cdef")]]
+    ids = {"model": "m", "prompt": [5, 6]}
+    assert parse_completion(ids, 9).prompts == [[5, 6]]
