@@ -114,7 +114,9 @@ def test_agentic_default_scale_reports_its_shape_when_built() -> None:
     workload = build("agentic")
     shape = workload.shape
     assert shape["turns"] == len(workload.requests) == 8 * 28
-    assert 20_000 <= shape["median_input_tokens"] <= 30_000
+    rendered = statistics.median(len(render_chat(list(r.messages))) for r in workload.requests)
+    assert shape["median_input_tokens"] == pytest.approx(rendered, rel=0.01)
+    assert 20_000 <= rendered <= 30_000
     assert shape["share_turns_reuse_ge_90"] >= 0.9
     assert workload.concurrency == 8
 

@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from epp.config.loader import ConfigError, LoadOptions, load_config, parse_config
 from epp.plugin import PluginConfigError, UnknownPluginType
@@ -87,7 +88,11 @@ def test_no_profiles_puts_every_scorer_in_default_profile_with_weight_one(
 
 def test_deprecated_api_version_is_accepted(registry: PluginRegistry) -> None:
     text = "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
-    assert load(text, registry).profiles
+    old, default = load(text, registry), load(None, registry)
+    assert list(old.profiles) == list(default.profiles) == ["default"]
+    assert [(s.typed_name.type, w) for s, w in old.profiles["default"].scorers] == [
+        (s.typed_name.type, w) for s, w in default.profiles["default"].scorers
+    ]
 
 
 @pytest.mark.parametrize(
@@ -188,7 +193,12 @@ def test_parse_config_keeps_profile_weights() -> None:
 )
 def test_every_example_config_loads(registry: PluginRegistry, path: Path) -> None:
     # flow-control.yaml uses an alpha policy (and says --allow-experimental-plugins is needed)
-    assert load(path.read_text(), registry, allow_experimental=True).profiles
+    loaded = load(path.read_text(), registry, allow_experimental=True)
+    declared = yaml.safe_load(path.read_text()) or {}
+    names = [p["name"] for p in declared.get("schedulingProfiles") or []] or ["default"]
+    assert list(loaded.profiles) == names
+    for name, profile in loaded.profiles.items():
+        assert profile.picker is not None, name
 
 
 def test_alpha_plugin_needs_allow_experimental(registry: PluginRegistry) -> None:

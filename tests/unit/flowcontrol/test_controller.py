@@ -217,9 +217,15 @@ async def test_waiting_room_dispatches_when_endpoints_appear() -> None:
     env.pool.size = 0
     task = await _enqueue(env, request())
     env.advance(10)
+    env.controller.step()
+    await asyncio.sleep(0)
+    assert not task.done(), "no endpoints: the request waits"
+    assert env.controller.queued() == 1
     env.pool.size = 2
     env.controller.step()
-    await task
+    await asyncio.wait_for(task, timeout=1.0)
+    assert env.controller.in_flight() == 1
+    assert env.controller.queued() == 0
 
 
 # ---- capacity -----------------------------------------------------------------------------
