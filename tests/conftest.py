@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import textwrap
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,20 @@ from epp.settings import Settings
 TEST_PLUGINS = Path(__file__).parent / "fixtures" / "epp-testplugins"
 
 os.environ.setdefault("NO_PROXY", "*")
+
+_HELD: list[socket.socket] = []  # bound, never listening: connections to them are refused
+
+
+def dead_ports(n: int) -> list[int]:
+    """``n`` loopback ports that refuse connections for the whole test run: each is bound by a
+    socket this process holds and never listens on, so no other process can take it."""
+    ports = []
+    for _ in range(n):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        _HELD.append(sock)
+        ports.append(sock.getsockname()[1])
+    return ports
 
 
 def endpoints_yaml(ports: Sequence[int], *, labels: dict[int, dict[str, str]] | None = None) -> str:

@@ -14,8 +14,9 @@ import pytest
 from epp.app import App
 from epp.bench.fuzz_gen import Spec
 from epp.bench.fuzz_run import fuzz_config_body
+from tests.conftest import dead_ports
 
-DEAD = (1, 2, 3)
+DEAD = tuple(dead_ports(3))
 
 
 @dataclass

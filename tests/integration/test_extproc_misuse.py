@@ -12,11 +12,11 @@ from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from tests.conftest import body_msg, exchange, headers_msg, set_headers_of
+from tests.conftest import body_msg, dead_ports, exchange, headers_msg, set_headers_of
 
 CHAT = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 H = {":path": "/v1/chat/completions", ":method": "POST", "x-request-id": "rid"}
-DEAD = [1, 2, 3]
+DEAD = dead_ports(3)
 MODE = processing_mode_pb2.ProcessingMode
 
 REQ_TRAILERS = pb.ProcessingRequest(request_trailers=pb.HttpTrailers())

@@ -48,7 +48,7 @@ async def test_queue_full_gets_429_and_ttl_expiry_gets_429(start_app, sim_pods, 
     first = asyncio.create_task(post(url, SLOW))  # dispatched, holds the only slot
     await wait_for(lambda: outcomes(app, "Dispatched") == 1, 5)
     second = asyncio.create_task(post(url, COMPLETION))  # queued (band holds 1)
-    await asyncio.sleep(0.1)
+    await wait_for(lambda: app.flow.queued() == 1, 5)
     status, headers, body = await post(url, COMPLETION)  # band full
     assert status == 429
     assert headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
@@ -78,7 +78,7 @@ async def test_client_disconnect_while_queued_frees_the_slot(start_app, sim_pods
     first = asyncio.create_task(post(url, SLOW))
     await wait_for(lambda: outcomes(app, "Dispatched") == 1, 5)
     queued = asyncio.create_task(post(url, COMPLETION))
-    await asyncio.sleep(0.2)
+    await wait_for(lambda: app.flow.queued() == 1, 5)
     queued.cancel()  # the client goes away while its request waits in the EPP
     await wait_for(lambda: outcomes(app, "EvictedContextCancelled") == 1, 5)
     # the band's only queue slot is free again: the next request queues instead of a 429

@@ -11,7 +11,7 @@ import pytest
 
 from epp.app import App
 from epp.config.loader import ConfigError
-from tests.conftest import endpoints_yaml, epp_config, make_settings, wait_for
+from tests.conftest import dead_ports, endpoints_yaml, epp_config, make_settings, wait_for
 
 OBJECTS = textwrap.dedent("""\
     apiVersion: llm-d.ai/v1alpha2
@@ -36,7 +36,7 @@ OBJECTS = textwrap.dedent("""\
 
 def settings(tmp_path: Path, *files: Path, **kw: Any) -> Any:
     eps = tmp_path / "endpoints.yaml"
-    eps.write_text(endpoints_yaml([18000]))
+    eps.write_text(endpoints_yaml(dead_ports(1)))
     return make_settings(
         epp_config(eps),
         objectives_files=tuple(str(f) for f in files),
