@@ -14,7 +14,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.localstack.envoy import free_port
-from tests.conftest import endpoints_yaml, epp_config
+from tests.conftest import dead_ports, endpoints_yaml, epp_config
 
 EPP = str(Path(sys.executable).parent / "epp")
 
@@ -29,7 +29,7 @@ async def check(port: int, service: str) -> int:
 
 async def test_sigterm_turns_readiness_off_keeps_serving_then_exits(tmp_path: Path) -> None:
     eps = tmp_path / "eps.yaml"
-    eps.write_text(endpoints_yaml([1, 2]))
+    eps.write_text(endpoints_yaml(dead_ports(2)))
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(epp_config(eps))
     health = free_port()
@@ -66,8 +66,9 @@ async def test_sigterm_turns_readiness_off_keeps_serving_then_exits(tmp_path: Pa
         assert proc.poll() is None  # still draining
         assert await check(health, "readiness") == health_pb2.HealthCheckResponse.NOT_SERVING
         assert await check(health, "liveness") == serving
-        assert proc.wait(timeout=10) == 0
-        assert 1.2 < time.monotonic() - t0 < 8
+        assert proc.wait(timeout=60) == 0
+        # one-sided: the drain window (1.5 s) was honoured; a busy machine only makes it longer
+        assert time.monotonic() - t0 > 1.2
     finally:
         if proc.poll() is None:
             proc.kill()
