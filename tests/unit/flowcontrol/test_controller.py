@@ -276,7 +276,7 @@ async def test_sheddable_band_uses_negative_template_when_configured() -> None:
     env = make_env({"defaultNegativePriorityBand": {"maxRequests": "1"}})
     env.pool.saturation = 1.0
     await _enqueue(env, request("s1", priority=-3))
-    with pytest.raises(InferenceError):
+    with pytest.raises(InferenceError, match="queue at capacity"):
         await env.controller.admit(request("s2", priority=-3), env.pool.endpoints)
     protected = [await _enqueue(env, request(f"p{i}", priority=4)) for i in range(3)]
     assert env.controller.queued(4) == 3 and env.controller.queued(-3) == 1

@@ -201,7 +201,16 @@ def test_selector_matches_like_kubectl_when_parsed(
     assert parse_selector(selector).matches(labels) is matches
 
 
-@pytest.mark.parametrize("text", ["", "a b", "x in ()", "=v", "x in (a"])
-def test_selector_is_rejected_when_malformed(text: str) -> None:
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("", "empty label selector"),
+        ("a b", "cannot parse 'a b'"),
+        ("x in ()", "lists no values"),
+        ("=v", "cannot parse '=v'"),
+        ("x in (a", "cannot parse"),
+    ],
+)
+def test_selector_is_rejected_when_malformed(text: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
         parse_selector(text)

@@ -135,7 +135,7 @@ def test_params_and_category() -> None:
     assert isinstance(s, Scorer)
     assert s.category is ScorerCategory.DISTRIBUTION
     assert s.consumes() == {INFLIGHT}
-    with pytest.raises(ParamError):
+    with pytest.raises(ParamError, match="inFlightLoadProducerName must not be empty"):
         decode(EstimatedLoadScorer.Params, {"inFlightLoadProducerName": ""})
 
 

@@ -146,13 +146,17 @@ def test_consumes_producer_key_when_configured(params: dict[str, Any], key: str)
 
 
 @pytest.mark.parametrize(
-    "params",
+    ("params", "match"),
     [
-        pytest.param({"lruSize": -1}, id="negative-size"),
-        pytest.param({"lruSize": "big"}, id="wrong-type"),
-        pytest.param({"other": 1}, id="unknown-field"),
+        pytest.param({"lruSize": -1}, "lruSize must be >= 0, got \\-1", id="negative-size"),
+        pytest.param(
+            {"lruSize": "big"}, "lruSize: expected an integer, got 'big'", id="wrong-type"
+        ),
+        pytest.param(
+            {"other": 1}, "other: unknown field \\(known: lruSize, pr", id="unknown-field"
+        ),
     ],
 )
-def test_params_rejected_when_invalid(params: dict[str, Any]) -> None:
-    with pytest.raises(ParamError):
+def test_params_rejected_when_invalid(params: dict[str, Any], match: str) -> None:
+    with pytest.raises(ParamError, match=match):
         decode(NoHitLRUScorer.Params, params)

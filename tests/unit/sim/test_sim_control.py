@@ -9,32 +9,56 @@ from epp.sim.control import Faults, Overrides
 
 
 @pytest.mark.parametrize(
-    "body",
+    ("body", "match"),
     [
-        pytest.param({"num_requests_waiting": -1}, id="negative-count"),
-        pytest.param({"kv_cache_usage_perc": 1.5}, id="usage-above-one"),
-        pytest.param({"running_lora_adapters": "a"}, id="adapters-not-a-list"),
-        pytest.param({"max_lora": True}, id="bool-as-int"),
-        pytest.param({"typo": 1}, id="unknown-key"),
-        pytest.param([], id="not-an-object"),
+        pytest.param(
+            {"num_requests_waiting": -1},
+            "num_requests_waiting must be a non\\-negative integer",
+            id="negative-count",
+        ),
+        pytest.param(
+            {"kv_cache_usage_perc": 1.5},
+            "kv_cache_usage_perc must be in \\[0\\.0, 1\\.0\\]",
+            id="usage-above-one",
+        ),
+        pytest.param(
+            {"running_lora_adapters": "a"},
+            "running_lora_adapters must be a list of strings",
+            id="adapters-not-a-list",
+        ),
+        pytest.param(
+            {"max_lora": True}, "max_lora must be a non\\-negative integer", id="bool-as-int"
+        ),
+        pytest.param({"typo": 1}, "unknown keys: typo", id="unknown-key"),
+        pytest.param([], "the body must be a JSON object", id="not-an-object"),
     ],
 )
-def test_overrides_parse_rejects_when_body_is_invalid(body: Any) -> None:
-    with pytest.raises(ValueError):
+def test_overrides_parse_rejects_when_body_is_invalid(body: Any, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
         Overrides.parse(body)
 
 
 @pytest.mark.parametrize(
-    "body",
+    ("body", "match"),
     [
-        pytest.param({"error_rate": 2}, id="rate-above-one"),
-        pytest.param({"error_status": 200}, id="status-not-an-error"),
-        pytest.param({"stall_metrics": 1}, id="flag-not-bool"),
-        pytest.param({"die_mid_stream_after_chunks": -2}, id="negative-chunks"),
+        pytest.param(
+            {"error_rate": 2}, "error_rate must be in \\[0\\.0, 1\\.0\\]", id="rate-above-one"
+        ),
+        pytest.param(
+            {"error_status": 200},
+            "error_status must be in \\[400, 599\\]",
+            id="status-not-an-error",
+        ),
+        pytest.param({"stall_metrics": 1}, "stall_metrics must be a boolean", id="flag-not-bool"),
+        pytest.param(
+            {"die_mid_stream_after_chunks": -2},
+            "die_mid_stream_after_chunks must be a non\\-negative integer",
+            id="negative-chunks",
+        ),
     ],
 )
-def test_faults_parse_rejects_when_body_is_invalid(body: Any) -> None:
-    with pytest.raises(ValueError):
+def test_faults_parse_rejects_when_body_is_invalid(body: Any, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
         Faults.parse(body)
 
 
@@ -73,15 +97,23 @@ def test_offset_endpoint_port_adds_pod_index_when_port_is_numeric(
 
 
 @pytest.mark.parametrize(
-    "changes",
+    ("changes", "match"),
     [
-        pytest.param({"block_size": 0}, id="block-size"),
-        pytest.param({"time_scale": 0.0}, id="time-scale"),
-        pytest.param({"engine": "tgi"}, id="engine"),
-        pytest.param({"model": "a", "lora_adapters": ("a",)}, id="lora-named-like-model"),
-        pytest.param({"port": 70000}, id="port"),
+        pytest.param({"block_size": 0}, "block_size must be >= 1, got 0", id="block-size"),
+        pytest.param({"time_scale": 0.0}, "time_scale must be > 0", id="time-scale"),
+        pytest.param(
+            {"engine": "tgi"},
+            "engine must be one of \\('vllm', 'sglang'\\), got 'tgi'",
+            id="engine",
+        ),
+        pytest.param(
+            {"model": "a", "lora_adapters": ("a",)},
+            "a LoRA adapter cannot have the base model's name",
+            id="lora-named-like-model",
+        ),
+        pytest.param({"port": 70000}, "port must be in \\[0, 65535\\], got 70000", id="port"),
     ],
 )
-def test_pod_config_rejects_when_value_is_out_of_range(changes: dict[str, Any]) -> None:
-    with pytest.raises(ValueError):
+def test_pod_config_rejects_when_value_is_out_of_range(changes: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
         PodConfig(**changes)

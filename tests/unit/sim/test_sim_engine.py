@@ -182,18 +182,26 @@ def test_abort_releases_blocks_when_request_is_running() -> None:
 
 
 @pytest.mark.parametrize(
-    ("changes", "prompt_len", "max_tokens"),
+    ("changes", "prompt_len", "max_tokens", "match"),
     [
-        pytest.param({"max_model_len": 10}, 8, 4, id="context-window"),
-        pytest.param({"num_gpu_blocks": 2}, 8, 4, id="kv-pool"),
-        pytest.param({}, 0, 4, id="empty-prompt"),
+        pytest.param(
+            {"max_model_len": 10},
+            8,
+            4,
+            "This model's maximum context length is 1",
+            id="context-window",
+        ),
+        pytest.param(
+            {"num_gpu_blocks": 2}, 8, 4, "the request needs more than 2 KV blocks", id="kv-pool"
+        ),
+        pytest.param({}, 0, 4, "the prompt is empty", id="empty-prompt"),
     ],
 )
 def test_add_request_rejects_when_request_can_never_run(
-    changes: dict[str, Any], prompt_len: int, max_tokens: int
+    changes: dict[str, Any], prompt_len: int, max_tokens: int, match: str
 ) -> None:
     engine = make_engine(**changes)
-    with pytest.raises(RequestRejected):
+    with pytest.raises(RequestRejected, match=match):
         engine.add_request("a", prompt(prompt_len), max_tokens, 0.0)
 
 

@@ -76,5 +76,5 @@ def test_a_draining_group_is_never_ready() -> None:
 
 
 def test_group_health_needs_a_worker() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="size >= 1"):
         GroupHealth(0)

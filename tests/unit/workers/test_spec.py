@@ -38,5 +38,5 @@ def test_a_report_is_one_json_line() -> None:
     line = report.encode()
     assert line.endswith("\n") and line.count("\n") == 1
     assert WorkerReport.decode(line) == report
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="grpc_port"):
         WorkerReport.decode('{"pid": 1}')

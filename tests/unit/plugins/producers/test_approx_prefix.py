@@ -320,18 +320,40 @@ def test_keys_declared_when_constructed(name: str, produces: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "params",
+    ("params", "match"),
     [
-        pytest.param({"blockSizeTokens": -1}, id="negative-block-size"),
-        pytest.param({"blockSizeTokens": 0, "autoTune": False}, id="zero-block-size-no-autotune"),
-        pytest.param({"maxPrefixTokensToMatch": -1}, id="negative-token-cap"),
-        pytest.param({"maxPrefixBlocksToMatch": -1}, id="negative-block-cap"),
-        pytest.param({"lruCapacityPerServer": -5}, id="negative-capacity"),
-        pytest.param({"unknown": 1}, id="unknown-field"),
+        pytest.param(
+            {"blockSizeTokens": -1},
+            "blockSizeTokens must be >= 0, got \\-1",
+            id="negative-block-size",
+        ),
+        pytest.param(
+            {"blockSizeTokens": 0, "autoTune": False},
+            "blockSizeTokens must be > 0 when autoTune is false",
+            id="zero-block-size-no-autotune",
+        ),
+        pytest.param(
+            {"maxPrefixTokensToMatch": -1},
+            "maxPrefixTokensToMatch must be >= 0, got \\-1",
+            id="negative-token-cap",
+        ),
+        pytest.param(
+            {"maxPrefixBlocksToMatch": -1},
+            "maxPrefixBlocksToMatch must be >= 0, got \\-1",
+            id="negative-block-cap",
+        ),
+        pytest.param(
+            {"lruCapacityPerServer": -5},
+            "lruCapacityPerServer must be >= 0, got \\-5",
+            id="negative-capacity",
+        ),
+        pytest.param(
+            {"unknown": 1}, "unknown: unknown field \\(known: autoTune,", id="unknown-field"
+        ),
     ],
 )
-def test_params_rejected_when_invalid(params: dict[str, Any]) -> None:
-    with pytest.raises(ParamError):
+def test_params_rejected_when_invalid(params: dict[str, Any], match: str) -> None:
+    with pytest.raises(ParamError, match=match):
         decode(ApproxPrefixCacheProducer.Params, params)
 
 

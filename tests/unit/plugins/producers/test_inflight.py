@@ -247,7 +247,7 @@ def test_staleness_threshold_must_be_a_positive_duration() -> None:
     assert producer().params.staleness_seconds == 2.0
     with pytest.raises(ValueError, match="metricsStalenessThreshold"):
         producer(metrics_staleness_threshold="0s")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="invalid duration 'soon'"):
         producer(metrics_staleness_threshold="soon")
 
 

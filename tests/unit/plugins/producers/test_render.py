@@ -172,19 +172,30 @@ def test_vllm_backend_is_a_lifecycle_plugin_with_its_timeout_when_configured() -
 
 
 @pytest.mark.parametrize(
-    "params",
+    ("params", "match"),
     [
-        pytest.param({"backend": "vllm"}, id="model-name-missing"),
+        pytest.param(
+            {"backend": "vllm"},
+            "modelName is required with backend 'vllm'",
+            id="model-name-missing",
+        ),
         pytest.param(
             {"backend": "vllm", "modelName": "m", "vllm": {"url": "localhost:8000"}},
+            "vllm: vllm\\.url must be an http\\(s\\) URL, got 'localhost:8000'",
             id="url-not-http",
         ),
         pytest.param(
-            {"backend": "vllm", "modelName": "m", "vllm": {"timeout": "0s"}}, id="timeout-zero"
+            {"backend": "vllm", "modelName": "m", "vllm": {"timeout": "0s"}},
+            "vllm: vllm\\.timeout must be > 0, got '0s'",
+            id="timeout-zero",
         ),
-        pytest.param({"backend": "vllm", "modelName": "m", "vllm": {"port": 1}}, id="unknown-key"),
+        pytest.param(
+            {"backend": "vllm", "modelName": "m", "vllm": {"port": 1}},
+            "vllm\\.port: unknown field \\(known: mmTimeout, timeout, url\\)",
+            id="unknown-key",
+        ),
     ],
 )
-def test_vllm_params_rejected_when_invalid(params: dict[str, Any]) -> None:
-    with pytest.raises(ParamError):
+def test_vllm_params_rejected_when_invalid(params: dict[str, Any], match: str) -> None:
+    with pytest.raises(ParamError, match=match):
         decode(TokenProducer.Params, params)

@@ -235,14 +235,22 @@ def test_produces_names_its_key_when_constructed(name: str, key: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "params",
+    ("params", "match"),
     [
-        pytest.param({"backend": "tiktoken"}, id="unknown-backend"),
-        pytest.param({"vllm": {"port": 1}}, id="unknown-field"),
+        pytest.param(
+            {"backend": "tiktoken"},
+            "backend: must be one of 'estimate', 'vllm', got 'tiktoken'",
+            id="unknown-backend",
+        ),
+        pytest.param(
+            {"vllm": {"port": 1}},
+            "vllm\\.port: unknown field \\(known: mmTimeout, timeout, url\\)",
+            id="unknown-field",
+        ),
     ],
 )
-def test_params_rejected_when_invalid(params: dict[str, Any]) -> None:
-    with pytest.raises(ParamError):
+def test_params_rejected_when_invalid(params: dict[str, Any], match: str) -> None:
+    with pytest.raises(ParamError, match=match):
         decode(TokenProducer.Params, params)
 
 
@@ -277,5 +285,5 @@ def test_estimate_reads_parser_output_when_body_parsed_by_openai_parser(
     [pytest.param([-1], id="negative"), pytest.param([2**32], id="too-large")],
 )
 def test_from_token_ids_rejects_id_when_outside_uint32(ids: list[int]) -> None:
-    with pytest.raises(OverflowError):
+    with pytest.raises(OverflowError, match="unsigned int"):
         TokenizedPrompt.from_token_ids([ids])

@@ -173,9 +173,9 @@ def test_filter_passes_everything_through_when_filtering_is_off() -> None:
 def test_params_default_and_reject_an_empty_label() -> None:
     p = decode(ContextLengthAware.Params, None)
     assert (p.label, p.enable_filtering) == (LABEL, False)
-    with pytest.raises(ParamError):
+    with pytest.raises(ParamError, match="'label' must be specified"):
         decode(ContextLengthAware.Params, {"label": ""})
-    with pytest.raises(ParamError):
+    with pytest.raises(ParamError, match="extra: unknown field"):
         decode(ContextLengthAware.Params, {"label": "x", "extra": 1})
 
 

@@ -56,26 +56,30 @@ def test_parse_line_returns_none_when_line_has_no_sample(line: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "line",
+    ("line", "match"),
     [
-        pytest.param("a", id="no-value"),
-        pytest.param("a one", id="word-value"),
-        pytest.param("a 1 2 3", id="too-many-fields"),
-        pytest.param("a 1 1.5", id="float-timestamp"),
-        pytest.param("a 1_000", id="digit-separator"),
-        pytest.param('a{x="1" 2', id="unclosed-brace"),
-        pytest.param('a{x="1} 2', id="unclosed-quote"),
-        pytest.param("a{x=1} 2", id="unquoted-value"),
-        pytest.param('a{x="1"y="2"} 2', id="missing-comma"),
-        pytest.param('a{x="\\t"} 2', id="bad-escape"),
-        pytest.param('a{x="1",x="2"} 2', id="duplicate-label"),
-        pytest.param('a{1x="1"} 2', id="bad-label-name"),
-        pytest.param("1a 2", id="bad-metric-name"),
-        pytest.param("a-b 2", id="dash-in-name"),
+        pytest.param("a", "expected 'value \\[timestamp\\]' in 'a'", id="no-value"),
+        pytest.param("a one", "bad value or timestamp in 'a one'", id="word-value"),
+        pytest.param(
+            "a 1 2 3", "expected 'value \\[timestamp\\]' in 'a 1 2 3'", id="too-many-fields"
+        ),
+        pytest.param("a 1 1.5", "bad value or timestamp in 'a 1 1\\.5'", id="float-timestamp"),
+        pytest.param("a 1_000", "bad value in 'a 1_000'", id="digit-separator"),
+        pytest.param('a{x="1" 2', "expected ',' or '\\}' after label 'x'", id="unclosed-brace"),
+        pytest.param('a{x="1} 2', "unterminated label value", id="unclosed-quote"),
+        pytest.param("a{x=1} 2", "label 'x' value is not quoted", id="unquoted-value"),
+        pytest.param(
+            'a{x="1"y="2"} 2', "expected ',' or '\\}' after label 'x'", id="missing-comma"
+        ),
+        pytest.param('a{x="\\t"} 2', "invalid escape '\\\\t'", id="bad-escape"),
+        pytest.param('a{x="1",x="2"} 2', "duplicate label 'x'", id="duplicate-label"),
+        pytest.param('a{1x="1"} 2', "bad label name in 'a\\{1x=\"1\"\\} 2'", id="bad-label-name"),
+        pytest.param("1a 2", "bad metric name in '1a 2'", id="bad-metric-name"),
+        pytest.param("a-b 2", "bad metric name in 'a\\-b 2'", id="dash-in-name"),
     ],
 )
-def test_parse_line_raises_when_line_is_malformed(line: str) -> None:
-    with pytest.raises(ValueError):
+def test_parse_line_raises_when_line_is_malformed(line: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
         parse_line(line)
 
 

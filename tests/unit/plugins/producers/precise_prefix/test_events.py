@@ -64,15 +64,15 @@ def test_hash_becomes_uint64_when_normalized(raw: Any, expected: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "raw",
+    ("raw", "match"),
     [
-        pytest.param(b"", id="empty-bytes"),
-        pytest.param("x", id="str"),
-        pytest.param(True, id="bool"),
+        pytest.param(b"", "empty hash bytes", id="empty-bytes"),
+        pytest.param("x", "unsupported hash type str", id="str"),
+        pytest.param(True, "hash is a boolean", id="bool"),
     ],
 )
-def test_hash_is_rejected_when_not_a_hash(raw: Any) -> None:
-    with pytest.raises(MalformedMessage):
+def test_hash_is_rejected_when_not_a_hash(raw: Any, match: str) -> None:
+    with pytest.raises(MalformedMessage, match=match):
         normalize_hash(raw)
 
 
@@ -183,15 +183,23 @@ def test_malformed_event_is_counted_when_payload_decoded(raw: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "payload",
+    ("payload", "match"),
     [
-        pytest.param(b"\xc1", id="not-msgpack"),
-        pytest.param(msgspec.msgpack.encode({"ts": 1}), id="not-array"),
-        pytest.param(msgspec.msgpack.encode([1.0, "events"]), id="events-not-list"),
+        pytest.param(b"\xc1", "payload is not msgpack: MessagePack data", id="not-msgpack"),
+        pytest.param(
+            msgspec.msgpack.encode({"ts": 1}),
+            "payload is not \\[ts, events, \\.\\.\\.\\]",
+            id="not-array",
+        ),
+        pytest.param(
+            msgspec.msgpack.encode([1.0, "events"]),
+            "payload is not \\[ts, events, \\.\\.\\.\\]",
+            id="events-not-list",
+        ),
     ],
 )
-def test_message_is_rejected_when_payload_is_not_a_batch(payload: bytes) -> None:
-    with pytest.raises(MalformedMessage):
+def test_message_is_rejected_when_payload_is_not_a_batch(payload: bytes, match: str) -> None:
+    with pytest.raises(MalformedMessage, match=match):
         decode_payload(payload)
 
 

@@ -147,9 +147,9 @@ def test_parent_key_is_unaligned_when_engine_hash_ends_inside_a_block() -> None:
     index.add(A, GPU, [(100, 1), (101, 1)], mid={100})
     assert index.parent_key(A, GPU, 101) == 1
     assert index.parent_key(A, GPU, 100) is UNALIGNED
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="102"):
         index.parent_key(A, GPU, 102)
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="101"):
         index.parent_key(B, GPU, 101)
 
 

@@ -240,12 +240,20 @@ def test_iter_keys_hashes_only_consumed_blocks_when_stopped_early() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "match"),
     [
-        pytest.param({"algorithm": "sha1", "block_size": 16}, id="algorithm"),
-        pytest.param({"algorithm": "xxh64", "block_size": 0}, id="block-size"),
+        pytest.param(
+            {"algorithm": "sha1", "block_size": 16},
+            "hash algorithm must be one of \\('cbor\\-fnv",
+            id="algorithm",
+        ),
+        pytest.param(
+            {"algorithm": "xxh64", "block_size": 0},
+            "block size must be > 0, got 0",
+            id="block-size",
+        ),
     ],
 )
-def test_hasher_rejects_config_when_invalid(kwargs: dict[str, Any]) -> None:
-    with pytest.raises(ValueError):
+def test_hasher_rejects_config_when_invalid(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
         KeyHasher(**kwargs)

@@ -124,31 +124,75 @@ def test_camel_case_keys_decode_when_fully_spelled_out() -> None:
 
 
 @pytest.mark.parametrize(
-    "params",
+    ("params", "match"),
     [
-        pytest.param({"indexerConfig": {"tokenizersPoolConfig": {}}}, id="unknown-indexer-key"),
-        pytest.param({"speculativeTtl": "2s"}, id="ttl-spelled-wrong"),
-        pytest.param({"speculativeTTL": "0s"}, id="ttl-zero"),
-        pytest.param({"speculativeTTL": "soon"}, id="ttl-not-duration"),
-        pytest.param({"tokenProcessorConfig": {"hashAlgorithm": "sha256"}}, id="algorithm"),
-        pytest.param({"tokenProcessorConfig": {"blockSizeTokens": 0}}, id="block-size"),
-        pytest.param({"kvEventsConfig": {"concurrency": 0}}, id="concurrency"),
-        pytest.param({"kvEventsConfig": {"engineType": "trtllm"}}, id="engine"),
-        pytest.param({"kvEventsConfig": {"zmqEndpoint": "localhost:5557"}}, id="endpoint-not-url"),
         pytest.param(
-            {"kvEventsConfig": {"podDiscoveryConfig": {"replaySocketPort": 5558}}}, id="replay"
+            {"indexerConfig": {"tokenizersPoolConfig": {}}},
+            "indexerConfig\\.tokenizersPoolConfig: unkn",
+            id="unknown-indexer-key",
         ),
         pytest.param(
-            {"kvEventsConfig": {"podDiscoveryConfig": {"podLabelSelector": "=x"}}}, id="selector"
+            {"speculativeTtl": "2s"},
+            "speculativeTtl: unknown field \\(known: in",
+            id="ttl-spelled-wrong",
         ),
-        pytest.param({"kvEventsConfig": {"podDiscoveryConfig": {"socketPort": 70000}}}, id="port"),
         pytest.param(
-            {"indexerConfig": {"kvBlockIndexConfig": {"inMemoryConfig": {"size": 0}}}}, id="size"
+            {"speculativeTTL": "0s"}, "speculativeTTL must be > 0, got '0s'", id="ttl-zero"
+        ),
+        pytest.param(
+            {"speculativeTTL": "soon"},
+            "invalid duration 'soon' \\(examples: 50ms, 30s, 1m30s\\)",
+            id="ttl-not-duration",
+        ),
+        pytest.param(
+            {"tokenProcessorConfig": {"hashAlgorithm": "sha256"}},
+            "tokenProcessorConfig\\.hashAlgorithm: must",
+            id="algorithm",
+        ),
+        pytest.param(
+            {"tokenProcessorConfig": {"blockSizeTokens": 0}},
+            "tokenProcessorConfig: blockSizeTokens mu",
+            id="block-size",
+        ),
+        pytest.param(
+            {"kvEventsConfig": {"concurrency": 0}},
+            "kvEventsConfig: concurrency must be >= 1, got 0",
+            id="concurrency",
+        ),
+        pytest.param(
+            {"kvEventsConfig": {"engineType": "trtllm"}},
+            "kvEventsConfig\\.engineType: must be one o",
+            id="engine",
+        ),
+        pytest.param(
+            {"kvEventsConfig": {"zmqEndpoint": "localhost:5557"}},
+            "kvEventsConfig: zmqEndpoint must be a ZM",
+            id="endpoint-not-url",
+        ),
+        pytest.param(
+            {"kvEventsConfig": {"podDiscoveryConfig": {"replaySocketPort": 5558}}},
+            "kvEventsConfig\\.podDiscoveryConfig: repla",
+            id="replay",
+        ),
+        pytest.param(
+            {"kvEventsConfig": {"podDiscoveryConfig": {"podLabelSelector": "=x"}}},
+            "kvEventsConfig\\.podDiscoveryConfig: podLa",
+            id="selector",
+        ),
+        pytest.param(
+            {"kvEventsConfig": {"podDiscoveryConfig": {"socketPort": 70000}}},
+            "kvEventsConfig\\.podDiscoveryConfig: socke",
+            id="port",
+        ),
+        pytest.param(
+            {"indexerConfig": {"kvBlockIndexConfig": {"inMemoryConfig": {"size": 0}}}},
+            "indexerConfig\\.kvBlockIndexConfig\\.inMemor",
+            id="size",
         ),
     ],
 )
-def test_params_rejected_when_invalid(params: dict[str, Any]) -> None:
-    with pytest.raises(ParamError):
+def test_params_rejected_when_invalid(params: dict[str, Any], match: str) -> None:
+    with pytest.raises(ParamError, match=match):
         decode(PrecisePrefixCacheProducer.Params, params)
 
 
