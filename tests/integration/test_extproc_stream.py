@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import (
     body_msg,
+    dead_ports,
     exchange,
     headers_msg,
     registry_with_test_plugins,
@@ -23,7 +24,14 @@ from tests.conftest import (
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 H = {":path": "/v1/chat/completions", ":method": "POST", "x-request-id": "rid-1"}
-DEAD = [1, 2, 3]  # endpoints on closed loopback ports: scrapes fail fast, routing still works
+# endpoints on loopback ports this process holds closed: scrapes fail fast, routing still works
+DEAD = dead_ports(3)
+P1, P2, P3 = (f"127.0.0.1:{p}" for p in DEAD)
+
+
+def with_ports(body: str) -> str:
+    """A config body whose ``PORT2``/``PORT3`` name the second and third dead port."""
+    return body.replace("PORT2", str(DEAD[1])).replace("PORT3", str(DEAD[2]))
 
 
 def lb(reply: pb.ProcessingResponse) -> dict[str, object]:
@@ -188,7 +196,7 @@ async def test_response_phase_restores_model_and_reads_served_endpoint(start_app
         """,
     )
     served = struct_pb2.Struct()
-    served.update({"x-gateway-destination-endpoint-served": "127.0.0.1:2"})
+    served.update({"x-gateway-destination-endpoint-served": P2})
     resp_headers = headers_msg({":status": "200", "content-type": "application/json"})
     resp_headers = pb.ProcessingRequest(response_headers=resp_headers.request_headers)
     resp_headers.metadata_context.filter_metadata["envoy.lb"].CopyFrom(served)
@@ -212,7 +220,7 @@ async def test_response_phase_restores_model_and_reads_served_endpoint(start_app
         for h in replies[2].response_headers.response.header_mutation.set_headers
     }
     assert rh["x-went-into-resp-headers"] == "true"
-    assert rh["x-conformance-test-served-endpoint"] == "127.0.0.1:2"
+    assert rh["x-conformance-test-served-endpoint"] == P2
     out = replies[3].response_body.response.body_mutation.streamed_response
     assert json.loads(out.body)["model"] == "alias" and out.end_of_stream
 
@@ -220,16 +228,16 @@ async def test_response_phase_restores_model_and_reads_served_endpoint(start_app
 async def test_raising_scorer_counts_and_scores_zero(start_app) -> None:
     app = await start_app(
         DEAD,
-        """\
+        with_ports("""\
         plugins:
         - type: test-raising-scorer
         - type: test-constant-scorer
-          parameters: {value: 1.0, ports: [2]}
-        """,
+          parameters: {value: 1.0, ports: [PORT2]}
+        """),
         registry=registry_with_test_plugins(),
     )
     replies = await exchange(app, [headers_msg(H), body_msg(json.dumps(CHAT).encode())])
-    assert set_headers_of(replies[0])["x-gateway-destination-endpoint"] == "127.0.0.1:2"
+    assert set_headers_of(replies[0])["x-gateway-destination-endpoint"] == P2
     metric = app.metrics.registry.get_sample_value(
         "llm_d_epp_plugin_errors_total",
         {
@@ -246,19 +254,19 @@ async def test_pre_request_plugin_sets_upstream_headers_and_client_cannot_forge_
 ) -> None:
     app = await start_app(
         DEAD,
-        """\
+        with_ports("""\
         plugins:
         - type: test-header-setter
           parameters: {header: x-prefiller-host-port}
         - type: test-constant-scorer
-          parameters: {value: 1.0, ports: [2]}
-        """,
+          parameters: {value: 1.0, ports: [PORT2]}
+        """),
         registry=registry_with_test_plugins(),
     )
     forged = {**H, "x-prefiller-host-port": "10.9.9.9:1"}
     replies = await exchange(app, [headers_msg(forged), body_msg(json.dumps(CHAT).encode())])
     mutation = replies[0].request_headers.response.header_mutation
-    assert set_headers_of(replies[0])["x-prefiller-host-port"] == "127.0.0.1:2"
+    assert set_headers_of(replies[0])["x-prefiller-host-port"] == P2
     assert "x-prefiller-host-port" not in mutation.remove_headers  # replaced, not left behind
     # Without the plugin the forged value is removed instead of forwarded.
     plain = await start_app(DEAD, "plugins:\n- type: queue-scorer\n")
@@ -344,36 +352,36 @@ async def test_legacy_admission_sheds_only_sheddable_requests_when_saturated(sta
 async def test_picker_with_several_endpoints_gives_an_ordered_fallback_list(start_app) -> None:
     app = await start_app(
         DEAD,
-        """\
+        with_ports("""\
         plugins:
         - type: test-constant-scorer
-          parameters: {value: 1.0, ports: [3]}
+          parameters: {value: 1.0, ports: [PORT3]}
         - type: max-score-picker
           parameters: {maxNumOfEndpoints: 2}
-        """,
+        """),
         registry=registry_with_test_plugins(),
     )
     replies = await exchange(app, [headers_msg(H), body_msg(json.dumps(CHAT).encode())])
     dest = set_headers_of(replies[0])["x-gateway-destination-endpoint"]
     first, second = dest.split(",")
-    assert first == "127.0.0.1:3" and second in {"127.0.0.1:1", "127.0.0.1:2"}
+    assert first == P3 and second in {P1, P2}
     assert lb(replies[0])["x-gateway-destination-endpoint"] == dest
 
 
 async def test_explain_view_shows_each_scorer_and_the_rejections(start_app) -> None:
     app = await start_app(
         DEAD,
-        """\
+        with_ports("""\
         plugins:
         - type: test-constant-scorer
-          parameters: {value: 0.5, ports: [3]}
+          parameters: {value: 0.5, ports: [PORT3]}
         - type: queue-scorer
         schedulingProfiles:
         - name: default
           plugins:
           - {pluginRef: test-constant-scorer, weight: 4}
           - {pluginRef: queue-scorer, weight: 1}
-        """,
+        """),
         registry=registry_with_test_plugins(),
     )
     await exchange(
@@ -389,9 +397,9 @@ async def test_explain_view_shows_each_scorer_and_the_rejections(start_app) -> N
         async with s.get(f"{base}/nope") as r:
             assert r.status == 404
     prof = entry["profiles"]["default"]
-    assert prof["targets"] == ["127.0.0.1:3"]
+    assert prof["targets"] == [P3]
     best = prof["scores"][0]
-    assert best["endpoint"] == "127.0.0.1:3" and best["total"] == 2.0  # 0.5·4 + 0 (no metrics)
+    assert best["endpoint"] == P3 and best["total"] == 2.0  # 0.5·4 + 0 (no metrics)
     assert best["scorers"] == {
         "test-constant-scorer/test-constant-scorer": 0.5,
         "queue-scorer/queue-scorer": 0.0,
