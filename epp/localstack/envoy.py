@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
 import socket
 import string
@@ -46,7 +47,33 @@ def config_dir() -> Path:
     return Path(epp.__file__).resolve().parent.parent / "deploy" / "envoy"
 
 
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST = 10000  # below this live well-known and registered services
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_EPHEMERAL.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def free_port() -> int:
+    """A loopback port nothing listens on now, chosen below the kernel's ephemeral range where it
+    can: a port handed back by ``bind(0)`` lies in that range, and once released any outgoing
+    connection on the machine may take it before the caller binds it (or rebinds it after a
+    restart). Falls back to ``bind(0)`` when the range leaves no room below it."""
+    low = _ephemeral_low()
+    if low - _LOWEST >= 1000:
+        pick = random.SystemRandom()
+        for _ in range(64):
+            port = pick.randrange(_LOWEST, low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -176,18 +176,21 @@ async def test_redis_killed_under_load_then_restarted_fails_no_request_and_shari
     await asyncio.sleep(1.5)
     outage = [await metrics_text(app) for app in (a, b)]
     server.start()  # same port, empty
-    await asyncio.sleep(1.0)
+    async with asyncio.timeout(15):  # sharing resumes: both replicas hear from Redis again
+        for app in (a, b):
+            while metric(await metrics_text(app), "llm_d_epp_state_sync_lag_seconds") >= 0.5:
+                await asyncio.sleep(0.05)
     await load.stop()
     assert load.failed == 0, (load.statuses, load.errors[:3])
     assert sum(load.statuses.values()) > 50
-    assert max(load.latencies) < 1.0  # nobody waited on Redis
+    # generous and one-sided: a request that waited on Redis would have failed or taken the
+    # syncer's timeouts; on a busy machine a request alone may take a second
+    assert max(load.latencies) < 5.0
     for text in outage:
         assert metric(text, "llm_d_epp_state_sync_lag_seconds") > 1.0
         rows = text.splitlines()
         errors = [r for r in rows if r.startswith("llm_d_epp_state_sync_errors_total")]
         assert sum(float(r.rsplit(" ", 1)[1]) for r in errors) > 0
-    for app in (a, b):
-        assert metric(await metrics_text(app), "llm_d_epp_state_sync_lag_seconds") < 0.5
     same = await pairs(proxy, [a, b], range(200, 206))  # prompts new to both: learned now
     assert len(same) == 6 and all(same), same
 
