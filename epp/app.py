@@ -77,6 +77,11 @@ class AppHandle:
     def logger(self, typed_name: TypedName) -> logging.Logger:
         return logging.getLogger(f"epp.plugin.{typed_name}")
 
+    def share_soon(self) -> None:
+        sync = self._app.sync
+        if sync is not None:
+            sync.share_soon()
+
     def create_plugin(
         self, type_name: str, name: str, parameters: Mapping[str, Any] | None = None
     ) -> Any:
@@ -92,6 +97,7 @@ class App:
         self.rewrites = RewriteStore()
         self.decisions = DecisionLog()
         self._instances: dict[str, Any] = {}  # filled once the config is loaded
+        self.sync: StateSync | None = None  # set once the plugins are built
         registry = registry or PluginRegistry.from_entry_points()
         options = LoadOptions(allow_experimental=settings.allow_experimental_plugins)
         self.factory = PluginFactory(registry, allow_experimental=options.allow_experimental)

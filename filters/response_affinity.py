@@ -6,10 +6,13 @@ memory (vLLM does, and so does ``epp sim``): a request naming ``previous_respons
 ``response_not_found`` from any other server. Routed like any other request, such a follow-up
 reaches the right one of four pods about one time in four.
 
-Learning: when a routed request's response completes with a 2xx status and carries a response id
-(the JSON ``id`` of a stored response, or ``response.id`` of the streamed ``response.created`` /
-``response.completed`` events, read by the parser), the id is bound to the endpoint that served
-it: the served endpoint Envoy reports when it is known, else the request's primary target.
+Learning: as soon as a routed request's 2xx response shows its response id (the ``response.id`` of
+the streamed ``response.created`` event, on the first chunk; the JSON ``id`` of a non-streamed
+stored response, read when its body is), the id is bound to the endpoint that served it: the
+served endpoint Envoy reports when it is known, else the request's primary target. That is the
+``ResponseStreaming`` hook, once per request: a streamed response's binding is in place a whole
+generation before the client can send its follow-up. ``ResponseComplete`` binds too when the
+hook could not (an id only in ``response.completed``), and is a no-op otherwise.
 
 Routing, for a request whose body names ``previous_response_id``:
 
@@ -46,9 +49,11 @@ a follow-up may reach any replica, so every replica must know every binding.
   recently than itself, never a fresher local one; when it is the least recent of all it is the
   one dropped. Every replica holds the bindings of the whole pool, so size ``maxEntries`` for the
   pool's rate of new responses times ``ttl``, not one replica's.
-- Staleness: a binding learned on another replica is usable here one sync interval (200 ms)
-  after its response completed; a follow-up sent sooner to another replica is routed as a
-  ``miss``.
+- Staleness: every new binding asks for prompt sharing (``Handle.share_soon``), so the other
+  replicas hold it a few milliseconds after it is learned (the engine's publish gap plus a
+  transport round trip), for a streamed response long before the follow-up can come; only a
+  follow-up sent within those milliseconds of a non-streamed answer can reach another replica
+  first and be routed as a ``miss``.
 
 Parameters:
 
@@ -137,6 +142,7 @@ class ResponseAffinityFilter(PluginBase):
         # bindings learned here, not exported yet: response id -> (endpoint id, bound at)
         self._pending: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._target_key = f"{self.TYPE}/{self.typed_name.name}/target"
+        self._bound_key = f"{self.TYPE}/{self.typed_name.name}/bound"
         self._register_metrics(handle)
 
     def _register_metrics(self, handle: Handle) -> None:
@@ -196,21 +202,33 @@ class ResponseAffinityFilter(PluginBase):
         self._outcome["not_candidate" if in_pool else "pod_gone"].inc()
         return endpoints
 
-    # ---- PreRequest, ResponseComplete ---------------------------------------------------------
+    # ---- PreRequest, ResponseStreaming, ResponseComplete --------------------------------------
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         targets = result.primary.targets
         if targets:
             request.attributes[self._target_key] = targets[0]
 
+    def response_streaming(self, request: InferenceRequest, response: ResponseInfo) -> None:
+        """Bind as soon as the response id is known (once per request; every chunk asks)."""
+        if response.response_id and self._bound_key not in request.attributes:
+            self._learn(request, response)
+
     def response_complete(self, request: InferenceRequest, response: ResponseInfo) -> None:
-        if not response.response_id or not 200 <= response.status < 300:
+        """The fallback: binds what ``response_streaming`` did not."""
+        if response.response_id and self._bound_key not in request.attributes:
+            self._learn(request, response)
+
+    def _learn(self, request: InferenceRequest, response: ResponseInfo) -> None:
+        request.attributes[self._bound_key] = True
+        if not 200 <= response.status < 300:
             return
         target: Endpoint | None = request.attributes.get(self._target_key)
         served = self._served(response.served_endpoint)
         endpoint_id = served or (target.id if target is not None else "")
         if endpoint_id:
             self._bind(response.response_id, endpoint_id, self.handle.clock())
+            self.handle.share_soon()
 
     # ---- SharedState --------------------------------------------------------------------------
 

@@ -59,21 +59,24 @@ class SessionBindings:
             return ""
         return entry.endpoint
 
-    def commit(self, session: str, endpoint_id: str, now: float, *, absent: bool) -> None:
+    def commit(self, session: str, endpoint_id: str, now: float, *, absent: bool) -> bool:
         """Bind (or refresh) after scheduling. A live binding to another endpoint moves only
-        when this request saw its endpoint absent from the candidates (``absent``)."""
+        when this request saw its endpoint absent from the candidates (``absent``). Returns
+        whether the binding is new or moved (peers should hear of it at once)."""
         entry = self._entries.get(session)
         live = entry is not None and now - entry.seen <= self.ttl
         if entry is not None and live and entry.endpoint != endpoint_id and not absent:
-            return
+            return False
         shared = entry.shared if entry is not None and live else -math.inf
-        if entry is None or not live or entry.endpoint != endpoint_id:
+        fresh = entry is None or not live or entry.endpoint != endpoint_id
+        if fresh:
             shared = -math.inf  # new or moved: peers must hear of it now
         if now - shared >= self.refresh_share:
             self._queue(session, endpoint_id, now)
             shared = now
         self._write(session, endpoint_id, now, shared)
         self._trim()
+        return fresh
 
     def sweep(self, now: float) -> None:
         heap = self._heap

@@ -49,9 +49,10 @@ strategy exports nothing and ignores facts.)
 - Bounds and fairness: the same 100 000 cap, evicting the least recently used binding whoever
   learned it; a peer's binding is placed by its last use, so it never pushes out a binding used
   more recently here. Every replica holds the sessions of the whole pool.
-- Staleness: a session first routed on one replica is known to the others one sync interval
-  (200 ms) later; a request arriving elsewhere before that has no preference, and if it lands on
-  another endpoint, the later use wins everywhere (the session moves once).
+- Staleness: a session bound or moved here asks for prompt sharing (``Handle.share_soon``), so
+  the others know it a few milliseconds later (refreshes wait for the sync interval); a request
+  arriving elsewhere before that has no preference, and if it lands on another endpoint, the
+  later use wins everywhere (the session moves once).
 
 A malformed or spoofed token never fails a request: a value that is not valid padded base64, is
 longer than 1024 characters, or does not decode to the id of a candidate endpoint gives no
@@ -296,7 +297,8 @@ class SessionAffinityScorer(PluginBase):
             return
         now = self.handle.clock()
         absent = request.attributes.get(self._absent_key) is True
-        self._bindings.commit(session, picked.id, now, absent=absent)
+        if self._bindings.commit(session, picked.id, now, absent=absent):
+            self.handle.share_soon()  # new or moved: its next turn may reach another replica
         if now >= self._next_sweep:
             self._bindings.sweep(now)
             self._next_sweep = now + self.sweep_every

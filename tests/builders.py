@@ -73,9 +73,14 @@ class FakeHandle:
 
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     now: float = NOW
+    shared_soon: int = 0
+    """How many times a plugin called ``share_soon``."""
 
     def clock(self) -> float:
         return self.now
+
+    def share_soon(self) -> None:
+        self.shared_soon += 1
 
     def plugin(self, name: str) -> Any:
         raise KeyError(name)

@@ -65,6 +65,9 @@ class MicroHandle:
     def logger(self, typed_name: TypedName) -> logging.Logger:
         return logging.getLogger(f"epp.plugin.{typed_name}")
 
+    def share_soon(self) -> None:
+        """No syncer here."""
+
     def create_plugin(
         self, type_name: str, name: str, parameters: Mapping[str, Any] | None = None
     ) -> Any:

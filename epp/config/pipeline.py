@@ -28,6 +28,7 @@ from epp.plugin import (
     RequestHeaderProcessor,
     ResponseComplete,
     ResponseHeaders,
+    ResponseStreaming,
     SaturationDetector,
     SharedState,
     StateDumper,
@@ -56,6 +57,8 @@ class Pipeline:
     admitters: list[Admitter] = field(default_factory=list)
     pre_request: list[PreRequest] = field(default_factory=list)
     response_headers: list[ResponseHeaders] = field(default_factory=list)
+    response_streaming: list[ResponseStreaming] = field(default_factory=list)
+    """ResponseStreaming hooks, run on every response body chunk."""
     response_complete: list[ResponseComplete] = field(default_factory=list)
     lifecycle: list[Lifecycle] = field(default_factory=list)
     readiness: list[ReadinessChecker] = field(default_factory=list)
@@ -82,6 +85,7 @@ class Pipeline:
         p.admitters = [x for x in everything if isinstance(x, Admitter)]
         p.pre_request = [x for x in everything if isinstance(x, PreRequest)]
         p.response_headers = [x for x in everything if isinstance(x, ResponseHeaders)]
+        p.response_streaming = [x for x in everything if isinstance(x, ResponseStreaming)]
         p.response_complete = [x for x in everything if isinstance(x, ResponseComplete)]
         p.lifecycle = [x for x in everything if isinstance(x, Lifecycle)]
         p.readiness = [x for x in everything if isinstance(x, ReadinessChecker)]

@@ -61,6 +61,14 @@ class Handle(Protocol):
 
     def logger(self, typed_name: TypedName) -> logging.Logger: ...
 
+    def share_soon(self) -> None:
+        """The calling plugin (a ``SharedState``) has just recorded facts other replicas should
+        have at once (a new binding, new prefix blocks): the sync engine publishes within a few
+        milliseconds instead of at its next interval. Cheap enough for the request path (a flag
+        set); a no-op without a cross-replica syncer. Facts still travel only through
+        ``export_facts``."""
+        ...
+
     def create_plugin(
         self, type_name: str, name: str, parameters: Mapping[str, Any] | None = None
     ) -> Any:
@@ -256,6 +264,22 @@ class ResponseHeaders(Protocol):
     def response_headers(
         self, request: InferenceRequest, response: ResponseInfo, set_headers: dict[str, str]
     ) -> None: ...
+
+
+@runtime_checkable
+class ResponseStreaming(Protocol):
+    """Runs on each response body chunk, after the response parser has read it (upstream's
+    ``ResponseBodyProcessor``, extension point ``ResponseStreaming``): ``response`` holds what is
+    known so far (usage, the Responses API ``response_id`` as soon as ``response.created``
+    arrived) and ``end_of_stream`` on the last chunk. A non-streamed response, held to its end,
+    gives one call. The chunk has not been forwarded to the client yet, so what a hook learns
+    here is in place before the client can act on it. Only routed requests; hooks run in
+    configuration order, synchronously on every chunk: keep them cheap. One that raises is
+    logged and the stream goes on."""
+
+    typed_name: TypedName
+
+    def response_streaming(self, request: InferenceRequest, response: ResponseInfo) -> None: ...
 
 
 @runtime_checkable

@@ -7,7 +7,8 @@ prefix affinity and sessions break as soon as two replicas share a pool.
 
 A plugin that keeps such state implements ``SharedState``. When a cross-replica syncer is
 configured (``dataLayer.crossReplicaSyncerPluginRef``, e.g. ``redis-syncer``), the sync engine
-calls it from one background task, every ``crossReplicaSyncInterval`` (200 ms):
+calls it from its background tasks, at least every ``crossReplicaSyncInterval`` (200 ms), and
+within a few milliseconds of the plugin calling ``Handle.share_soon()``:
 
 - ``export_facts()`` hands over what the plugin learned since the last call (and clears it). The
   facts are JSON values (dicts, lists, strings, numbers): compact, self-describing, and bounded by
@@ -17,6 +18,11 @@ calls it from one background task, every ``crossReplicaSyncInterval`` (200 ms):
   at-least-once over a bounded log, and a replica that starts late replays the log's tail.
 
 Both are synchronous and called on the event loop, never on the request path: they must be quick.
+A plugin that has just learned something a peer may need at once (a binding a follow-up request
+will look for, a prompt's new blocks) calls ``self.handle.share_soon()`` after recording it: a
+flag set, so it may be called on every request; the engine then exports and publishes at once
+(at most one publish every few milliseconds under load). Facts learned without it wait for the
+next interval.
 Facts travel between replicas keyed by the plugin's configured name, so replicas must run the
 same configuration. A plugin with nothing to share does not implement the protocol.
 
@@ -55,7 +61,10 @@ class ReplicaSyncer(Protocol):
     (``dataLayer.crossReplicaSyncerPluginRef``; ``redis-syncer`` is the built-in one).
 
     The model is one shared, bounded, append-only log per pool. The engine (``epp.state``) drives
-    it from a single task, never concurrently, and never on the request path:
+    it from two tasks, never on the request path: one publishes, the other replays and receives.
+    So ``publish`` may run while a ``receive`` (or ``replay``) waits, and a transport keeps the two
+    apart (e.g. one connection each); neither is ever called concurrently with itself, and
+    ``replay`` and ``receive`` never with each other:
 
     - ``replica_id``: this replica's identity, unique among the replicas and stable for the life
       of the instance (e.g. pod name plus a random suffix: a restarted replica is a new one).
@@ -65,17 +74,23 @@ class ReplicaSyncer(Protocol):
       ``replay`` before it reports ready anyway (so the transport being down never keeps the EPP
       unready).
     - ``publish(batch)``: appends one batch (plugin name → facts, JSON values) to the log.
-    - ``receive()``: the batches appended since the cursor, oldest first, from every origin
+    - ``receive(wait)``: the batches appended since the cursor, oldest first, from every origin
       (this replica's own included: the engine skips them), at most a bounded number per call;
-      moves the cursor past them. Without a prior ``replay`` the cursor starts at the log's end.
+      moves the cursor past them. With none there yet and ``wait`` > 0, it waits up to ``wait``
+      seconds for the first new ones and returns as soon as they are appended (``redis-syncer``:
+      ``XREAD BLOCK``), so peers' facts apply within a round trip of their publication; it may
+      return empty sooner. ``wait`` 0 returns at once. Without a prior ``replay`` the cursor
+      starts at the log's end.
     - ``replay()``: the log's tail (bounded), oldest first, for a replica that starts; moves the
       cursor to the end of what it returned, so ``receive`` continues from there.
 
-    Every call is bounded in time by the transport's own timeout. An exception means "the
-    transport is unavailable": nothing was appended (``publish``; the engine keeps the batch and
-    retries it), the cursor did not move (``receive``, ``replay``). Delivery is at-least-once and
-    the log is bounded, so facts may be lost, duplicated or reordered; ``SharedState`` copes.
-    Connections are opened lazily and closed by ``Lifecycle.stop`` when the syncer implements it.
+    Every call is bounded in time by the transport's own timeout (plus ``wait``). An exception
+    means "the transport is unavailable": nothing was appended (``publish``; the engine keeps the
+    batch and retries it), the cursor did not move (``receive``, ``replay``). A ``receive``
+    cancelled while it waits (the App stopping) leaves the cursor where it was. Delivery is
+    at-least-once and the log is bounded, so facts may be lost, duplicated or reordered;
+    ``SharedState`` copes. Connections are opened lazily and closed by ``Lifecycle.stop`` when the
+    syncer implements it.
     """
 
     typed_name: TypedName
@@ -90,6 +105,6 @@ class ReplicaSyncer(Protocol):
 
     async def publish(self, batch: Mapping[str, Sequence[Any]]) -> None: ...
 
-    async def receive(self) -> list[Delivery]: ...
+    async def receive(self, wait: float = 0.0) -> list[Delivery]: ...
 
     async def replay(self) -> list[Delivery]: ...

@@ -5,7 +5,8 @@ or legacy shedding) → candidates (pool ∩ subset hint) → data producers →
 pre-request hooks. Every failure is an ``InferenceError`` carrying its wire status.
 
 Response side: the response headers run the ``ResponseHeaders`` hooks; body chunks feed the
-parser's usage extraction and get the client's model name back; completion (end of stream,
+parser's usage extraction, then the ``ResponseStreaming`` hooks (a held, non-streamed response:
+once, at its end), and get the client's model name back; completion (end of stream,
 trailers, client disconnect or error, exactly once) runs the ``ResponseComplete`` hooks, frees
 the flow-control accounting and records the request's metrics.
 
@@ -45,7 +46,6 @@ from epp.plugin import (
     ErrorCode,
     InferenceError,
     InferenceRequest,
-    ParsedResponse,
     Parser,
     ParseResult,
     ResponseInfo,
@@ -53,7 +53,14 @@ from epp.plugin import (
     agent_identity,
     wire,
 )
-from epp.requestcontrol.exchange import Decision, Exchange, Forward, restore_model
+from epp.requestcontrol.exchange import (
+    Decision,
+    Exchange,
+    Forward,
+    learn,
+    restore_model,
+    stream_hooks,
+)
 from epp.requestcontrol.objectives import ObjectiveStore
 from epp.requestcontrol.parsers import ParserRouter
 from epp.requestcontrol.rewrites import RewriteStore
@@ -93,6 +100,7 @@ class Director:
         self._router = ParserRouter(pipeline.parsers)
         self._producers = tuple(zip(pipeline.producers, pipeline.producer_timeouts, strict=True))
         self._header_processors = tuple(pipeline.request_header)
+        self._streaming = tuple(pipeline.response_streaming)
         self._on_scheduled = on_scheduled or (lambda _: None)
         self._rewrites = rewrites if rewrites is not None else RewriteStore()
         self._on_rewrite = on_rewrite or (lambda _n, _m, _t: None)
@@ -333,7 +341,9 @@ class Director:
             data = bytes(held) + data
         ex.buffer = None
         if ex.state is not None:
-            _learn(ex.response, ex.state.feed(data, end_of_stream))
+            learn(ex.response, ex.state.feed(data, end_of_stream))
+        if self._streaming:
+            stream_hooks(self._streaming, ex, end_of_stream)
         out = restore_model(ex.decision, data)
         if end_of_stream:
             self.complete(ex, TerminationCause.NATURAL)
@@ -355,7 +365,9 @@ class Director:
             parsed = decision.parser.parse_response(
                 body, ex.response.headers, streaming=False, end_of_stream=True
             )
-            _learn(ex.response, parsed)
+            learn(ex.response, parsed)
+        if self._streaming:
+            stream_hooks(self._streaming, ex, True)
         out = restore_model(decision, body)
         self.complete(ex, TerminationCause.NATURAL)
         return Forward(out, whole=True, changed=out != body)
@@ -378,14 +390,6 @@ class Director:
             self._flow.done(request, output_tokens=info.usage.completion_tokens)
         if self._stats is not None:
             self._stats.on_complete(request, info, time.monotonic() - ex.started, ex.size)
-
-
-def _learn(info: ResponseInfo, parsed: ParsedResponse) -> None:
-    """Fold what the parser read from a response chunk or body into the response info."""
-    if parsed.usage is not None:
-        info.usage.merge(parsed.usage)
-    if parsed.response_id and not info.response_id:
-        info.response_id = parsed.response_id
 
 
 def _no_candidates() -> InferenceError:

@@ -2,11 +2,13 @@
 
 ``Decision`` is the scheduling outcome (and the body to forward); ``Exchange`` is the whole
 request: the decision, the response as it streams back, and whether completion already ran.
-``Forward`` is what the Director hands back for a response body: the bytes to send on.
+``Forward`` is what the Director hands back for a response body: the bytes to send on. ``learn``
+and ``stream_hooks`` are the response side's per-chunk steps.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -14,12 +16,16 @@ from typing import NamedTuple
 from epp.plugin import (
     Endpoint,
     InferenceRequest,
+    ParsedResponse,
     Parser,
     ParseResult,
     ResponseInfo,
     ResponseState,
+    ResponseStreaming,
     SchedulingResult,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -70,3 +76,25 @@ def restore_model(decision: Decision | None, data: bytes) -> bytes:
     incoming = decision.request.incoming_model.encode()
     data = data.replace(b'"model":"' + target + b'"', b'"model":"' + incoming + b'"')
     return data.replace(b'"model": "' + target + b'"', b'"model": "' + incoming + b'"')
+
+
+def learn(info: ResponseInfo, parsed: ParsedResponse) -> None:
+    """Fold what the parser read from a response chunk or body into the response info."""
+    if parsed.usage is not None:
+        info.usage.merge(parsed.usage)
+    if parsed.response_id and not info.response_id:
+        info.response_id = parsed.response_id
+
+
+def stream_hooks(hooks: Sequence[ResponseStreaming], ex: Exchange, end_of_stream: bool) -> None:
+    """Run the ``ResponseStreaming`` hooks on a chunk the parser has read (routed requests only;
+    one that raises is logged, and the stream goes on)."""
+    info = ex.response
+    if ex.decision is None or info is None:
+        return
+    info.end_of_stream = end_of_stream
+    for hook in hooks:
+        try:
+            hook.response_streaming(ex.request, info)
+        except Exception:
+            log.exception("response-streaming hook %s failed", hook.typed_name)

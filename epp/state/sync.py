@@ -1,43 +1,55 @@
 """``StateSync``: moves routing facts between EPP replicas (active-active serving).
 
-One long-lived task per App, started only when the config names a cross-replica syncer
+Started only when the config names a cross-replica syncer
 (``dataLayer.crossReplicaSyncerPluginRef``) and at least one plugin implements ``SharedState``.
-Every ``crossReplicaSyncInterval`` (default 200 ms) one round:
+``run`` is two long-lived tasks of the App, so that neither side waits for the other:
 
-1. **Collect**: ``export_facts()`` of every ``SharedState`` plugin (detected once at load; the
-   flow controller takes part as ``flow-control``) becomes one batch (plugin name → facts) in
-   the outbox. (An interval below 10 ms is raised to 10 ms.)
-2. **Publish** the outbox through the ``ReplicaSyncer``, oldest first, merged into entries of at
-   most ``publish_facts`` facts (at most 4 entries a round). The outbox is bounded
-   (``outbox_facts``, default 8,192 facts): when the syncer is down the newest batches are kept
-   and the oldest dropped and counted (``llm_d_epp_state_sync_dropped_facts_total``).
-3. **Receive** the batches published since the last round and apply them by plugin name: this
-   replica's own batches and names no plugin here has are skipped and counted. Between batches
-   the loop yields to the event loop, so a large catch-up never stalls request handling.
+- **Publish.** Collect ``export_facts()`` of every ``SharedState`` plugin (detected once at load;
+  the flow controller takes part as ``flow-control``) into one batch (plugin name → facts) in the
+  outbox, and publish the outbox through the ``ReplicaSyncer``, oldest first, merged into entries
+  of at most ``publish_facts`` facts (at most 4 entries a round). A round runs every
+  ``crossReplicaSyncInterval`` (default 200 ms; below 10 ms it is raised to 10 ms) and, sooner,
+  once a plugin called ``share_soon()`` (``Handle.share_soon``), but never within
+  ``soon_gap`` (5 ms, at most the interval) of the previous round: under load one publish
+  carries every request's facts of the last few milliseconds. The outbox is bounded
+  (``outbox_facts``, default 8,192 facts): when the syncer is down the newest batches are kept
+  and the oldest dropped and counted (``llm_d_epp_state_sync_dropped_facts_total``).
+- **Receive.** Replay the log (bootstrap, below), then receive in a loop, each call waiting up to
+  one interval for new batches (``ReplicaSyncer.receive(wait)``; ``redis-syncer`` blocks in
+  ``XREAD``), so a peer's facts are applied a round trip after it published them. Batches are
+  applied by plugin name: this replica's own and names no plugin here has are skipped and
+  counted. Between batches the loop yields to the event loop, so a large catch-up never stalls
+  request handling. A syncer that returns empty before the wait is over is called again only
+  when the interval has passed, so the loop never spins.
 
-**Bootstrap.** The first round replays the log's tail (``ReplicaSyncer.replay``) and applies it
-before anything else; ``ready()`` is false until then, and ``App.ready()`` includes it, so a
-replica that starts (or restarts under load) reports SERVING only with what its peers learned.
-If the syncer is unreachable, ``ready()`` turns true anyway once ``bootstrap_timeout`` (the
-syncer's, ``bootstrapTimeout`` of ``redis-syncer``: 5 s) has passed since the loop started: a
-Redis outage must never keep the EPP unready. The loop keeps retrying the replay and applies
-the tail as soon as it succeeds. The warm standby of leader election runs the loop too (every
-App does), so a new leader starts warm.
+``round`` is the two sides once, in order (collect, bootstrap if due, publish, receive without
+waiting), for tests and tools.
+
+**Bootstrap.** The receive side first replays the log's tail (``ReplicaSyncer.replay``) and
+applies it; ``ready()`` is false until then, and ``App.ready()`` includes it, so a replica that
+starts (or restarts under load) reports SERVING only with what its peers learned. If the syncer
+is unreachable, ``ready()`` turns true anyway once ``bootstrap_timeout`` (the syncer's,
+``bootstrapTimeout`` of ``redis-syncer``: 5 s) has passed since the loop started: a Redis outage
+must never keep the EPP unready. The loop keeps retrying the replay and applies the tail as soon
+as it succeeds. The warm standby of leader election runs the loop too (every App does), so a new
+leader starts warm.
 
 **Outage.** Requests never wait for the syncer: they read local state, which the loop updates
-between them. A failed operation ends the round; it is counted
+between them, and ``share_soon`` only sets a flag. A failed operation is counted
 (``llm_d_epp_state_sync_errors_total{operation}``), logged (the first time, then at most every
-30 s, and on recovery) and retried with a backoff doubling from the interval up to 1 s. The
-staleness of the view shows as ``llm_d_epp_state_sync_lag_seconds`` (time since the last
-successful receive). When the syncer answers again the outbox is published and the receive
-resumes from the cursor: facts published during the outage are caught up, within the log's bound.
-An exception from a plugin's ``export_facts`` or ``apply_facts`` is counted and logged; it never
-stops the loop.
+30 s, and on recovery) and retried by its side with a backoff doubling from the interval up to
+1 s; ``share_soon`` does not cut a backoff short. The staleness of the view shows as
+``llm_d_epp_state_sync_lag_seconds`` (time since the last successful receive). When the syncer
+answers again the outbox is published and the receive resumes from the cursor: facts published
+during the outage are caught up, within the log's bound. An exception from a plugin's
+``export_facts`` or ``apply_facts`` is counted and logged; it never stops the loop. Cancelling
+``run`` (the App stopping) ends both sides at once, a waiting receive included.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter as Tally
@@ -55,6 +67,8 @@ log = logging.getLogger(__name__)
 DEFAULT_INTERVAL: Final = 0.2
 """Seconds between rounds when ``crossReplicaSyncInterval`` is absent (upstream's default)."""
 MIN_INTERVAL: Final = 0.01
+SOON_GAP: Final = 0.005
+"""Least seconds between two publish rounds, however often ``share_soon`` is called."""
 OUTBOX_FACTS: Final = 8192
 PUBLISH_FACTS: Final = 2048
 PUBLISHES_PER_ROUND: Final = 4
@@ -83,12 +97,14 @@ class StateSync:
         clock: Callable[[], float] = time.monotonic,
         outbox_facts: int = OUTBOX_FACTS,
         publish_facts: int = PUBLISH_FACTS,
+        soon_gap: float = SOON_GAP,
     ) -> None:
         self.syncer = syncer
         self.plugins = {p.typed_name.name: p for p in plugins}
         if len(self.plugins) < len(plugins):
             log.warning("several shared-state plugins have one name; only the last one syncs")
         self.interval = max(interval, MIN_INTERVAL)
+        self.soon_gap = min(max(soon_gap, 0.0), self.interval)
         self.metrics = metrics
         self._clock = clock
         self._outbox_cap = outbox_facts
@@ -98,7 +114,9 @@ class StateSync:
         self._bootstrapped = False
         self._deadline: float | None = None
         self._last_sync: float | None = None
-        self._failures = 0
+        self._failures: dict[str, int] = {}  # by side (publish, receive, round): failed in a row
+        self._soon = asyncio.Event()
+        self._received = 0  # batches the last receive returned
         self._logged_at: dict[str, float] = {}
         metrics.lag.set_function(self.lag)
         metrics.outbox_facts.set_function(lambda: self._outbox_size)
@@ -160,16 +178,17 @@ class StateSync:
         self._deadline = now + self.syncer.bootstrap_timeout
         self._last_sync = now
 
+    def share_soon(self) -> None:
+        """Publish within ``soon_gap`` rather than at the next interval (``Handle.share_soon``)."""
+        if not self._soon.is_set():
+            self._soon.set()
+
     async def run(self) -> None:
-        """Rounds until cancelled."""
+        """The publish and receive sides, until cancelled."""
         self.begin()
-        while True:
-            ok = await self.round()
-            delay = self.interval
-            if not ok:
-                backoff = self.interval * 2 ** min(self._failures, 16)
-                delay = max(delay, min(backoff, MAX_BACKOFF))
-            await asyncio.sleep(delay)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._publisher())
+            tg.create_task(self._receiver())
 
     async def round(self) -> bool:
         """One round (collect, bootstrap if due, publish, receive); whether the syncer answered."""
@@ -177,12 +196,52 @@ class StateSync:
         ok = (
             (self._bootstrapped or await self._attempt("replay", self._bootstrap()))
             and await self._attempt("publish", self._flush())
-            and await self._attempt("receive", self._receive())
+            and await self._attempt("receive", self._receive(0.0))
         )
-        if ok and self._failures:
-            log.info("cross-replica sync is back after %d failed rounds", self._failures)
-            self._failures = 0
+        self._settle("round", ok)
         return ok
+
+    async def _publisher(self) -> None:
+        while True:
+            self._soon.clear()  # a share_soon from now on asks for the next round
+            self.collect()
+            ok = await self._attempt("publish", self._flush())
+            delay = self._settle("publish", ok)
+            await asyncio.sleep(self.soon_gap)
+            if not ok:
+                await asyncio.sleep(delay - self.soon_gap)
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay - self.soon_gap):
+                    await self._soon.wait()
+
+    async def _receiver(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started, received = loop.time(), 0
+            if not self._bootstrapped:
+                ok = await self._attempt("replay", self._bootstrap())
+                received = 1  # go on to receive at once
+            else:
+                ok = await self._attempt("receive", self._receive(self.interval))
+                received = self._received
+            delay = self._settle("receive", ok)
+            if not ok:
+                await asyncio.sleep(delay)
+            elif not received:  # returned empty before the wait was over: never spin
+                await asyncio.sleep(max(0.0, started + self.interval - loop.time()))
+
+    def _settle(self, side: str, ok: bool) -> float:
+        """Record a side's outcome; the seconds it waits before trying again."""
+        failures = self._failures.get(side, 0)
+        if ok:
+            if failures:
+                log.info("cross-replica sync (%s) is back after %d failures", side, failures)
+                self._failures[side] = 0
+            return self.interval
+        self._failures[side] = failures = failures + 1
+        backoff = self.interval * 2.0 ** min(failures, 16)
+        return max(self.interval, min(backoff, MAX_BACKOFF))
 
     def collect(self) -> None:
         """Move every plugin's new facts into the outbox (bounded: the oldest are dropped)."""
@@ -213,7 +272,6 @@ class StateSync:
         try:
             await step
         except Exception as exc:
-            self._failures += 1
             self.metrics.errors.labels(operation).inc()
             self._warn(
                 "cross-replica sync: %s failed (%s); routing continues on local state",
@@ -259,8 +317,10 @@ class StateSync:
             for name, facts in merged.items():
                 self.metrics.published_facts.labels(name).inc(len(facts))
 
-    async def _receive(self) -> None:
-        deliveries = await self.syncer.receive()
+    async def _receive(self, wait: float) -> None:
+        self._received = 0
+        deliveries = await self.syncer.receive(wait)
+        self._received = len(deliveries)
         self._last_sync = self._clock()
         self.metrics.batches.labels("received").inc(len(deliveries))
         await self._apply(deliveries)

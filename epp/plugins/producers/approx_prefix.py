@@ -33,7 +33,9 @@ folded; at most 65,536 pending (endpoint, block) pairs, the oldest dropped and c
 other replicas are added to the local index with ``add`` as if this replica had routed those
 requests, with the capacity the other replica computed from the same scraped metrics, and are
 not exported again (no echo). Duplicates only refresh recency and a lost fact only costs a miss.
-Nothing is buffered until a syncer asks for facts.
+Nothing is buffered until a syncer asks for facts. A request whose primary target did not hold
+all of its blocks (new blocks, the next turn of a conversation may follow at once) asks for prompt
+sharing (``Handle.share_soon``); a full hit only refreshes recency and waits for the interval.
 
 Parameters:
 
@@ -268,8 +270,11 @@ class ApproxPrefixCacheProducer(PluginBase):
                 if pending is not None and (dropped := pending.add(ep.id, hashes, capacity)):
                     self._pending_dropped.inc(dropped)
         self._metrics.size(self.index.size)
+        matched = state.matches.get(target.id, 0)
+        if pending is not None and matched < state.total_blocks:
+            self.handle.share_soon()  # new blocks: the other replicas should route by them now
         unit = state.block_size * TOKEN_BYTES  # bytes per block, as upstream reports it
-        self._metrics.hit(state.matches.get(target.id, 0) * unit, state.total_blocks * unit)
+        self._metrics.hit(matched * unit, state.total_blocks * unit)
 
     def _capacity(self, endpoint: Endpoint, block_size: int) -> int:
         """How many index blocks of ``block_size`` tokens the endpoint's KV cache holds."""

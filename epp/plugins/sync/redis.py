@@ -2,16 +2,20 @@
 
 The ``ReplicaSyncer`` of ``epp.plugin.sharing`` over Redis Streams. Each replica appends its
 batch (plugin name → facts) as one entry, ``XADD <prefix>:facts MAXLEN ~ <maxLen> * o <replica>
-f <msgpack batch>``, and reads the others' with a non-blocking ``XREAD COUNT <readCount>`` from
-its cursor (the last entry id it read). The stream is the bounded log: approximate trimming keeps
-at least ``maxLen`` entries and drops older ones in whole nodes (cheap); a replica that starts
-replays the newest ``replayCount`` entries (``XREVRANGE``, pages of 200) before it reports ready.
-An entry's ids come from the Redis clock, so a reader that was away resumes where it stopped (or
-at the oldest entry still kept). When the stream is empty or ends before the cursor (Redis
-restarted without persistence, or the key was deleted) the cursor goes back to ``0-0``, so
-nothing written afterwards is missed whatever the ids. Streams were chosen over pub/sub because
-they are the catch-up log and the live feed in one: nothing is lost between a restart and a
-subscription, and a replica cut off from Redis catches up by reading on from its cursor.
+f <msgpack batch>``, and reads the others' with ``XREAD COUNT <readCount> BLOCK <wait>`` from
+its cursor (the last entry id it read): a receive returns as soon as a peer appends an entry, or
+when the engine's wait (one sync interval, at most 5 s) is over, so facts reach the other
+replicas a round trip after they were published. Publishing and receiving use a connection
+each, so a publish never queues behind a waiting read. The stream is the bounded log:
+approximate trimming keeps at least ``maxLen`` entries and drops older ones in whole nodes
+(cheap); a replica that starts replays the newest ``replayCount`` entries (``XREVRANGE``, pages
+of 200) before it reports ready. An entry's ids come from the Redis clock, so a reader that was
+away resumes where it stopped (or at the oldest entry still kept). When the stream is empty or
+ends before the cursor (Redis restarted without persistence, or the key was deleted) the cursor
+goes back to ``0-0``, so nothing written afterwards is missed whatever the ids. Streams were
+chosen over pub/sub because they are the catch-up log and the live feed in one: nothing is lost
+between a restart and a subscription, and a replica cut off from Redis catches up by reading on
+from its cursor.
 
 Batches are msgpack (``msgspec``): facts are JSON values, and 64-bit block hashes cost 9 bytes
 instead of 20 as JSON text. A batch that cannot be encoded is dropped and counted, not retried.
@@ -21,15 +25,19 @@ realistic tick of one replica at 100 requests/s with 200 ms ticks (one prefix fa
 touched, 8 endpoints, 2,000 new block hashes in all) is an 18 KB entry (41 KB as JSON). Publishing
 it takes 0.18 ms; receiving and decoding a round of four such entries (three peers and its own)
 0.54 ms; an idle receive 0.20 ms (one round trip: ``XREAD`` and the emptiness check are
-pipelined). That is about 0.4% of a core per replica for the transport; applying the facts costs
-what the index work of that traffic costs (``approx-prefix-cache-producer``: 1.8 ms for 2,000
-new blocks, 0.2 ms when already known). A replay of 1,000 entries takes 0.15 s; Redis holds about
-20 MB for a pool's log at the default ``maxLen``.
+pipelined; a waiting ``XREAD`` costs nothing while it waits). That is about 0.4% of a core per
+replica for the transport; applying the facts costs what the index work of that traffic costs
+(``approx-prefix-cache-producer``: 1.8 ms for 2,000 new blocks, 0.2 ms when already known). With
+prompt sharing (``share_soon``) the same facts travel in more, smaller entries (at most one per
+5 ms per replica). A replay of 1,000 entries takes 0.15 s; Redis holds about 20 MB for a pool's
+log at the default ``maxLen``.
 
-Every Redis call runs under ``timeout`` (socket connect and read timeouts, and an overall bound);
-redis-py's own retries are off (the engine retries on its next tick). After a failure the client
-is dropped and a new connection is made on the next call. The password file is read at every new
-connection, so a rotated Secret is picked up without a restart.
+Every Redis call runs under ``timeout`` (socket connect and read timeouts, and an overall bound;
+a waiting receive under ``timeout`` plus its wait); redis-py's own retries are off (the engine
+retries). After a failure, or a receive cancelled while it waits (the EPP stopping), that side's
+connection is dropped and a new one is made on the next call; the cursor moves only when entries
+were returned. The password file is read at every new connection, so a rotated Secret is picked
+up without a restart.
 
 Parameters:
 
@@ -104,6 +112,8 @@ from epp.plugin.metrics import metric_family
 from epp.plugin.units import parse_duration
 
 REPLAY_PAGE: Final = 200
+MAX_WAIT: Final = 5.0
+"""Longest a receive blocks in ``XREAD`` (a longer wait is cut to this)."""
 START: Final = "0-0"
 _LABELS: Final = ("plugin_name", "direction")
 
@@ -189,7 +199,8 @@ class RedisSyncer(PluginBase):
         self._bootstrap_timeout = parse_duration(params.bootstrap_timeout)
         self._stream = f"{params.key_prefix or 'epp:default/default'}:facts"
         self._cursor: str | None = None
-        self._redis: Redis | None = None
+        # one connection per side: a publish never waits behind a blocked XREAD
+        self._clients: dict[str, Redis | None] = {"publish": None, "receive": None}
         self._last_error = ""
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(dict[str, list[Any]])
@@ -233,24 +244,27 @@ class RedisSyncer(PluginBase):
             return
         fields: dict[Any, Any] = {"o": self._replica_id, "f": payload}
         await self._call(
-            lambda r: r.xadd(self._stream, fields, maxlen=self.params.max_len, approximate=True)
+            lambda r: r.xadd(self._stream, fields, maxlen=self.params.max_len, approximate=True),
+            side="publish",
         )
         self._bytes["published"].inc(len(payload))
 
-    async def receive(self) -> list[Delivery]:
+    async def receive(self, wait: float = 0.0) -> list[Delivery]:
         if self._cursor is None:  # no replay: start at the log's current end
             newest = await self._call(self._newest("+", 1))
             self._cursor = newest[0][0].decode() if newest else START
             return []
         cursor = self._cursor
+        wait = min(max(wait, 0.0), MAX_WAIT)
+        block = max(1, round(wait * 1000)) if wait > 0 else None  # BLOCK 0 would wait forever
 
         def read(r: Redis) -> Awaitable[list[Any]]:
             pipe = r.pipeline(transaction=False)
-            pipe.xread({self._stream: cursor}, count=self.params.read_count)
+            pipe.xread({self._stream: cursor}, count=self.params.read_count, block=block)
             pipe.xrevrange(self._stream, "+", "-", count=1)
             return pipe.execute()
 
-        response, newest = await self._call(read)
+        response, newest = await self._call(read, extra=wait)
         entries = response[0][1] if response else []
         if entries:
             self._cursor = entries[-1][0].decode()
@@ -283,7 +297,8 @@ class RedisSyncer(PluginBase):
         """Nothing to do: the connection is made by the first call (Redis may be down now)."""
 
     async def stop(self) -> None:
-        await self._drop_client()
+        for side in self._clients:
+            await self._drop_client(side)
 
     def dump_state(self) -> Mapping[str, Any]:
         parts = urlsplit(self.params.url)
@@ -314,22 +329,36 @@ class RedisSyncer(PluginBase):
                 self._log.warning("skipped entry %s of %s: %s", entry_id, self._stream, exc)
         return out
 
-    async def _call(self, command: Callable[[Redis], Awaitable[Any]]) -> Any:
-        """Run ``command(client)`` under the timeout; on failure drop the client and re-raise."""
+    async def _call(
+        self,
+        command: Callable[[Redis], Awaitable[Any]],
+        *,
+        side: str = "receive",
+        extra: float = 0.0,
+    ) -> Any:
+        """Run ``command`` on the side's client under the timeout (plus ``extra`` seconds of
+        waiting); on failure or cancellation drop that client and re-raise."""
         try:
-            async with asyncio.timeout(self._timeout):
-                result = await command(self._client())
+            async with asyncio.timeout(self._timeout + extra):
+                result = await command(self._client(side))
         except Exception as exc:
             self._last_error = f"{type(exc).__name__}: {exc}"
-            await self._drop_client()
+            await self._drop_client(side)
+            raise
+        except asyncio.CancelledError:  # a reply may still be on its way: never reuse the socket
+            await self._drop_client(side)
             raise
         self._last_error = ""
         return result
 
-    def _client(self) -> Redis:
-        if self._redis is None:
-            self._redis = Redis.from_url(self.params.url, **self._client_options())
-        return self._redis
+    def _client(self, side: str) -> Redis:
+        client = self._clients[side]
+        if client is None:
+            options = self._client_options()
+            if side == "receive":  # a blocked XREAD answers after its wait
+                options["socket_timeout"] = self._timeout + MAX_WAIT
+            client = self._clients[side] = Redis.from_url(self.params.url, **options)
+        return client
 
     def _client_options(self) -> dict[str, Any]:
         p = self.params
@@ -338,7 +367,7 @@ class RedisSyncer(PluginBase):
             "socket_connect_timeout": self._timeout,
             "retry": Retry(NoBackoff(), 0),
             "protocol": 2,
-            "max_connections": 2,
+            "max_connections": 1,
         }
         if p.password_file:
             opts["credential_provider"] = _PasswordFile(p.password_file, p.username)
@@ -354,8 +383,8 @@ class RedisSyncer(PluginBase):
             )
         return opts
 
-    async def _drop_client(self) -> None:
-        client, self._redis = self._redis, None
+    async def _drop_client(self, side: str) -> None:
+        client, self._clients[side] = self._clients[side], None
         if client is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(self._timeout):

@@ -17,6 +17,7 @@ from epp.plugin import (
     RequestBody,
     ResponseComplete,
     ResponseInfo,
+    ResponseStreaming,
     SchedulingResult,
     StateDumper,
 )
@@ -69,7 +70,7 @@ def outcomes(h: PoolHandle) -> dict[str, float]:
 
 def test_roles_and_contract_hold_when_constructed() -> None:
     f = plugin()
-    for role in (Filter, PreRequest, ResponseComplete, StateDumper):
+    for role in (Filter, PreRequest, ResponseStreaming, ResponseComplete, StateDumper):
         assert isinstance(f, role)
     check_filter(f, POOL, follow_up("resp_x"))
 
@@ -101,6 +102,33 @@ def test_nothing_is_bound_when_response_failed_or_has_no_id(info: dict[str, Any]
     rid = "" if not info else "resp_c"
     f.response_complete(request, ResponseInfo(request_id="r", headers={}, response_id=rid, **info))
     assert f.dump_state()["bindings"] == 0
+
+
+def test_a_streamed_response_is_bound_at_its_first_chunk_and_shared_at_once() -> None:
+    h = PoolHandle()
+    f = plugin(h)
+    request = follow_up(None)
+    f.pre_request(request, SchedulingResult({"d": ProfileResult((POOL[2],))}, "d"))
+    info = ResponseInfo(request_id="r", headers={}, streaming=True)
+    f.response_streaming(request, info)  # a chunk before the id: nothing yet
+    assert f.dump_state()["bindings"] == 0 and h.shared_soon == 0
+    info.response_id = "resp_s"  # response.created read on this chunk
+    f.response_streaming(request, info)
+    assert f.filter(make_cycle(), follow_up("resp_s"), POOL) == [POOL[2]]
+    assert h.shared_soon == 1
+    assert [fact["id"] for fact in f.export_facts()] == ["resp_s"]
+    f.response_streaming(request, info)  # later chunks and completion: bound once
+    info.end_of_stream = True
+    f.response_complete(request, info)
+    assert h.shared_soon == 1 and f.export_facts() == []
+
+
+def test_an_id_seen_only_at_completion_is_bound_then() -> None:
+    h = PoolHandle()
+    f = plugin(h)
+    serve(f, POOL[1], "resp_late")
+    assert f.filter(make_cycle(), follow_up("resp_late"), POOL) == [POOL[1]]
+    assert h.shared_soon == 1
 
 
 def test_candidates_pass_and_outcome_says_why_when_bound_endpoint_is_gone_or_filtered() -> None:

@@ -90,6 +90,19 @@ def test_a_move_is_exported_at_once() -> None:
     assert preferred(b, "s") == [1.0, 0.0, 0.0, 0.0]
 
 
+def test_new_and_moved_sessions_ask_for_prompt_sharing_refreshes_do_not() -> None:
+    a, _ = replicas()
+    _turn(a, {"x-session-id": "s"}, EPS[3])
+    assert a.handle.shared_soon == 1 and len(a.export_facts()) == 1
+    at(a, now=NOW + 20)  # a refresh due for export: it waits for the interval
+    _turn(a, {"x-session-id": "s"}, EPS[3])
+    assert a.handle.shared_soon == 1 and len(a.export_facts()) == 1
+    request = make_request(headers={"x-session-id": "s"})
+    a.score(make_cycle(), request, EPS[:3])  # moves
+    a.pre_request(request, _result(EPS[0]))
+    assert a.handle.shared_soon == 2
+
+
 def test_concurrent_bindings_converge_on_the_latest_use() -> None:
     a, b = replicas()
     _turn(a, {"x-session-id": "s"}, EPS[0])  # a binds first ...

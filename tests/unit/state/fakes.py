@@ -3,6 +3,7 @@ that records what it is asked, for the sync-loop tests."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,8 @@ class MemorySyncer:
         self.cursor: int | None = None
         self.pool = ""
         self.published: list[dict[str, list[Any]]] = []
+        self.published_at: list[float] = []  # loop time of each publish
+        self.on_publish = asyncio.Event()
 
     @property
     def replica_id(self) -> str:
@@ -45,9 +48,12 @@ class MemorySyncer:
         self.log.check()
         copy = {k: list(v) for k, v in batch.items()}
         self.published.append(copy)
+        self.published_at.append(asyncio.get_running_loop().time())
+        self.on_publish.set()
         self.log.entries.append(Delivery(self._replica_id, copy))
 
-    async def receive(self) -> list[Delivery]:
+    async def receive(self, wait: float = 0.0) -> list[Delivery]:
+        """Never waits (a transport may return empty before ``wait`` is over)."""
         self.log.check()
         if self.cursor is None:
             self.cursor = len(self.log.entries)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import pytest
@@ -31,7 +32,7 @@ class Replica:
         self.sync = StateSync(
             self.syncer,
             self.plugins,
-            interval=0.01,
+            interval=kw.pop("interval", 0.01),
             metrics=SyncMetrics(self.registry),
             clock=self.clock,
             **kw,
@@ -230,3 +231,90 @@ def test_create_binds_the_pool_and_needs_a_syncer_and_something_to_share() -> No
     assert syncer.pool == "prod/llama"
     assert registry.get_sample_value("llm_d_epp_state_sync_bootstrapped") == 0
     assert pool_scope("", "") == "default/default"
+
+
+def runner(log: MemoryLog, rid: str, *, interval: float, gap: float) -> Replica:
+    return Replica(log, rid, interval=interval, soon_gap=gap)
+
+
+async def test_share_soon_publishes_at_once_not_at_the_next_interval() -> None:
+    a = runner(MemoryLog(), "a", interval=30.0, gap=0.005)
+    task = asyncio.create_task(a.sync.run())
+    async with asyncio.timeout(5):
+        while not a.sync.bootstrapped:  # the receive side replayed; the first publish round ran
+            await asyncio.sleep(0.005)
+    a.notes.learn("binding")
+    a.sync.share_soon()
+    async with asyncio.timeout(2):  # the interval is 30 s: only share_soon can publish it
+        while not a.syncer.published:
+            a.syncer.on_publish.clear()
+            await a.syncer.on_publish.wait()
+    task.cancel()
+    assert a.syncer.published == [{"notes": ["binding"]}]
+
+
+async def test_a_burst_of_share_soon_publishes_at_most_once_per_gap() -> None:
+    gap = 0.04
+    a = runner(MemoryLog(), "a", interval=30.0, gap=gap)
+    task = asyncio.create_task(a.sync.run())
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    for i in range(100):
+        a.notes.learn(i)
+        a.sync.share_soon()
+        await asyncio.sleep(0.002)
+    async with asyncio.timeout(2):
+        while len([f for b in a.syncer.published for f in b["notes"]]) < 100:
+            a.syncer.on_publish.clear()
+            await a.syncer.on_publish.wait()
+    elapsed = loop.time() - started
+    task.cancel()
+    times = a.syncer.published_at
+    assert [f for b in a.syncer.published for f in b["notes"]] == list(range(100))
+    assert 2 <= len(times) <= elapsed / gap + 1
+    assert min(t1 - t0 for t0, t1 in itertools.pairwise(times)) >= gap * 0.9
+
+
+async def test_a_receive_that_returns_at_once_is_repeated_once_per_interval_not_in_a_spin() -> None:
+    a = runner(MemoryLog(), "a", interval=0.05, gap=0.005)
+    calls = 0
+    receive = a.syncer.receive
+
+    async def counted(wait: float = 0.0) -> list[Delivery]:
+        nonlocal calls
+        calls += 1
+        assert wait == 0.05  # the engine asks the transport to wait one interval
+        return await receive(wait)
+
+    a.syncer.receive = counted  # type: ignore[method-assign]
+    loop = asyncio.get_running_loop()
+    task = asyncio.create_task(a.sync.run())
+    started = loop.time()
+    async with asyncio.timeout(5):
+        while calls < 5:
+            await asyncio.sleep(0.005)
+    task.cancel()
+    assert loop.time() - started >= 4 * 0.05 * 0.9
+
+
+async def test_the_publish_side_retries_after_an_outage_and_publishes_what_waited() -> None:
+    log = MemoryLog()
+    a = runner(log, "a", interval=0.02, gap=0.005)
+    task = asyncio.create_task(a.sync.run())
+    async with asyncio.timeout(5):
+        while not a.sync.bootstrapped:
+            await asyncio.sleep(0.005)
+    log.down = True
+    a.notes.learn(1)
+    a.sync.share_soon()
+    async with asyncio.timeout(5):
+        while a.metric("errors_total", operation="publish") < 1:
+            await asyncio.sleep(0.005)
+    log.down = False
+    a.sync.share_soon()
+    async with asyncio.timeout(5):
+        while not a.syncer.published:
+            await asyncio.sleep(0.005)
+    task.cancel()
+    assert a.syncer.published == [{"notes": [1]}]
+    assert a.metric("errors_total", operation="publish") >= 1

@@ -168,3 +168,18 @@ def test_pending_blocks_drain_mirrors_the_index_order() -> None:
         replica.add(ep, chain, capacity)
     assert list(replica._lrus["e1"]) == list(index._lrus["e1"])
     assert len(pending) == 0
+
+
+async def test_new_blocks_ask_for_prompt_sharing_and_a_full_hit_does_not() -> None:
+    p = producer()
+    handle = p.handle
+    assert isinstance(handle, FakeHandle)
+    await schedule(p, request(640), POOL, 1)
+    assert handle.shared_soon == 0  # no syncer asked yet: nothing to share
+    p.export_facts()
+    await schedule(p, request(640, first=7), POOL, 1)  # a new prompt
+    assert handle.shared_soon == 1
+    await schedule(p, request(640, first=7), POOL, 1)  # all its blocks are there already
+    assert handle.shared_soon == 1
+    await schedule(p, request(640, first=7), POOL, 2)  # new to that endpoint
+    assert handle.shared_soon == 2
