@@ -49,6 +49,13 @@ class SessionBindings:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def bound(self, ttl: float, capacity: int) -> None:
+        """Change the TTL and the capacity (the least recently used beyond it evicted now)."""
+        self.ttl = ttl
+        self.capacity = capacity
+        self.refresh_share = ttl / REFRESH_SHARE_FRACTION
+        self._trim()
+
     @property
     def pending(self) -> int:
         return len(self._pending)

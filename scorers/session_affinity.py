@@ -18,8 +18,11 @@ endpoint this instance binds (see ``profileName``) in the same header, for the c
 ``sessionIdConfig.sources`` that yields a non-empty value (stripped): ``{header: <name>}`` or
 ``{attribute: <data type>, producer: <name>}``, a request attribute another plugin published, e.g.
 ``{attribute: agent-identity}`` (``agent-identity`` plugin) or ``{attribute: SessionIDDataKey,
-producer: session-id-producer}`` (``session-id-producer``, which reads a header or a cookie). This
-instance keeps a binding session id → endpoint id in memory. An unbound session has no
+producer: session-id-producer}`` (``session-id-producer``, which reads a header, a cookie or a
+body field). This instance keeps a binding session id → endpoint id in memory, at most 100,000
+(least recently used evicted first); a ``session-id-producer`` with ``lruSize`` / ``ttl`` sets
+that cap and the TTL for the sessions read from it (``SessionIDLimits``; an
+``evictionTtlSeconds`` set here wins over its ``ttl``). An unbound session has no
 preference; after scheduling it is bound to the endpoint picked for it. A bound session whose
 endpoint is not a candidate has no preference either, and is rebound to the endpoint picked
 instead. A binding unused for ``evictionTtlSeconds`` is forgotten (swept every
@@ -120,6 +123,7 @@ from typing import Any, ClassVar, Final
 from epp.plugin import (
     SESSION_ID,
     SESSION_ID_PRODUCER,
+    SESSION_LIMITS,
     CycleState,
     DataKey,
     Endpoint,
@@ -129,11 +133,12 @@ from epp.plugin import (
     ResponseInfo,
     SchedulingResult,
     ScorerCategory,
+    SessionLimits,
     Stability,
     cookie_value,
 )
 from epp.plugin.session import COOKIE_HEADER
-from scorers._session_bindings import SessionBindings
+from scorers._session_bindings import MAX_BINDINGS, SessionBindings
 
 STRATEGY_HEADER: Final = "encoded_endpoint_header"
 STRATEGY_SESSION_ID: Final = "session_id"
@@ -218,6 +223,7 @@ class SessionAffinityScorer(PluginBase):
         self.ttl = sid.eviction_ttl_seconds or DEFAULT_TTL_SECONDS
         self.sweep_every = sid.eviction_sweep_seconds or DEFAULT_SWEEP_SECONDS
         self._bindings = SessionBindings(self.ttl)
+        self._limits: SessionLimits | None = None
         self._next_sweep = 0.0
         self._logger = handle.logger(self.typed_name)
         # Per-request scratch in request.attributes, private to this instance.
@@ -278,10 +284,23 @@ class SessionAffinityScorer(PluginBase):
             if source.header:
                 value: Any = request.headers.get(source.header.strip().lower(), "")
             else:
-                value = request.attributes.get(_attribute_key(source))
+                key = _attribute_key(source)
+                value = request.attributes.get(key)
+                if key.data_type == SESSION_ID and self.stateful:
+                    self._apply_limits(request.attributes.get(SESSION_LIMITS.key(key.producer)))
             if isinstance(value, str) and value.strip():
                 return value.strip()
         return ""
+
+    def _apply_limits(self, limits: Any) -> None:
+        """Bound the bindings by the ``SessionLimits`` the session's producer published
+        (``lruSize``, ``ttl`` of ``session-id-producer``); ``evictionTtlSeconds`` set here wins."""
+        if not isinstance(limits, SessionLimits) or limits == self._limits:
+            return
+        self._limits = limits
+        if not self.params.session_id_config.eviction_ttl_seconds and limits.ttl_seconds > 0:
+            self.ttl = limits.ttl_seconds
+        self._bindings.bound(self.ttl, limits.lru_size or MAX_BINDINGS)
 
     # ---- PreRequest, ResponseHeaders ------------------------------------------------------------
 

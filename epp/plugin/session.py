@@ -7,6 +7,9 @@ config that names them (``sessionIdConfig.sources[].attribute``) reads the same 
   ``session-id-producer`` named ``name`` read from a header or a cookie. Its default producer is
   ``session-id-producer``: a consumer of ``SESSION_ID.key("session-id-producer")`` that nobody
   produces gets one created by the loader.
+- ``SessionIDLimits/<name>`` (``SESSION_LIMITS.key(name)``): a ``SessionLimits``, published beside
+  the session id by a ``session-id-producer`` configured with ``lruSize`` or ``ttl``: the bounds
+  of the session → endpoint memory that affinity plugins keep for the sessions it identifies.
 - ``agent-identity/`` (``AGENT_IDENTITY``): a ``str``, the agent session a RequestHeader
   processor such as ``agent-identity`` resolved from agent-specific headers. The key carries no
   producer name (upstream's ``NewDataKey("agent-identity", "")``): any plugin that can tell an
@@ -19,13 +22,27 @@ and read by another is parsed the same way.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, NamedTuple
 
 from epp.plugin.keys import DataKey, DataType
 from epp.plugin.types import InferenceRequest
 
 SESSION_ID: Final[DataType[str]] = DataType("SessionIDDataKey")
 """Data type of a request's session identifier (a ``str``)."""
+
+
+class SessionLimits(NamedTuple):
+    """Bounds of the session → endpoint memory for the sessions one producer identifies."""
+
+    lru_size: int
+    """Sessions remembered at most, the least recently used forgotten first (0: the consumer's
+    default)."""
+    ttl_seconds: float
+    """A binding unused this long is forgotten (0: the consumer's default)."""
+
+
+SESSION_LIMITS: Final[DataType[SessionLimits]] = DataType("SessionIDLimits")
+"""Data type of the ``SessionLimits`` a session-id producer publishes beside the id."""
 
 SESSION_ID_PRODUCER: Final = "session-id-producer"
 """Type (and default instance name) of the default ``SESSION_ID`` producer."""

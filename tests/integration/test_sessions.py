@@ -188,6 +188,56 @@ async def test_session_id_cookie_via_session_id_producer_sticks(start_app, sim_p
     assert state["session-affinity-scorer/session-affinity-scorer"]["bindings"] == 2
 
 
+async def test_session_id_from_a_body_field_sticks_within_its_limits(
+    start_app, sim_pods, envoy
+) -> None:
+    """``session-id-producer`` reading ``bodyField`` (a dotted path) when no header carries a
+    session; its ``lruSize`` and ``ttl`` bound the scorer's bindings."""
+    fleet = await sim_pods(4)
+    app = await start_app(
+        fleet.ports,
+        f"""\
+        plugins:
+        - type: session-id-producer
+          parameters: {{bodyField: metadata.session_id, lruSize: 2, ttl: 10m}}
+        - type: session-affinity-scorer
+          parameters:
+            strategy: session_id
+            sessionIdConfig:
+              sources:
+              - {{attribute: SessionIDDataKey, producer: session-id-producer}}
+        {SCORERS.replace(chr(10), chr(10) + "        ").rstrip()}
+        schedulingProfiles:
+        - name: default
+          plugins:
+          - pluginRef: session-affinity-scorer
+            weight: 10
+        {PROFILE_SCORERS.replace(chr(10), chr(10) + "        ").rstrip()}
+        """,
+        allow_experimental_plugins=True,
+    )
+    url = envoy(app).url
+
+    async def body_session(sid: str) -> list[str]:
+        pods = []
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as s:
+            for _ in range(FOLLOW_UPS + 1):
+                body = {**_completion(), "metadata": {"session_id": sid}}
+                async with s.post(f"{url}/v1/completions", json=body) as r:
+                    assert r.status == 200, await r.text()
+                    await r.read()
+                    pods.append(r.headers["x-sim-pod"])
+        return pods
+
+    runs = await asyncio.gather(body_session("conv-a"), body_session("conv-b"))
+    for pods in runs:
+        first, follow_ups = pods[0], pods[1:]
+        assert follow_ups.count(first) / len(follow_ups) >= 0.99, Counter(pods)
+    await body_session("conv-c")  # a third session: lruSize 2 evicts the least recent
+    state = (await _plugin_state(app))["session-affinity-scorer/session-affinity-scorer"]
+    assert (state["bindings"], state["capacity"], state["ttlSeconds"]) == (2, 2, 600.0)
+
+
 async def test_agent_identity_becomes_the_fairness_id(start_app, sim_pods, envoy) -> None:
     fleet = await sim_pods(4)
     app = await start_app(

@@ -11,6 +11,7 @@ from epp.config.loader import LoadOptions, load_config
 from epp.plugin import (
     AGENT_IDENTITY,
     SESSION_ID,
+    SESSION_LIMITS,
     Consumer,
     Endpoint,
     PreRequest,
@@ -20,6 +21,7 @@ from epp.plugin import (
     SchedulingResult,
     Scorer,
     ScorerCategory,
+    SessionLimits,
     Stability,
 )
 from epp.plugin.params import ParamError, decode
@@ -260,6 +262,52 @@ def test_session_id_sources_are_tried_in_order() -> None:
     # the header source comes first
     assert _turn(scorer, {"x-session-id": "h"}, EPS[3], attributes=dict(agent)) == [0.0] * 4
     assert scorer.session_id(make_request(attributes={AGENT_IDENTITY: 5})) == ""
+
+
+def _producer_turn(
+    scorer: SessionAffinityScorer, session: str, picked: Endpoint, limits: SessionLimits
+) -> list[float]:
+    attributes = {SESSION_ID.key("sid"): session, SESSION_LIMITS.key("sid"): limits}
+    return _turn(scorer, {}, picked, attributes=attributes)
+
+
+def test_producer_limits_bound_the_bindings() -> None:
+    h = FakeHandle()
+    source = {"sources": [{"attribute": "SessionIDDataKey", "producer": "sid"}]}
+    scorer = _scorer(h, strategy="session_id", sessionIdConfig=source)
+    limits = SessionLimits(lru_size=2, ttl_seconds=1000.0)
+    for i in range(3):
+        _producer_turn(scorer, f"s{i}", EPS[i], limits)
+    assert scorer.dump_state()["bindings"] == 2  # lruSize: s0, the least recently used, is gone
+    assert scorer.dump_state()["ttlSeconds"] == 1000.0
+    assert _producer_turn(scorer, "s0", EPS[3], limits) == [0.0] * 4
+    assert _producer_turn(scorer, "s2", EPS[0], limits) == [0.0, 0.0, 1.0, 0.0]
+    h.now += 999  # within the producer's ttl, beyond the default 300 s
+    assert _producer_turn(scorer, "s2", EPS[0], limits) == [0.0, 0.0, 1.0, 0.0]
+    h.now += 1001
+    assert _producer_turn(scorer, "s2", EPS[0], limits) == [0.0] * 4
+
+
+def test_evictiontttlseconds_set_on_the_scorer_wins_over_the_producer_ttl() -> None:
+    h = FakeHandle()
+    config = {
+        "sources": [{"attribute": "SessionIDDataKey", "producer": "sid"}],
+        "evictionTtlSeconds": 10,
+    }
+    scorer = _scorer(h, strategy="session_id", sessionIdConfig=config)
+    _producer_turn(scorer, "s", EPS[1], SessionLimits(0, 1000.0))
+    assert scorer.dump_state()["ttlSeconds"] == 10
+    assert scorer.dump_state()["capacity"] == 100_000  # lruSize 0: the default
+    h.now += 11
+    assert _producer_turn(scorer, "s", EPS[0], SessionLimits(0, 1000.0)) == [0.0] * 4
+
+
+def test_without_producer_limits_the_defaults_hold() -> None:
+    source = {"sources": [{"attribute": "SessionIDDataKey", "producer": "sid"}]}
+    scorer = _scorer(strategy="session_id", sessionIdConfig=source)
+    _turn(scorer, {}, EPS[1], attributes={SESSION_ID.key("sid"): "s"})
+    state = scorer.dump_state()
+    assert (state["capacity"], state["ttlSeconds"]) == (100_000, 300.0)
 
 
 @pytest.mark.parametrize(
