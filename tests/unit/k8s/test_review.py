@@ -143,3 +143,20 @@ async def test_a_failing_api_server_gives_500(port: int, review_api: ReviewApi) 
     assert (await get(port, "/metrics", "reader-token"))[0] == 500
     review_api.failing = False
     assert (await get(port, "/metrics", "reader-token"))[0] == 200  # the failure was not cached
+
+
+async def test_the_static_token_also_works_in_kubernetes_mode(
+    review_api: ReviewApi, tmp_path: Path
+) -> None:
+    kubeconfig = str(review_api.kubeconfig(tmp_path / "kubeconfig"))
+    settings = make_settings(None, pool_name="pool", kubeconfig=kubeconfig, metrics_token="st")
+    views = DebugViews(CollectorRegistry(), dict, list, DecisionLog(), [])
+    server = MetricsServer(views, PortOptions(reviewer=metrics_reviewer(settings)))
+    port = await server.start("127.0.0.1", 0)
+    try:
+        assert (await get(port, "/debug/config", "st"))[0] == 200
+        assert review_api.calls == []
+        assert (await get(port, "/metrics", "reader-token"))[0] == 200
+        assert (await get(port, "/metrics", "other"))[0] == 401
+    finally:
+        await server.stop()
