@@ -72,6 +72,8 @@ class CertFiles:
             raise ValueError(f"{directory}: {pair}")
         self.key, self.cert = pair
         self.generation = 0
+        self.snapshot = (0, self.key, self.cert)
+        """(generation, key, cert), replaced as one value: what another thread reads."""
         self._digest = _digest(pair)
         self._rejected = b""
         self._listeners: list[Callable[[bytes, bytes], None]] = []
@@ -107,6 +109,7 @@ class CertFiles:
         self.key, self.cert = pair
         self._digest, self._rejected = digest, b""
         self.generation += 1
+        self.snapshot = (self.generation, self.key, self.cert)
         for listener in self._listeners:
             listener(self.key, self.cert)
         log.info("certificate reloaded from %s", self.directory)
@@ -137,11 +140,12 @@ def grpc_credentials(files: CertFiles | None, *, reload: bool) -> grpc.ServerCre
     served = [files.generation]
 
     def fetch() -> grpc.ServerCertificateConfiguration | None:
-        # Called by gRPC on every handshake; None keeps the configuration it has.
-        if files.generation == served[0]:
+        # Called by gRPC on every handshake, from its own thread; None keeps what it has.
+        generation, key, cert = files.snapshot
+        if generation == served[0]:
             return None
-        served[0] = files.generation
-        return grpc.ssl_server_certificate_configuration([(files.key, files.cert)])
+        served[0] = generation
+        return grpc.ssl_server_certificate_configuration([(key, cert)])
 
     initial = grpc.ssl_server_certificate_configuration([(files.key, files.cert)])
     return grpc.dynamic_ssl_server_credentials(initial, fetch)

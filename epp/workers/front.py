@@ -36,6 +36,7 @@ from prometheus_client import (
 
 from epp.observability.auth import auth_middleware
 from epp.observability.http import PortOptions
+from epp.observability.profile import MAX_SECONDS
 from epp.workers.exposition import WORKER_LABEL, union
 from epp.workers.process import host_port
 
@@ -155,10 +156,11 @@ class GroupFront:
         if isinstance(chosen, str):
             return web.json_response({"error": chosen}, status=503)
         params = {k: v for k, v in request.query.items() if k != "worker"}
+        timeout = DEBUG_TIMEOUT + (MAX_SECONDS if view.startswith("pprof/") else 0)
         answer: web.Response | None = None
         for w in chosen:
             try:
-                status, ctype, body = await self._get(w, f"/debug/{view}", DEBUG_TIMEOUT, params)
+                status, ctype, body = await self._get(w, f"/debug/{view}", timeout, params)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 status, ctype = 502, "application/json"
                 body = json.dumps({"error": f"worker {w.index}: {exc!r}"}).encode()
