@@ -34,12 +34,14 @@ from epp.datalayer.store import Datastore
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.shared import CrossReplicaOptions
 from epp.k8s.files import ObjectFiles, ObjectsFileError
+from epp.k8s.review import metrics_reviewer
 from epp.k8s.sink import ObjectSink
 from epp.observability.decisions import DecisionLog
-from epp.observability.http import DebugViews, MetricsServer
+from epp.observability.http import DebugViews, MetricsServer, PortOptions
 from epp.observability.metrics import EppMetrics
 from epp.observability.pool import pool_gauges
 from epp.observability.recorder import RequestStats
+from epp.observability.streams import StreamMetrics
 from epp.plugin import Discovery, Endpoint, Lifecycle, TypedName
 from epp.plugin.registry import PluginRegistry
 from epp.requestcontrol.director import Director
@@ -49,6 +51,7 @@ from epp.scheduling.scheduler import Scheduler
 from epp.server import health
 from epp.server.context import ServerContext
 from epp.server.serve import private_host, start_grpc
+from epp.server.tls import CertFiles, metrics_tls
 from epp.settings import Settings
 from epp.state.sync import StateSync
 
@@ -89,6 +92,8 @@ class AppHandle:
 
 
 class App:
+    _certs: list[CertFiles]  # the servers' certificates, set as they start
+
     def __init__(self, settings: Settings, *, registry: PluginRegistry | None = None) -> None:
         self.settings = settings
         self.metrics = EppMetrics()
@@ -135,6 +140,7 @@ class App:
             director=self.director,
             max_body_bytes=settings.max_request_body_bytes,
             emit_scores=settings.emit_endpoint_scores,
+            streams=StreamMetrics.when(settings.enable_grpc_stream_metrics, self.metrics.registry),
         )
         self.health = health.HealthServicer(
             self.ready, leader_election=settings.ha_enable_leader_election
@@ -307,12 +313,19 @@ class App:
             *([self.flow.run()] if self.flow is not None else []),
             *([self.object_files.run()] if self.object_files is not None else []),
             *([self.sync.run()] if self.sync is not None else []),
+            *(c.watch() for c in (self._certs if s.enable_cert_reload else [])),
         ]
 
     async def _start_servers(self) -> list[Any]:
         s = self.settings
+        try:
+            ssl_context, metrics_certs = metrics_tls(s)
+        except ValueError as exc:
+            raise ConfigError(f"--metrics-cert-dir: {exc}") from None
+        reviewer = metrics_reviewer(s)  # before any server starts: a ConfigError stops nothing
         grpc_servers = await start_grpc(s, self.context, self.health)
         self.grpc_port, self.health_port = grpc_servers.grpc_port, grpc_servers.health_port
+        self._certs = [c for c in (grpc_servers.cert_files, metrics_certs) if c is not None]
         ms = MetricsServer(
             DebugViews(
                 registry=self.metrics.registry,
@@ -320,7 +333,8 @@ class App:
                 endpoints=self.store.snapshot,
                 decisions=self.decisions,
                 dumpers=self.pipeline.dumpers,
-            )
+            ),
+            PortOptions(reviewer, ssl_context, s.enable_debug_endpoints, s.enable_pprof),
         )
         self.metrics_port = await ms.start(private_host(s), s.metrics_port)
         log.info(

@@ -21,7 +21,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from epp.server.tlsopts import GRPC_CIPHERS_ENV, openssl_ciphers
 from epp.settings import Flag, Settings, SettingsError, flags
+
+log = logging.getLogger("epp.cli")
 
 _REJECTED = {
     "total-queued-requests-metric": "vllm:num_requests_waiting",
@@ -131,6 +134,20 @@ def settings_from_args(argv: Sequence[str]) -> Settings:
     return dataclasses.replace(settings, config_file="", config_text=config_text)
 
 
+def compat_flags_given(argv: Sequence[str]) -> list[Flag]:
+    """The compatibility-only flags (``Flag.compat``) that ``argv`` gives."""
+    given = {a.split("=", 1)[0] for a in _normalise(argv) if a.startswith("-")}
+    return [spec for _, spec in flags() if spec.compat and given & set(spec.option_strings)]
+
+
+def warn_compat(argv: Sequence[str]) -> None:
+    """One startup warning per compatibility-only flag given: it is accepted and does nothing."""
+    for spec in compat_flags_given(argv):
+        log.warning(
+            "--%s is accepted for compatibility and has no effect: %s", spec.name, spec.compat
+        )
+
+
 def setup_logging(settings: Settings, *, worker: int | None = None) -> None:
     """Log lines to stderr; a worker of ``--workers N`` names itself in each line."""
     level = logging.DEBUG if settings.verbosity >= 4 else logging.INFO
@@ -160,6 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _SUBCOMMANDS[args[0]](args[1:])
     settings = settings_from_args(args)
     setup_logging(settings)
+    warn_compat(args)
+    if settings.secure_serving and settings.tls_cipher_suites:  # gRPC reads it when it loads
+        os.environ[GRPC_CIPHERS_ENV] = openssl_ciphers(settings.tls_cipher_suites)
     if settings.workers > 1:
         from epp.workers.supervisor import supervise
 

@@ -15,6 +15,7 @@ from typing import Any, Final, TypeVar
 
 from epp.k8s.selector import parse_selector
 from epp.plugin.units import parse_duration, parse_quantity
+from epp.server.tlsopts import tls_problem
 
 T = TypeVar("T")
 
@@ -98,6 +99,11 @@ PORTS: Final = Kind(_ports)
 """Comma-separated ports, 1 to 8, duplicates dropped."""
 PATHS: Final = Kind(_paths, metavar="PATH[,PATH]", repeat=True)
 """Paths, repeatable and comma-separated."""
+NAMES: Final = Kind(_paths, metavar="NAME[,NAME]", repeat=True)
+"""Names, repeatable and comma-separated (Go's ``StringSlice``)."""
+
+METRICS_TOKEN_ENV: Final = "EPP_METRICS_TOKEN"
+"""Outside Kubernetes mode, the bearer token ``/metrics`` and ``/debug/*`` require."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,9 @@ class Flag:
     kind: Kind
     short: str = ""
     """One-letter alias without the dash (``v``), or empty."""
+    compat: str = ""
+    """Non-empty: the flag is accepted for compatibility only and does nothing; this says so
+    in a startup warning (``epp.cli``) when the flag is given."""
 
     @property
     def option_strings(self) -> list[str]:
@@ -138,9 +147,10 @@ def flag(default: T, help: str, kind: Kind = TEXT, *, name: str = "", short: str
 def flag_of(f: dataclasses.Field[Any]) -> Flag | None:
     """The flag a ``Settings`` field declares, or ``None`` for a field that is not a flag."""
     spec: Flag | None = f.metadata.get(_FLAG_KEY)
-    if spec is None or spec.name:
-        return spec
-    return dataclasses.replace(spec, name=f.name.replace("_", "-"))
+    if spec is None:
+        return None
+    name = spec.name or f.name.replace("_", "-")
+    return dataclasses.replace(spec, name=name, compat=spec.compat or COMPAT_ONLY.get(name, ""))
 
 
 def flags() -> list[tuple[dataclasses.Field[Any], Flag]]:
@@ -205,16 +215,43 @@ class Settings:
         True, "serve ext_proc over TLS (self-signed without --cert-path)", BOOL
     )
     cert_path: str = flag("", "directory with tls.crt and tls.key")
-    enable_cert_reload: bool = flag(False, "reload the certificate when it changes (not yet)", BOOL)
+    enable_cert_reload: bool = flag(
+        False,
+        "reload the --cert-path and --metrics-cert-dir certificates when their files change",
+        BOOL,
+    )
+    tls_min_version: str = flag(
+        "", "minimum TLS version for secure serving (VersionTLS12, VersionTLS13)"
+    )
+    tls_cipher_suites: tuple[str, ...] = flag(
+        (),
+        "TLS 1.2 cipher suites for secure serving (Go crypto/tls names, comma-separated)",
+        NAMES,
+    )
     health_checking: bool = flag(False, "also serve grpc.health.v1 on the ext_proc port", BOOL)
     tracing: bool = flag(
         True, "OpenTelemetry tracing (accepted; tracing is not exported yet)", BOOL
     )
-    enable_pprof: bool = flag(True, "accepted for compatibility; no effect", BOOL)
-    metrics_endpoint_auth: bool = flag(
-        True, "accepted for compatibility (no Kubernetes authn here)", BOOL
+    enable_pprof: bool = flag(
+        True, "serve a CPU profile at /debug/pprof/profile (behind the metrics auth)", BOOL
     )
-    enable_grpc_stream_metrics: bool = flag(False, "accepted for compatibility", BOOL)
+    metrics_endpoint_auth: bool = flag(
+        True,
+        "authenticate and authorize /metrics and /debug/* (TokenReview and SubjectAccessReview "
+        f"in Kubernetes mode, else the bearer token in ${METRICS_TOKEN_ENV})",
+        BOOL,
+    )
+    metrics_cert_dir: str = flag(
+        "", "directory with tls.crt and tls.key; serves the metrics port over TLS"
+    )
+    metrics_client_ca_file: str = flag(
+        "", "PEM CA for metrics mTLS: require verified client certificates"
+    )
+    enable_debug_endpoints: bool = flag(True, "serve /debug/* on the metrics port", BOOL)
+    """Our addition: false removes every ``/debug`` view (pprof included)."""
+    enable_grpc_stream_metrics: bool = flag(
+        False, "record llm_d_epp_extproc_stream* metrics of the ext_proc streams", BOOL
+    )
     drain_timeout: float = flag(30.0, "drain window after SIGTERM (default 30s)", DURATION)
     workers: int = flag(
         1,
@@ -270,6 +307,8 @@ class Settings:
     zap_devel: bool = flag(False, "controller-runtime logging flag", BOOL)
 
     # Not flags.
+    metrics_token: str = dataclasses.field(default="", repr=False)
+    """``$EPP_METRICS_TOKEN``: the static bearer token of the metrics port outside Kubernetes."""
     log_json: bool = False
     """JSON log lines; the CLI sets it from ``--zap-encoder=json``."""
     pod_name: str = ""
@@ -292,6 +331,7 @@ class Settings:
             s,
             pool_namespace=s.pool_namespace or environ.get("NAMESPACE", "default"),
             pod_name=environ.get("POD_NAME", ""),
+            metrics_token=environ.get(METRICS_TOKEN_ENV, ""),
             refresh_metrics_interval=max(s.refresh_metrics_interval, MIN_REFRESH_METRICS_INTERVAL),
             log_json=s.zap_encoder == "json",
         )
@@ -303,6 +343,9 @@ class Settings:
         Kubernetes mode with 0 < retry < renew < lease."""
         if self.config_file and self.config_text:
             raise SettingsError("--config-file and --config-text are mutually exclusive")
+        problem = tls_problem(self)
+        if problem:
+            raise SettingsError(problem)
         if self.pool_name and self.endpoint_selector:
             raise SettingsError("--pool-name and --endpoint-selector are mutually exclusive")
         if self.endpoint_selector:
@@ -333,3 +376,14 @@ class Settings:
                 "leader election needs 0 < --ha-retry-period < --ha-renew-deadline < "
                 "--ha-lease-duration"
             )
+
+
+COMPAT_ONLY: Final[Mapping[str, str]] = {
+    "tracing": "traces are not exported",
+    "zap-log-level": "use -v",
+    "zap-stacktrace-level": "stack traces follow the log level",
+    "zap-time-encoding": "timestamps are ISO 8601",
+    "zap-devel": "use -v",
+}
+"""Flags accepted for compatibility only: each does nothing and says so at startup when given.
+A flag some code reads must not be listed (``tests/unit/test_cli.py`` checks it)."""

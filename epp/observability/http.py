@@ -6,11 +6,17 @@
 - ``/debug/plugins/state``: what ``StateDumper`` plugins report (upstream's path).
 - ``/debug/decisions[?limit=N]`` and ``/debug/decisions/<request id>``: the explain view of
   recent routing decisions (``epp.observability.decisions``).
+- ``/debug/pprof/profile`` with ``--enable-pprof`` (``epp.observability.profile``).
+
+``--enable-debug-endpoints=false`` serves ``/metrics`` alone. With ``--metrics-endpoint-auth``
+every path goes through the reviewer's middleware (``epp.observability.auth``); with
+``--metrics-cert-dir`` the port speaks TLS (``ssl_context``).
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -19,7 +25,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from epp.observability.auth import Reviewer, auth_middleware
 from epp.observability.decisions import DecisionLog
+from epp.observability.profile import Profiler
 from epp.plugin import Endpoint, StateDumper
 
 
@@ -34,22 +42,40 @@ class DebugViews:
     dumpers: Sequence[StateDumper]
 
 
+@dataclass(frozen=True)
+class PortOptions:
+    """How the metrics port is served."""
+
+    reviewer: Reviewer | None = None
+    """``None``: no authentication."""
+    ssl_context: ssl.SSLContext | None = None
+    debug: bool = True
+    pprof: bool = False
+
+
 class MetricsServer:
-    def __init__(self, views: DebugViews) -> None:
+    def __init__(self, views: DebugViews, options: PortOptions | None = None) -> None:
         self._views = views
+        self._options = options or PortOptions()
         self._runner: web.AppRunner | None = None
 
     async def start(self, host: str, port: int) -> int:
-        web_app = web.Application()
+        o = self._options
+        web_app = web.Application(
+            middlewares=[auth_middleware(o.reviewer)] if o.reviewer is not None else []
+        )
         web_app.router.add_get("/metrics", self._metrics)
-        web_app.router.add_get("/debug/config", self._config)
-        web_app.router.add_get("/debug/endpoints", self._endpoints)
-        web_app.router.add_get("/debug/plugins/state", self._state)
-        web_app.router.add_get("/debug/decisions", self._decisions)
-        web_app.router.add_get("/debug/decisions/{request_id}", self._decision)
+        if o.debug:
+            web_app.router.add_get("/debug/config", self._config)
+            web_app.router.add_get("/debug/endpoints", self._endpoints)
+            web_app.router.add_get("/debug/plugins/state", self._state)
+            web_app.router.add_get("/debug/decisions", self._decisions)
+            web_app.router.add_get("/debug/decisions/{request_id}", self._decision)
+            if o.pprof:
+                web_app.router.add_get("/debug/pprof/profile", Profiler().profile)
         self._runner = web.AppRunner(web_app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = web.TCPSite(self._runner, host, port, ssl_context=o.ssl_context)
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []

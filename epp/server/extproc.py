@@ -11,6 +11,9 @@ every stream ends in a reply or a clean error, never in silence:
   (``llm_d_epp_extproc_protocol_errors_total{reason}``) and logged, rate-limited;
 * the client half-closing ends the stream with OK; the client cancelling ends it too. Either way
   a request that was routed is completed (``TerminationCause`` client-disconnect or error).
+
+With ``--enable-grpc-stream-metrics`` each stream is counted by how it ended
+(``epp.observability.streams``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf.message import DecodeError
 
+from epp.observability import streams as codes
 from epp.plugin import ErrorCode, InferenceError
 from epp.server import messages
 from epp.server.context import ServerContext
@@ -39,6 +43,28 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._misuse_log = MisuseLog(log, time.monotonic)
 
     async def Process(
+        self,
+        request_iterator: AsyncIterator[pb.ProcessingRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        metrics = self._ctx.streams
+        if metrics is None:
+            async for reply in self._process(request_iterator, context):
+                yield reply
+            return
+        metrics.started()
+        start, code = time.monotonic(), codes.CANCELED  # closed early: the client went away
+        try:
+            async for reply in self._process(request_iterator, context):
+                yield reply
+            code = codes.INVALID_ARGUMENT if context.code() else codes.OK
+        except Exception:
+            code = codes.INTERNAL
+            raise
+        finally:
+            metrics.finished(code, time.monotonic() - start)
+
+    async def _process(
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext,

@@ -16,10 +16,12 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health_pb2_grpc
 
+from epp.config.loader import ConfigError
 from epp.server.context import ServerContext
 from epp.server.extproc import ExtProcServicer
 from epp.server.health import HealthServicer
-from epp.server.tls import server_credentials
+from epp.server.tls import CertFiles, grpc_credentials
+from epp.server.tlsopts import check_grpc_ciphers
 
 
 class ServeSettings(Protocol):
@@ -50,6 +52,12 @@ class ServeSettings(Protocol):
     def cert_path(self) -> str: ...
 
     @property
+    def enable_cert_reload(self) -> bool: ...
+
+    @property
+    def tls_cipher_suites(self) -> tuple[str, ...]: ...
+
+    @property
     def group_member(self) -> bool: ...
 
 
@@ -59,6 +67,8 @@ class GrpcServers:
     health: grpc.aio.Server
     grpc_port: int
     health_port: int
+    cert_files: CertFiles | None = None
+    """``--cert-path``'s files; the caller watches them with ``--enable-cert-reload``."""
 
 
 async def start_grpc(
@@ -78,8 +88,17 @@ async def start_grpc(
     if s.health_checking:
         health_pb2_grpc.add_HealthServicer_to_server(health, ext)
     addr = f"{s.bind_address}:{s.grpc_port}"
+    try:
+        files = CertFiles(s.cert_path) if s.secure_serving and s.cert_path else None
+    except ValueError as exc:
+        raise ConfigError(f"--cert-path: {exc}") from None
+    try:
+        check_grpc_ciphers(s.tls_cipher_suites if s.secure_serving else ())
+    except RuntimeError as exc:
+        raise ConfigError(str(exc)) from None
     if s.secure_serving:
-        grpc_port = ext.add_secure_port(addr, server_credentials(s.cert_path))
+        creds = grpc_credentials(files, reload=s.enable_cert_reload)
+        grpc_port = ext.add_secure_port(addr, creds)
     else:
         grpc_port = ext.add_insecure_port(addr)
     hs = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
@@ -87,7 +106,7 @@ async def start_grpc(
     health_port = hs.add_insecure_port(f"{private_host(s)}:{s.grpc_health_port}")
     await ext.start()
     await hs.start()
-    return GrpcServers(ext, hs, grpc_port, health_port)
+    return GrpcServers(ext, hs, grpc_port, health_port, files)
 
 
 def private_host(s: ServeSettings) -> str:

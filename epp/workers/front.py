@@ -10,6 +10,9 @@
   ``/debug/decisions/<request id>``, which asks each worker in turn, because only the worker that
   routed a request holds its decision.
 - ``/debug/workers``: the supervisor's own view: each worker's pid, ports, readiness and restarts.
+
+The port's auth, TLS and ``--enable-debug-endpoints`` are the supervisor's (``PortOptions``); the
+workers' private ports serve plain, unauthenticated HTTP on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from prometheus_client import (
     generate_latest,
 )
 
+from epp.observability.auth import auth_middleware
+from epp.observability.http import PortOptions
+from epp.observability.profile import MAX_SECONDS
 from epp.workers.exposition import WORKER_LABEL, union
 from epp.workers.process import host_port
 
@@ -74,17 +80,21 @@ class GroupFront:
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
 
-    async def start(self, bind: str, port: int) -> int:
+    async def start(self, bind: str, port: int, options: PortOptions | None = None) -> int:
+        o = options or PortOptions()
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=DEBUG_TIMEOUT), trust_env=False
         )
-        web_app = web.Application()
+        web_app = web.Application(
+            middlewares=[auth_middleware(o.reviewer)] if o.reviewer is not None else []
+        )
         web_app.router.add_get("/metrics", self._metrics)
-        web_app.router.add_get("/debug/workers", self._list)
-        web_app.router.add_get("/debug/{view:.*}", self._debug)
+        if o.debug:
+            web_app.router.add_get("/debug/workers", self._list)
+            web_app.router.add_get("/debug/{view:.*}", self._debug)
         self._runner = web.AppRunner(web_app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, bind, port)
+        site = web.TCPSite(self._runner, bind, port, ssl_context=o.ssl_context)
         await site.start()
         return int(self._runner.addresses[0][1])
 
@@ -146,10 +156,11 @@ class GroupFront:
         if isinstance(chosen, str):
             return web.json_response({"error": chosen}, status=503)
         params = {k: v for k, v in request.query.items() if k != "worker"}
+        timeout = DEBUG_TIMEOUT + (MAX_SECONDS if view.startswith("pprof/") else 0)
         answer: web.Response | None = None
         for w in chosen:
             try:
-                status, ctype, body = await self._get(w, f"/debug/{view}", DEBUG_TIMEOUT, params)
+                status, ctype, body = await self._get(w, f"/debug/{view}", timeout, params)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 status, ctype = 502, "application/json"
                 body = json.dumps({"error": f"worker {w.index}: {exc!r}"}).encode()

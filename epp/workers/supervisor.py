@@ -32,7 +32,10 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from epp.config.loader import ConfigError
+from epp.k8s.review import metrics_reviewer
+from epp.observability.http import PortOptions
 from epp.server.health import HealthServicer
+from epp.server.tls import metrics_tls
 from epp.settings import Settings
 from epp.workers.front import GroupFront, WorkerView
 from epp.workers.policy import GroupHealth, RestartPolicy
@@ -162,6 +165,10 @@ class Supervisor:
             grpc_health_port=0,
             metrics_port=0,
             cert_path=cert_path,
+            metrics_endpoint_auth=False,  # the supervisor's port checks; workers are private
+            metrics_cert_dir="",
+            metrics_client_ca_file="",
+            metrics_token="",
             config_file="",
         )
         self._worker_json = encode_settings(worker)
@@ -178,7 +185,15 @@ class Supervisor:
         stack.push_async_callback(server.stop, None)
         stack.push_async_callback(self.front.stop)
         try:
-            self.metrics_port = await self.front.start(s.bind_address, s.metrics_port)
+            ssl_context, certs = metrics_tls(s)
+        except ValueError as exc:
+            raise ConfigError(f"--metrics-cert-dir: {exc}") from None
+        if certs is not None and s.enable_cert_reload:
+            watch = asyncio.get_running_loop().create_task(certs.watch())
+            stack.callback(watch.cancel)
+        options = PortOptions(metrics_reviewer(s), ssl_context, s.enable_debug_endpoints)
+        try:
+            self.metrics_port = await self.front.start(s.bind_address, s.metrics_port, options)
         except OSError as exc:
             raise ConfigError(
                 f"--metrics-port: cannot bind {s.bind_address}:{s.metrics_port}: {exc}"

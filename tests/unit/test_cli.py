@@ -12,6 +12,7 @@ from epp.settings import (
     BOOL,
     DURATION,
     INT,
+    NAMES,
     OPTIONAL_TEXT,
     PATHS,
     PORTS,
@@ -115,7 +116,7 @@ def test_config_file_is_read(tmp_path: Path) -> None:
 
 # --- Settings is the one declaration of every flag -------------------------------------------
 
-NOT_FLAGS = {"log_json", "pod_name", "kube_watch_timeout", "group_member"}
+NOT_FLAGS = {"log_json", "pod_name", "kube_watch_timeout", "group_member", "metrics_token"}
 
 
 def _samples(spec: Flag, default: object) -> tuple[str, object]:
@@ -130,6 +131,7 @@ def _samples(spec: Flag, default: object) -> tuple[str, object]:
         QUANTITY: ("1Ki", 1024),
         PORTS: ("81,82", (81, 82)),
         PATHS: ("a,b", ("a", "b")),
+        NAMES: ("a,b", ("a", "b")),
     }
     return table[spec.kind]
 

@@ -131,3 +131,25 @@ async def test_no_listening_worker_is_a_503(front: Any) -> None:
     url = await front([WorkerView(0, 0, {})])
     status, _, body = await _get(f"{url}/debug/endpoints")
     assert status == 503 and "no worker is listening" in body
+
+
+async def test_the_group_port_applies_auth_and_the_debug_switch() -> None:
+    from epp.observability.auth import StaticToken
+    from epp.observability.http import PortOptions
+
+    runner = await _fake_worker(0, set())
+    view = WorkerView(index=0, metrics_port=runner.addresses[0][1], info={"worker": 0})
+    f = GroupFront(workers=lambda: [view], host="127.0.0.1", size=1)
+    port = await f.start("127.0.0.1", 0, PortOptions(reviewer=StaticToken("t"), debug=False))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert (await _get(f"{url}/metrics"))[0] == 401
+        async with aiohttp.ClientSession(headers={"Authorization": "Bearer t"}) as s:
+            async with s.get(f"{url}/metrics") as r:
+                assert r.status == 200 and "llm_d_epp_worker_up" in await r.text()
+            for path in ("/debug/workers", "/debug/config"):
+                async with s.get(f"{url}{path}") as r:
+                    assert r.status == 404, path
+    finally:
+        await f.stop()
+        await runner.cleanup()

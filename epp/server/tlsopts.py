@@ -1,0 +1,145 @@
+"""``--tls-min-version`` and ``--tls-cipher-suites``: upstream's Go names, parsed into what
+OpenSSL (the metrics server) and gRPC's BoringSSL (the ext_proc server) understand.
+
+- ``--tls-min-version``: ``VersionTLS10`` … ``VersionTLS13``. gRPC never negotiates below TLS 1.2,
+  so ``VersionTLS10``/``VersionTLS11``/``VersionTLS12`` all mean "TLS 1.2 or newer" on the
+  ext_proc port. gRPC Python cannot require TLS 1.3, so ``VersionTLS13`` with
+  ``--secure-serving`` is refused at startup rather than served weaker than asked (it applies to
+  the metrics server alone when ``--secure-serving=false``).
+- ``--tls-cipher-suites``: Go ``crypto/tls`` names (``TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256``);
+  they restrict TLS 1.2 and below, as in Go. TLS 1.3 suite names are accepted and change nothing
+  (TLS 1.3 suites are not configurable, in Go either). gRPC reads its cipher list from
+  ``GRPC_SSL_CIPHER_SUITES`` once, when it loads: ``epp`` sets that variable before gRPC is
+  imported, and an App started in a process where gRPC was already loaded with another list
+  refuses to start (:func:`check_grpc_ciphers`).
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Sequence
+from typing import Final, Protocol
+
+TLS_VERSIONS: Final = {
+    "VersionTLS10": ssl.TLSVersion.TLSv1,
+    "VersionTLS11": ssl.TLSVersion.TLSv1_1,
+    "VersionTLS12": ssl.TLSVersion.TLSv1_2,
+    "VersionTLS13": ssl.TLSVersion.TLSv1_3,
+}
+
+GO_CIPHERS: Final = {
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+}
+"""Go name → OpenSSL name of the TLS 1.2 suites both Go and BoringSSL offer."""
+
+GO_ALIASES: Final = {
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305": "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305": "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+}
+TLS13_SUITES: Final = frozenset(
+    {"TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256"}
+)
+GRPC_CIPHERS_ENV: Final = "GRPC_SSL_CIPHER_SUITES"
+
+
+def parse_tls_version(name: str) -> ssl.TLSVersion | None:
+    """``None`` for an empty name; ``ValueError`` (upstream's message) for an unknown one."""
+    if not name:
+        return None
+    try:
+        return TLS_VERSIONS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown TLS version {name!r}; supported values: VersionTLS10, VersionTLS11, "
+            "VersionTLS12, VersionTLS13"
+        ) from None
+
+
+def openssl_ciphers(names: Sequence[str]) -> str:
+    """The OpenSSL cipher list of Go suite names ("" when only TLS 1.3 names, or none, are
+    given); ``ValueError`` names the first unknown suite."""
+    out: list[str] = []
+    for raw in names:
+        name = GO_ALIASES.get(raw.strip(), raw.strip())
+        if not name or name in TLS13_SUITES:
+            continue
+        if name not in GO_CIPHERS:
+            raise ValueError(f"unknown or unsupported cipher suite {raw!r}")
+        out.append(GO_CIPHERS[name])
+    return ":".join(dict.fromkeys(out))
+
+
+def check_grpc_ciphers(names: Sequence[str]) -> None:
+    """Raise ``RuntimeError`` unless gRPC was (or will be) loaded with the cipher list asked
+    for: ``GRPC_SSL_CIPHER_SUITES`` must hold it before gRPC is imported."""
+    wanted = openssl_ciphers(names)
+    if wanted and os.environ.get(GRPC_CIPHERS_ENV) != wanted:
+        raise RuntimeError(
+            f"--tls-cipher-suites: gRPC reads its cipher list once, from ${GRPC_CIPHERS_ENV}, "
+            f"before it loads; start the process with {GRPC_CIPHERS_ENV}={wanted} (epp does)"
+        )
+
+
+class TlsSettings(Protocol):
+    """The TLS options of ``epp.settings.Settings``."""
+
+    @property
+    def secure_serving(self) -> bool: ...
+
+    @property
+    def tls_min_version(self) -> str: ...
+
+    @property
+    def tls_cipher_suites(self) -> tuple[str, ...]: ...
+
+    @property
+    def metrics_cert_dir(self) -> str: ...
+
+    @property
+    def metrics_client_ca_file(self) -> str: ...
+
+    @property
+    def metrics_endpoint_auth(self) -> bool: ...
+
+
+def tls_problem(s: TlsSettings) -> str:
+    """Why the TLS options do not fit together (upstream's rules and messages, spec §2, plus
+    what gRPC Python cannot do), or ``""``."""
+    try:
+        version = parse_tls_version(s.tls_min_version)
+        openssl_ciphers(s.tls_cipher_suites)
+    except ValueError as exc:
+        return f"--tls-*: {exc}"
+    if version is not None and version > ssl.TLSVersion.TLSv1_2 and s.secure_serving:
+        return (
+            "--tls-min-version=VersionTLS13: the ext_proc gRPC server cannot refuse TLS 1.2 "
+            "(gRPC Python has no such option); use VersionTLS12, or terminate TLS in front"
+        )
+    if s.metrics_client_ca_file and not s.metrics_cert_dir:
+        return '"metrics-client-ca-file" requires "metrics-cert-dir"'
+    if s.metrics_cert_dir and not (s.metrics_client_ca_file or s.metrics_endpoint_auth):
+        return (
+            '"metrics-cert-dir" enables metrics TLS without authentication; set '
+            '"metrics-client-ca-file" or "metrics-endpoint-auth"'
+        )
+    files = [s.metrics_client_ca_file] if s.metrics_client_ca_file else []
+    if s.metrics_cert_dir:
+        files += [os.path.join(s.metrics_cert_dir, n) for n in ("tls.crt", "tls.key")]
+    for path in files:
+        if not os.path.isfile(path):
+            return f"metrics TLS cert file unreadable: {path}"
+    return ""

@@ -1,0 +1,105 @@
+"""The security flags' rules, and the audit of flags that do nothing: every flag is read by
+the code, or is listed as compatibility-only and warns when given."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+from epp.cli import compat_flags_given, settings_from_args, warn_compat
+from epp.settings import COMPAT_ONLY, METRICS_TOKEN_ENV, flags
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _sources() -> str:
+    return "\n".join(p.read_text() for p in sorted((ROOT / "epp").rglob("*.py")))
+
+
+def test_every_flag_is_read_or_declared_compatibility_only() -> None:
+    """A flag's field read anywhere (``.field``) does something; one never read must be in
+    ``COMPAT_ONLY``, and one in ``COMPAT_ONLY`` must never be read."""
+    text = _sources()
+    unread, listed_but_read = [], []
+    for field, spec in flags():
+        read = re.search(rf"\.{field.name}\b", text) is not None
+        if not read and spec.name not in COMPAT_ONLY:
+            unread.append(spec.name)
+        if read and spec.name in COMPAT_ONLY:
+            listed_but_read.append(spec.name)
+    assert unread == [], "flags accepted and ignored"
+    assert listed_but_read == [], "flags that work are listed as compatibility-only"
+
+
+def test_the_compatibility_only_flags() -> None:
+    assert set(COMPAT_ONLY) == {
+        "tracing",
+        "zap-log-level",
+        "zap-stacktrace-level",
+        "zap-time-encoding",
+        "zap-devel",
+    }
+    assert {s.name for _, s in flags() if s.compat} == set(COMPAT_ONLY)
+
+
+@pytest.mark.parametrize("name", sorted(COMPAT_ONLY))
+def test_each_compatibility_only_flag_warns(name: str, caplog: pytest.LogCaptureFixture) -> None:
+    argv = [f"--{name}=false" if name in ("tracing", "zap-devel") else f"--{name}=x"]
+    settings_from_args(argv)  # accepted
+    with caplog.at_level(logging.WARNING, logger="epp.cli"):
+        warn_compat(argv)
+    assert [r.getMessage() for r in caplog.records if f"--{name} " in r.getMessage()], caplog.text
+    assert [s.name for s in compat_flags_given([argv[0][1:]])] == [name]  # Go's single dash
+
+
+def test_working_flags_do_not_warn(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="epp.cli"):
+        warn_compat(["--enable-pprof=false", "--enable-cert-reload", "--metrics-endpoint-auth"])
+    assert caplog.records == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--tls-min-version=TLS1.2"], "unknown TLS version 'TLS1.2'"),
+        (["--tls-min-version=VersionTLS13"], "cannot refuse TLS 1.2"),
+        (["--tls-cipher-suites=FAKE_CIPHER_SUITE"], "unsupported cipher suite 'FAKE_CIPHER_SUITE'"),
+        (["--metrics-client-ca-file=/etc/ca.crt"], '"metrics-client-ca-file" requires'),
+        (
+            ["--metrics-cert-dir=/tmp", "--metrics-endpoint-auth=false"],
+            "enables metrics TLS without authentication",
+        ),
+        (["--metrics-cert-dir=/nonexistent-dir"], "metrics TLS cert file unreadable"),
+    ],
+)
+def test_tls_flags_are_checked(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        settings_from_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_tls_flags_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "tls.crt").write_text("x")
+    (tmp_path / "tls.key").write_text("x")
+    monkeypatch.setenv(METRICS_TOKEN_ENV, "tok")
+    s = settings_from_args(
+        [
+            "--tls-min-version=VersionTLS12",
+            "--tls-cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+            "--tls-cipher-suites=TLS_AES_128_GCM_SHA256",
+            f"--metrics-cert-dir={tmp_path}",
+            "--secure-serving=false",
+        ]
+    )
+    assert s.tls_cipher_suites == (
+        "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+        "TLS_AES_128_GCM_SHA256",
+    )
+    assert s.metrics_token == "tok" and "tok" not in repr(s)
+    assert settings_from_args(["--tls-min-version=VersionTLS13", "--secure-serving=false"])
