@@ -185,7 +185,9 @@ class App:
                 )
             from epp.k8s.mode import kubernetes_mode
 
-            self.kube, self.elector = kubernetes_mode(s, publish=self._publish, sink=sink)
+            self.kube, self.elector = kubernetes_mode(
+                s, publish=self._publish, sink=sink, parsers=self.pipeline.parsers
+            )
         else:
             if self.pipeline.discovery is None:
                 raise ConfigError(

@@ -172,9 +172,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, PluginError) as exc:
         print(f"epp: {exc}", file=sys.stderr)
         return 2
+    except BaseExceptionGroup as group:  # a start-up error raised inside the App's task group
+        leaves = _leaves(group)
+        if not all(isinstance(e, (ConfigError, PluginError)) for e in leaves):
+            raise
+        for leaf in leaves:
+            print(f"epp: {leaf}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    return out
 
 
 def _plugins(args: list[str]) -> int:
