@@ -254,7 +254,7 @@ class App:
         if not self._discovered:
             self._discovered = True
             self.collector.discovery_synced()
-            log.info("discovery: %d endpoints", len(endpoints))
+            log.info("discovery synced", extra={"endpoints": len(endpoints)})
 
     # ---- lifecycle ----------------------------------------------------------------------------
 

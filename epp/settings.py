@@ -260,18 +260,35 @@ class Settings:
     seed: int | None = flag(None, "seed the scheduler's random source", INT)
     """Our addition: seeds the scheduler's random source (reproducible tie-breaks in tests)."""
     verbosity: int = flag(
-        2, "log verbosity (2 default, 3 verbose, 4 debug, 5 trace)", INT, name="v", short="v"
+        2,
+        "log verbosity (2 default, 3 verbose, 4 debug, 5 trace), unless --zap-log-level is set",
+        INT,
+        name="v",
+        short="v",
     )
-    zap_encoder: str = flag("", "controller-runtime logging flag")
-    """``json`` turns ``log_json`` on (CLI)."""
-    zap_log_level: str = flag("", "controller-runtime logging flag")
-    zap_stacktrace_level: str = flag("", "controller-runtime logging flag")
-    zap_time_encoding: str = flag("", "controller-runtime logging flag")
-    zap_devel: bool = flag(False, "controller-runtime logging flag", BOOL)
+    zap_encoder: str = flag("", "log encoding, json or console (default: console with --zap-devel)")
+    zap_log_level: str = flag(
+        "",
+        "log level: debug, info, warn, error, dpanic, panic, fatal, or an integer > 0 "
+        "(verbosity); default from -v",
+    )
+    zap_stacktrace_level: str = flag(
+        "", "level from which lines carry a stack trace (default warn with --zap-devel, else error)"
+    )
+    zap_time_encoding: str = flag(
+        "", "ts format: rfc3339 (default), rfc3339nano, iso8601, epoch, millis, nano"
+    )
+    zap_devel: bool = flag(
+        True,
+        "development defaults (console encoder, stack traces from warn); false: production "
+        "defaults (json encoder, stack traces from error)",
+        BOOL,
+    )
+    """Logging (``epp.observability.logs``) with controller-runtime's semantics."""
 
     # Not flags.
     log_json: bool = False
-    """JSON log lines; the CLI sets it from ``--zap-encoder=json``."""
+    """JSON log lines: ``--zap-encoder=json``, or ``--zap-devel=false`` without an encoder."""
     pod_name: str = ""
     """``$POD_NAME``: in standalone mode the pool is named after this pod's Deployment."""
     kube_watch_timeout: int = 300
@@ -293,7 +310,7 @@ class Settings:
             pool_namespace=s.pool_namespace or environ.get("NAMESPACE", "default"),
             pod_name=environ.get("POD_NAME", ""),
             refresh_metrics_interval=max(s.refresh_metrics_interval, MIN_REFRESH_METRICS_INTERVAL),
-            log_json=s.zap_encoder == "json",
+            log_json=(s.zap_encoder or ("console" if s.zap_devel else "json")) == "json",
         )
 
     def validate(self) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 from epp.config.pipeline import Pipeline
 from epp.flowcontrol.controller import FlowController
 from epp.observability.decisions import DecisionLog
+from epp.observability.logs import fields as _kv
 from epp.observability.recorder import RequestStats
 from epp.plugin import (
     DEFAULT_FAIRNESS_ID,
@@ -60,6 +61,7 @@ from epp.requestcontrol.rewrites import RewriteStore
 from epp.scheduling.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
+
 
 __all__ = ["Decision", "Director", "Exchange", "Forward"]
 
@@ -136,7 +138,7 @@ class Director:
             try:
                 processor.request_header(request)
             except Exception:
-                log.exception("request-header processor %s failed", processor.typed_name)
+                log.exception("request-header processor failed", extra=_kv(request, processor))
         if not fairness and self._header_processors:
             request.fairness_id = agent_identity(request) or DEFAULT_FAIRNESS_ID
         return request
@@ -175,6 +177,8 @@ class Director:
         self.decisions.record(
             decision.request, decision.result, decision.candidates, time.perf_counter() - t0
         )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("request scheduled", extra=_kv(ex.request, endpoint=decision.destination))
         return decision
 
     def fail(self, ex: Exchange | None, err: InferenceError) -> None:
@@ -184,7 +188,7 @@ class Director:
             self._stats.on_error(request, err.code.label)
         self.decisions.record_error(request, err.code.http_status, err.body, err.drop_reason)
         if err.code.http_status >= 500:
-            log.warning("request %s failed: %s", request and request.request_id, err)
+            log.warning("request failed", extra=_kv(request, reason=str(err)))
 
     def protocol_error(self, reason: str) -> None:
         """The data plane broke the ext_proc protocol on one stream (``epp.server.misuse``)."""
@@ -264,7 +268,7 @@ class Director:
             try:
                 hook.pre_request(request, result)
             except Exception:
-                log.exception("pre-request hook %s failed", hook.typed_name)
+                log.exception("pre-request hook failed", extra=_kv(request, hook))
         destination = ",".join(e.hostport for e in result.primary.targets)
         return Decision(request, result, parser, parsed, out_body, destination, pool)
 
@@ -274,7 +278,7 @@ class Director:
                 async with asyncio.timeout(timeout):
                     await producer.produce(request, pool)
             except Exception as exc:  # upstream: producer failures are logged, request goes on
-                log.warning("data producer %s failed: %r", producer.typed_name, exc)
+                log.warning("data producer failed", extra=_kv(request, producer, reason=repr(exc)))
 
     # ---- response side ------------------------------------------------------------------------
 
@@ -307,7 +311,7 @@ class Director:
             try:
                 hook.response_headers(ex.request, ex.response, set_headers)
             except Exception:
-                log.exception("response-headers hook %s failed", hook.typed_name)
+                log.exception("response-headers hook failed", extra=_kv(ex.request, hook))
         return set_headers
 
     def on_response_chunk(
@@ -373,7 +377,7 @@ class Director:
             try:
                 hook.response_complete(request, info)
             except Exception:
-                log.exception("response-complete hook %s failed", hook.typed_name)
+                log.exception("response-complete hook failed", extra=_kv(request, hook))
         if self._flow is not None:
             self._flow.done(request, output_tokens=info.usage.completion_tokens)
         if self._stats is not None:

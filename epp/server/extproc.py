@@ -54,7 +54,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 except Exception:
                     error = True
                     log.exception(
-                        "ext_proc stream failed while handling %s", msg.WhichOneof("request")
+                        "ext_proc stream failed", extra={"request_kind": msg.WhichOneof("request")}
                     )
                     yield messages.immediate(
                         InferenceError(

@@ -206,7 +206,9 @@ class RequestStream:
         except InferenceError as err:
             return [self._fail(err)]
         except Exception:
-            log.exception("request %s: unexpected error while scheduling", ex.request.request_id)
+            log.exception(
+                "unexpected error while scheduling", extra={"request_id": ex.request.request_id}
+            )
             unexpected = "unexpected error while scheduling the request; see the EPP log"
             return [self._fail(InferenceError(ErrorCode.INTERNAL, unexpected))]
         self.body = bytearray()  # the decision holds the body to forward
