@@ -40,6 +40,7 @@ from epp.observability.http import DebugViews, MetricsServer
 from epp.observability.metrics import EppMetrics
 from epp.observability.pool import pool_gauges
 from epp.observability.recorder import RequestStats
+from epp.observability.tracing import Tracing
 from epp.plugin import Discovery, Endpoint, Lifecycle, TypedName
 from epp.plugin.registry import PluginRegistry
 from epp.requestcontrol.director import Director
@@ -125,11 +126,11 @@ class App:
                 src, ext
             ).inc(),
         )
-        self.context = ServerContext(
-            director=self.director,
-            max_body_bytes=settings.max_request_body_bytes,
-            emit_scores=settings.emit_endpoint_scores,
-        )
+        self.tracing = Tracing.from_environment(settings.tracing, settings.tracing_plugin_threshold)
+        self.context = ServerContext(  # director, body limit, emit scores, tracing
+            self.director, settings.max_request_body_bytes, settings.emit_endpoint_scores,
+            self.tracing,
+        )  # fmt: skip
         self.health = health.HealthServicer(
             self.ready, leader_election=settings.ha_enable_leader_election
         )
@@ -283,6 +284,8 @@ class App:
                 with contextlib.suppress(Exception):
                     await p.stop()
             await servers[2].stop()
+            if self.tracing is not None:
+                await asyncio.to_thread(self.tracing.shutdown)
 
     def _background(self) -> list[Any]:
         """The long-lived tasks: discovery, scraping, pool gauges, flow control, objects files,

@@ -208,8 +208,15 @@ class Settings:
     enable_cert_reload: bool = flag(False, "reload the certificate when it changes (not yet)", BOOL)
     health_checking: bool = flag(False, "also serve grpc.health.v1 on the ext_proc port", BOOL)
     tracing: bool = flag(
-        True, "OpenTelemetry tracing (accepted; tracing is not exported yet)", BOOL
+        True,
+        "OpenTelemetry tracing of requests, exported as the OTEL_* variables say "
+        "(OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER, ...)",
+        BOOL,
     )
+    tracing_plugin_threshold: float = flag(
+        0.001, "with tracing: plugin calls at least this long get a span (default 1ms)", DURATION
+    )
+    """Our addition (``epp.observability.tracing``)."""
     enable_pprof: bool = flag(True, "accepted for compatibility; no effect", BOOL)
     metrics_endpoint_auth: bool = flag(
         True, "accepted for compatibility (no Kubernetes authn here)", BOOL

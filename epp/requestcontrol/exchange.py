@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from epp.observability.tracing import RequestTrace
 from epp.plugin import (
     Endpoint,
     InferenceRequest,
@@ -51,6 +52,8 @@ class Exchange:
     first_byte_at: float = 0.0
     size: int = 0
     completed: bool = False
+    trace: RequestTrace | None = None
+    """The request's spans when tracing is on (``epp.observability.tracing``)."""
 
 
 class Forward(NamedTuple):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from epp.observability.tracing import Tracing
 from epp.requestcontrol.director import Director
 
 
@@ -12,3 +13,5 @@ class ServerContext:
     director: Director
     max_body_bytes: int = 64 << 20
     emit_scores: bool = False
+    tracing: Tracing | None = None
+    """Set when tracing is on: every request gets its spans."""

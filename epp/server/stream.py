@@ -134,6 +134,8 @@ class RequestStream:
         headers = messages.header_map(msg.request_headers)
         self.generated_id = not headers.get(wire.REQUEST_ID_HEADER)
         self.exchange = self.director.begin(headers)
+        if self.ctx.tracing is not None:
+            self.exchange.trace = self.ctx.tracing.begin(headers, self.exchange.request.request_id)
         self.metadata = messages.metadata_namespaces(msg, (wire.SUBSET_NAMESPACE,))
         if msg.request_headers.end_of_stream:
             self.request_ended = True
@@ -204,13 +206,19 @@ class RequestStream:
         try:
             decision = await self.director.route(ex, bytes(self.body), self.metadata)
         except InferenceError as err:
+            if ex.trace is not None:
+                ex.trace.routed(err)
             return [self._fail(err)]
-        except Exception:
+        except Exception as exc:
+            if ex.trace is not None:
+                ex.trace.routed(exc)
             log.exception(
                 "unexpected error while scheduling", extra={"request_id": ex.request.request_id}
             )
             unexpected = "unexpected error while scheduling the request; see the EPP log"
             return [self._fail(InferenceError(ErrorCode.INTERNAL, unexpected))]
+        if ex.trace is not None:
+            ex.trace.routed()
         self.body = bytearray()  # the decision holds the body to forward
         self.answered = True
         dest = decision.destination
@@ -240,12 +248,17 @@ class RequestStream:
             out["content-length"] = str(len(body))
         if self.generated_id and self.exchange is not None:
             out[wire.REQUEST_ID_HEADER] = self.exchange.request.request_id
+        if self.exchange is not None and self.exchange.trace is not None:
+            out.update(self.exchange.trace.headers())  # W3C traceparent to the model server
         return out
 
     def _fail(self, err: InferenceError) -> pb.ProcessingResponse:
         """Answer the request with ``err``; the stream ends after this reply."""
         self.done = True
         self.director.fail(self.exchange, err)
+        if self.exchange is not None and self.exchange.trace is not None:
+            self.exchange.trace.error = f"{err.code.http_status} {err}"
+            self.exchange.trace.status = err.code.http_status
         return messages.immediate(err)
 
     # ---- response phase ---------------------------------------------------------------------
@@ -312,6 +325,11 @@ class RequestStream:
         if self.exchange is not None:
             cause = TerminationCause.ERROR if error else TerminationCause.CLIENT_DISCONNECT
             self.director.complete(self.exchange, cause)
+            trace = self.exchange.trace
+            if trace is not None:
+                response = self.exchange.response
+                trace.end(response.status if response is not None else trace.status)
+                self.exchange.trace = None
 
 
 def _scores(decision: Decision) -> dict[str, float]:
