@@ -63,6 +63,7 @@ from typing import Any
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from epp.flowcontrol.eviction import EVICTION_ATTRIBUTE, Eviction
 from epp.plugin import ErrorCode, InferenceError, TerminationCause, wire
 from epp.requestcontrol.director import Decision, Exchange
 from epp.server import messages
@@ -95,6 +96,7 @@ class RequestStream:
         self.response_headers = False
         self.response_body = False
         self.response_ended = False
+        self.was_evicted = False
 
     # ---- dispatch ---------------------------------------------------------------------------
 
@@ -261,6 +263,25 @@ class RequestStream:
             self.exchange.trace.status = err.code.http_status
         return messages.immediate(err)
 
+    @property
+    def eviction(self) -> Eviction | None:
+        """The request's eviction signal while an eviction can still reach the client: routed
+        by flow control as an evictable (sheddable) request, and the response not ended."""
+        ex = self.exchange
+        if ex is None or ex.decision is None or self.response_ended or self.done:
+            return None
+        signal = ex.request.attributes.get(EVICTION_ATTRIBUTE)
+        return signal if isinstance(signal, Eviction) else None
+
+    def evict(self, err: InferenceError) -> pb.ProcessingResponse:
+        """Flow control evicted the request: upstream's 429 reply ends the stream, and completion
+        (``TerminationCause.EVICTED``) frees its flow-control slot."""
+        self.done = self.was_evicted = True
+        if self.exchange is not None and self.exchange.trace is not None:
+            self.exchange.trace.error = f"{err.code.http_status} {err.message}"
+            self.exchange.trace.status = err.code.http_status
+        return messages.evicted(err)
+
     # ---- response phase ---------------------------------------------------------------------
 
     def _response_exchange(self) -> Exchange:
@@ -324,6 +345,8 @@ class RequestStream:
         """Stream ended (normally, by client disconnect or by error)."""
         if self.exchange is not None:
             cause = TerminationCause.ERROR if error else TerminationCause.CLIENT_DISCONNECT
+            if self.was_evicted:
+                cause = TerminationCause.EVICTED
             self.director.complete(self.exchange, cause)
             trace = self.exchange.trace
             if trace is not None:
