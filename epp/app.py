@@ -22,11 +22,10 @@ import logging
 import random
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-
+from epp.config.handle import AppHandle
 from epp.config.loader import ConfigError, LoadOptions, PluginFactory, load_config
 from epp.config.pipeline import Pipeline
 from epp.datalayer.collector import Collector
@@ -42,7 +41,8 @@ from epp.observability.metrics import EppMetrics
 from epp.observability.pool import pool_gauges
 from epp.observability.recorder import RequestStats
 from epp.observability.streams import StreamMetrics
-from epp.plugin import Discovery, Endpoint, Lifecycle, TypedName
+from epp.observability.tracing import Tracing
+from epp.plugin import Discovery, Endpoint, Lifecycle
 from epp.plugin.registry import PluginRegistry
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.objectives import ObjectiveStore
@@ -56,39 +56,6 @@ from epp.settings import Settings
 from epp.state.sync import StateSync
 
 log = logging.getLogger(__name__)
-
-
-class AppHandle:
-    """The ``epp.plugin.Handle`` given to this App's plugins."""
-
-    def __init__(self, app: App) -> None:
-        self._app = app
-
-    @property
-    def registry(self) -> CollectorRegistry:
-        return self._app.metrics.registry
-
-    def clock(self) -> float:
-        return time.monotonic()
-
-    def plugin(self, name: str) -> Any:
-        return self._app.plugin(name)
-
-    def endpoints(self) -> Sequence[Endpoint]:
-        return self._app.store.snapshot()
-
-    def logger(self, typed_name: TypedName) -> logging.Logger:
-        return logging.getLogger(f"epp.plugin.{typed_name}")
-
-    def share_soon(self) -> None:
-        sync = self._app.sync
-        if sync is not None:
-            sync.share_soon()
-
-    def create_plugin(
-        self, type_name: str, name: str, parameters: Mapping[str, Any] | None = None
-    ) -> Any:
-        return self._app.factory.create(type_name, name, parameters, self)
 
 
 class App:
@@ -109,7 +76,7 @@ class App:
         self.pipeline: Pipeline = load_config(
             settings.config_text,
             registry=registry,
-            handle_for=lambda: AppHandle(self),
+            handle_for=self._handle,
             options=options,
         )
         self._instances = self.pipeline.instances
@@ -126,21 +93,14 @@ class App:
             p.syncer, [*p.shared, *flow], interval=p.sync_interval, registry=self.metrics.registry,
             namespace=settings.pool_namespace, pool_name=settings.pool_name,
         )  # fmt: skip
-        self.collector = Collector(
-            store=self.store,
-            pipelines=self.pipeline.sources,
-            interval=settings.refresh_metrics_interval,
-            clock=time.monotonic,
-            on_poll_error=lambda src, _eid, _exc: self.metrics.poll_errors.labels(src).inc(),
-            on_extract_error=lambda src, ext, _e: self.metrics.extract_errors.labels(
-                src, ext
-            ).inc(),
-        )
+        self.collector = self._collector()
+        self.tracing = Tracing.from_environment(settings.tracing, settings.tracing_plugin_threshold)
         self.context = ServerContext(
             director=self.director,
             max_body_bytes=settings.max_request_body_bytes,
             emit_scores=settings.emit_endpoint_scores,
             streams=StreamMetrics.when(settings.enable_grpc_stream_metrics, self.metrics.registry),
+            tracing=self.tracing,
         )
         self.health = health.HealthServicer(
             self.ready, leader_election=settings.ha_enable_leader_election
@@ -155,6 +115,30 @@ class App:
         self._discovered = False
         self._runner: asyncio.Task[None] | None = None
         self._election: asyncio.Task[None] | None = None
+
+    def _handle(self) -> AppHandle:
+        return AppHandle(
+            registry=self.metrics.registry,
+            plugin=self.plugin,
+            endpoints=self.store.snapshot,
+            share_soon=self._share_soon,
+            factory=self.factory,
+        )
+
+    def _share_soon(self) -> None:
+        if self.sync is not None:
+            self.sync.share_soon()
+
+    def _collector(self) -> Collector:
+        m = self.metrics
+        return Collector(
+            store=self.store,
+            pipelines=self.pipeline.sources,
+            interval=self.settings.refresh_metrics_interval,
+            clock=time.monotonic,
+            on_poll_error=lambda src, _eid, _exc: m.poll_errors.labels(src).inc(),
+            on_extract_error=lambda src, ext, _e: m.extract_errors.labels(src, ext).inc(),
+        )
 
     def _director(self) -> Director:
         m = self.metrics
@@ -197,7 +181,9 @@ class App:
                 )
             from epp.k8s.mode import kubernetes_mode
 
-            self.kube, self.elector = kubernetes_mode(s, publish=self._publish, sink=sink)
+            self.kube, self.elector = kubernetes_mode(
+                s, publish=self._publish, sink=sink, parsers=self.pipeline.parsers
+            )
         else:
             if self.pipeline.discovery is None:
                 raise ConfigError(
@@ -264,7 +250,7 @@ class App:
         if not self._discovered:
             self._discovered = True
             self.collector.discovery_synced()
-            log.info("discovery: %d endpoints", len(endpoints))
+            log.info("discovery synced", extra={"endpoints": len(endpoints)})
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -293,6 +279,8 @@ class App:
                 with contextlib.suppress(Exception):
                     await p.stop()
             await servers[2].stop()
+            if self.tracing is not None:
+                await asyncio.to_thread(self.tracing.shutdown)
 
     def _background(self) -> list[Any]:
         """The long-lived tasks: discovery, scraping, pool gauges, flow control, objects files,

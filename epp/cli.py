@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from epp.observability.logs import LogConfig, configure, log_config
 from epp.server.tlsopts import GRPC_CIPHERS_ENV, openssl_ciphers
 from epp.settings import Flag, Settings, SettingsError, flags
 
@@ -126,7 +127,8 @@ def settings_from_args(argv: Sequence[str]) -> Settings:
             parser.error(f"--config-file: {exc}")
     try:
         settings.validate()
-    except SettingsError as exc:
+        _log_config(settings)
+    except (SettingsError, ValueError) as exc:
         parser.error(str(exc))
     if config_text is None:
         return settings
@@ -148,19 +150,22 @@ def warn_compat(argv: Sequence[str]) -> None:
         )
 
 
+def _log_config(settings: Settings, worker: int | None = None) -> LogConfig:
+    config = log_config(
+        verbosity=settings.verbosity,
+        zap_devel=settings.zap_devel,
+        zap_encoder=settings.zap_encoder,
+        zap_log_level=settings.zap_log_level,
+        zap_stacktrace_level=settings.zap_stacktrace_level,
+        zap_time_encoding=settings.zap_time_encoding,
+    )
+    return dataclasses.replace(config, worker=worker)
+
+
 def setup_logging(settings: Settings, *, worker: int | None = None) -> None:
-    """Log lines to stderr; a worker of ``--workers N`` names itself in each line."""
-    level = logging.DEBUG if settings.verbosity >= 4 else logging.INFO
-    if settings.log_json:
-        tag = "" if worker is None else f'"worker":{worker},'
-        fmt = (
-            '{"ts":"%(asctime)s","level":"%(levelname)s",' + tag + '"logger":"%(name)s",'
-            '"msg":"%(message)s"}'
-        )
-    else:
-        tag = "" if worker is None else f"[worker {worker}] "
-        fmt = "%(asctime)s %(levelname)s " + tag + "%(name)s: %(message)s"
-    logging.basicConfig(level=level, format=fmt, stream=sys.stderr)
+    """Zap-style log lines on stderr (``epp.observability.logs``); a worker of ``--workers N``
+    names itself in each line."""
+    configure(_log_config(settings, worker))
 
 
 async def _serve(settings: Settings) -> None:
@@ -190,11 +195,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         asyncio.run(_serve(settings))
     except (ConfigError, PluginError) as exc:
-        print(f"epp: {exc}", file=sys.stderr)
-        return 2
+        return _startup_failed(settings, [exc])
+    except BaseExceptionGroup as group:  # a start-up error raised inside the App's task group
+        leaves = _leaves(group)
+        if not all(isinstance(e, (ConfigError, PluginError)) for e in leaves):
+            raise
+        return _startup_failed(settings, leaves)
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _startup_failed(settings: Settings, reasons: Sequence[BaseException]) -> int:
+    """Exit code 2 with the reasons: one line each, a JSON log line with a JSON encoder."""
+    for reason in reasons:
+        if settings.log_json:
+            logging.getLogger("epp").error("start-up failed", extra={"reason": str(reason)})
+        else:
+            print(f"epp: {reason}", file=sys.stderr)
+    return 2
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    return out
 
 
 def _plugins(args: list[str]) -> int:

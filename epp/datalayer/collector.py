@@ -198,7 +198,7 @@ class Collector:
             try:
                 await self._collect(endpoint, tick)
             except Exception as exc:  # a bug must not end scraping of this endpoint
-                self._log_limited(endpoint_id, "collector", "collecting %s failed: %r", exc)
+                self._log_limited(endpoint_id, "collector", "collecting failed", exc)
             self._attempted.add(endpoint_id)
             deadline += interval
             tick += 1
@@ -266,7 +266,9 @@ class Collector:
             try:
                 source.forget(endpoint)
             except Exception as exc:  # a faulty source must not stop the collector
-                self._log_limited(endpoint.id, source.typed_name.type, "forgetting %s: %r", exc)
+                self._log_limited(
+                    endpoint.id, source.typed_name.type, "forgetting an endpoint failed", exc
+                )
 
     def _notify(self, kind: EndpointEventType, endpoint: Endpoint) -> None:
         """Deliver one endpoint event through every notification pipeline."""
@@ -277,7 +279,9 @@ class Collector:
             try:
                 event = source.notify_endpoint(EndpointEvent(kind, endpoint))
             except Exception as exc:  # a faulty source must not stop the collector
-                self._log_limited(endpoint.id, source_type, "notifying %s: %r", exc)
+                self._log_limited(
+                    endpoint.id, source_type, "notifying an endpoint event failed", exc
+                )
                 continue
             if event is None:
                 continue
@@ -290,7 +294,7 @@ class Collector:
                     extractor_type = extractor.typed_name.type
                     self._on_extract_error(source_type, extractor_type, exc)
                     self._log_limited(
-                        endpoint.id, extractor_type, "delivering an event of %s failed: %r", exc
+                        endpoint.id, extractor_type, "delivering an endpoint event failed", exc
                     )
 
     def _publish(self, endpoint_id: str, attributes: Mapping[str, Any]) -> None:
@@ -304,13 +308,13 @@ class Collector:
 
     def _poll_failed(self, source_type: str, endpoint_id: str, exc: Exception) -> None:
         self._on_poll_error(source_type, endpoint_id, exc)
-        self._log_limited(endpoint_id, source_type, "polling %s failed: %s", exc)
+        self._log_limited(endpoint_id, source_type, "polling failed", exc)
 
     def _extract_failed(
         self, source_type: str, extractor_type: str, endpoint_id: str, exc: Exception
     ) -> None:
         self._on_extract_error(source_type, extractor_type, exc)
-        self._log_limited(endpoint_id, extractor_type, "extracting metrics of %s failed: %s", exc)
+        self._log_limited(endpoint_id, extractor_type, "extracting metrics failed", exc)
 
     def _log_limited(self, endpoint_id: str, what: str, message: str, exc: Exception) -> None:
         """Log at most once per ``error_log_interval`` per (endpoint, source or extractor)."""
@@ -321,7 +325,13 @@ class Collector:
             return
         self._last_logged[key] = now
         self._log.warning(
-            message + " (repeats suppressed for %.0fs)", endpoint_id, exc, self._error_log_interval
+            message,
+            extra={
+                "endpoint": endpoint_id,
+                "source": what,
+                "reason": str(exc) or repr(exc),
+                "repeatsSuppressedFor": f"{self._error_log_interval:.0f}s",
+            },
         )
 
 

@@ -137,10 +137,12 @@ class Reclaimer:
             assert record.eviction is not None
             record.eviction.fire()
             log.info(
-                "flow control: evicting in-flight request %s (priority %d) for band %d",
-                record.request.request_id,
-                record.priority,
-                demand_priority,
+                "flow control: evicting an in-flight request",
+                extra={
+                    "request_id": record.request.request_id,
+                    "priority": record.priority,
+                    "forPriority": demand_priority,
+                },
             )
 
     def reclaim(

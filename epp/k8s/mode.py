@@ -18,7 +18,7 @@ from epp.k8s.leader import ElectionConfig, LeaderElector, default_identity, leas
 from epp.k8s.selector import parse_selector
 from epp.k8s.sink import ObjectSink
 from epp.k8s.source import KubernetesSource, PoolMode, StandaloneMode, standalone_pool
-from epp.plugin import Endpoint
+from epp.plugin import AppProtocols, Endpoint, Parser
 
 
 class KubeSettings(Protocol):
@@ -62,9 +62,14 @@ class KubeSettings(Protocol):
 
 
 def kubernetes_mode(
-    settings: KubeSettings, *, publish: Callable[[Sequence[Endpoint]], None], sink: ObjectSink
+    settings: KubeSettings,
+    *,
+    publish: Callable[[Sequence[Endpoint]], None],
+    sink: ObjectSink,
+    parsers: Sequence[Parser] = (),
 ) -> tuple[KubernetesSource, LeaderElector | None]:
-    """The pool source and, when asked for, the elector; ``ConfigError`` says what is wrong."""
+    """The pool source and, when asked for, the elector; ``ConfigError`` says what is wrong.
+    Readiness checks the pool's ``appProtocol`` against the ``parsers`` (``AppProtocols``)."""
     s = settings
     namespace = s.pool_namespace or "default"
     mode, pool_name = _pool_mode(s, namespace)
@@ -79,6 +84,9 @@ def kubernetes_mode(
         sink=sink,
         watch_timeout=s.kube_watch_timeout,
         logger=logging.getLogger("epp.k8s"),
+        parser_protocols={
+            str(p.typed_name): p.app_protocols() for p in parsers if isinstance(p, AppProtocols)
+        },
     )
     if not s.ha_enable_leader_election:
         return source, None

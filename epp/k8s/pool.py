@@ -2,7 +2,8 @@
 
 Only the fields the EPP needs are decoded: ``spec.selector.matchLabels`` (required; pods of the
 pool's namespace only), ``spec.targetPorts`` (1 to 8 unique ``{number}`` entries, 1..65535) and
-``spec.appProtocol`` (``http`` when absent, or ``kubernetes.io/h2c``). ``endpointPickerRef`` and
+``spec.appProtocol`` (``http`` or ``kubernetes.io/h2c``; absent is kept as "": no constraint on
+the parsers, as upstream). ``endpointPickerRef`` and
 ``status`` belong to the gateway and are ignored.
 
 In standalone mode (``--endpoint-selector``) the same ``EndpointPool`` is built from flags.
@@ -30,7 +31,8 @@ class EndpointPool:
     namespace: str
     selector: LabelSelector
     target_ports: tuple[int, ...]
-    app_protocol: str = "http"
+    app_protocol: str = ""
+    """``http``, ``kubernetes.io/h2c``, or "" (not declared)."""
 
 
 def check_target_ports(ports: tuple[int, ...], where: str) -> tuple[int, ...]:
@@ -57,8 +59,8 @@ def decode_pool(obj: Any) -> EndpointPool:
             for i, p in enumerate(raw_ports)
         )
         check_target_ports(ports, "spec.targetPorts")
-        protocol = spec.get("appProtocol") or "http"
-        if protocol not in APP_PROTOCOLS:
+        protocol = spec.get("appProtocol") or ""
+        if protocol and protocol not in APP_PROTOCOLS:
             raise DecodeError(f"spec.appProtocol: {protocol!r} is not one of {APP_PROTOCOLS}")
     except DecodeError as exc:
         raise DecodeError(f"InferencePool {namespace}/{name}: {exc}") from None

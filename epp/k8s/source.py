@@ -2,8 +2,8 @@
 
 InferencePool mode (``--pool-name``): watches, in the pool's namespace, the InferencePool (by
 name), every Pod, and the InferenceObjective and InferenceModelRewrite objects when their API is
-served (``llm-d.ai/v1alpha2``; for objectives the legacy ``inference.networking.x-k8s.io`` group
-only when the new one is absent). Standalone mode (``--endpoint-selector`` +
+served (``llm-d.ai/v1alpha2``; the legacy ``inference.networking.x-k8s.io`` group of either kind
+only when the new one is absent, as upstream). Standalone mode (``--endpoint-selector`` +
 ``--endpoint-target-ports``): Pods only; the pool comes from the flags and is named after the
 EPP's Deployment (derived from ``POD_NAME``).
 
@@ -81,6 +81,7 @@ class KubernetesSource:
         sink: ObjectSink,
         watch_timeout: int = 300,
         logger: logging.Logger | None = None,
+        parser_protocols: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         self._api = api
         self.mode = mode
@@ -94,6 +95,8 @@ class KubernetesSource:
         self._synced: set[str] = set()
         self._dirty = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._parser_protocols = dict(parser_protocols or {})
+        self._protocol_ok = True
         self.reflectors: dict[str, Reflector[Any]] = {}
 
     @property
@@ -105,26 +108,49 @@ class KubernetesSource:
         return self._pool
 
     def ready(self) -> bool:
-        return bool(self._expected) and self._synced >= self._expected and self._pool is not None
+        return (
+            bool(self._expected)
+            and self._synced >= self._expected
+            and self._pool is not None
+            and self._protocol_ok
+        )
+
+    def _check_protocol(self) -> None:
+        """Spec §10: not ready while the pool declares an ``appProtocol`` that a parser with a
+        protocol list does not serve (logged once per change)."""
+        wanted = self._pool.app_protocol if self._pool is not None else ""
+        refusing = [
+            name
+            for name, protocols in self._parser_protocols.items()
+            if wanted and protocols and wanted not in protocols
+        ]
+        ok = not refusing
+        if not ok and self._protocol_ok:
+            self._log.error(
+                "parser does not support the pool protocol: not ready",
+                extra={
+                    "poolProtocol": wanted,
+                    "parsers": refusing,
+                    "supported": [list(self._parser_protocols[n]) for n in refusing],
+                },
+            )
+        self._protocol_ok = ok
 
     # ---- start-up -----------------------------------------------------------------------------
 
-    def _objectives_group(self) -> str | None:
+    def _served_group(self, kind: str, plural: str, version: str, absent: str) -> str | None:
+        """The API group ``kind`` is served in: ``llm-d.ai``, else the deprecated
+        ``inference.networking.x-k8s.io`` (as upstream, the legacy group is ignored when both are
+        installed), else ``None`` (logged with what is lost)."""
         for group in (obj_api.GROUP, obj_api.LEGACY_GROUP):
-            if obj_api.PLURAL in served_resources(self._api, group, obj_api.VERSION):
+            if plural in served_resources(self._api, group, version):
                 if group == obj_api.LEGACY_GROUP:
                     self._log.warning(
-                        "InferenceObjective: using the deprecated %s group", obj_api.LEGACY_GROUP
+                        "%s: using the deprecated %s group", kind, obj_api.LEGACY_GROUP
                     )
                 return group
-        self._log.warning("InferenceObjective API not served: every request has priority 0")
+        self._log.warning("%s API not served: %s", kind, absent)
         return None
-
-    def _rewrites_served(self) -> bool:
-        served = rw_api.PLURAL in served_resources(self._api, rw_api.GROUP, rw_api.VERSION)
-        if not served:
-            self._log.warning("InferenceModelRewrite API not served: no model rewrites")
-        return served
 
     def _build(self) -> None:
         """Probe the served APIs (blocking) and create one reflector per watched resource."""
@@ -149,15 +175,23 @@ class KubernetesSource:
                 ),
                 decode_pool,
             )
-            group = self._objectives_group()
+            group = self._served_group(
+                "InferenceObjective",
+                obj_api.PLURAL,
+                obj_api.VERSION,
+                "every request has priority 0",
+            )
             if group is not None:
                 specs["objectives"] = (
                     resource(group, obj_api.VERSION, obj_api.PLURAL),
                     obj_api.decode_objective,
                 )
-            if self._rewrites_served():
+            rewrites = self._served_group(
+                "InferenceModelRewrite", rw_api.PLURAL, rw_api.VERSION, "no model rewrites"
+            )
+            if rewrites is not None:
                 specs["rewrites"] = (
-                    resource(rw_api.GROUP, rw_api.VERSION, rw_api.PLURAL),
+                    resource(rewrites, rw_api.VERSION, rw_api.PLURAL),
                     rw_api.decode_rewrite,
                 )
         for kind, (target, decode) in specs.items():
@@ -214,6 +248,7 @@ class KubernetesSource:
             if pool is None and self._pool is not None:
                 self._log.warning("InferencePool %s deleted: no endpoints", self.mode.name)
             self._pool = pool
+            self._check_protocol()
         elif kind == "objectives":
             self._sink.set_cluster_objectives(snapshot.values())
             return

@@ -11,8 +11,11 @@ plugin authors run in their own tests in ``testing``.
 
 from epp.plugin.attributes import endpoint_attribute, with_attribute
 from epp.plugin.capabilities import (
+    APP_PROTOCOL_H2C,
+    APP_PROTOCOL_HTTP,
     DEFAULT_CONFIRMATION_GRACE,
     DEFAULT_PRODUCE_TIMEOUT,
+    AppProtocols,
     ConfirmationGrace,
     EndpointForgetter,
     PollInterval,
@@ -109,6 +112,8 @@ from epp.plugin.types import (
 
 __all__ = [
     "AGENT_IDENTITY",
+    "APP_PROTOCOL_H2C",
+    "APP_PROTOCOL_HTTP",
     "DEFAULT_CONFIRMATION_GRACE",
     "DEFAULT_FAIRNESS_ID",
     "DEFAULT_PRODUCE_TIMEOUT",
@@ -121,6 +126,7 @@ __all__ = [
     "TOKENIZED_PROMPT",
     "TOPOLOGY",
     "Admitter",
+    "AppProtocols",
     "ConfirmationGrace",
     "Consumer",
     "CycleState",

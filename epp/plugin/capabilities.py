@@ -10,6 +10,7 @@ built), with ``isinstance``; nothing on the request path asks a plugin what it c
 - ``ReservingDetector`` (``SaturationDetector``): flow control reserves and releases capacity.
 - ``StaleEndpointCounter`` and ``ConfirmationGrace`` (``SaturationDetector``): how stale its
   inputs are, and how long freed capacity takes to show in its reading.
+- ``AppProtocols`` (``Parser``): the InferencePool ``appProtocol`` values it can serve.
 
 Typed data keys (``Consumer``, ``DataProducer``) are in ``epp.plugin.keys`` and
 ``epp.plugin.protocols``.
@@ -81,3 +82,18 @@ class ConfirmationGrace(Protocol):
     (flow control waits this long before it trusts a lower saturation)."""
 
     def confirmation_grace(self) -> float: ...
+
+
+APP_PROTOCOL_HTTP = "http"
+APP_PROTOCOL_H2C = "kubernetes.io/h2c"
+"""The InferencePool ``spec.appProtocol`` values (GIE v1)."""
+
+
+@runtime_checkable
+class AppProtocols(Protocol):
+    """A ``Parser`` that serves only some InferencePool ``appProtocol`` values (``http``,
+    ``kubernetes.io/h2c``). In Kubernetes mode the EPP is not ready while the pool declares a
+    protocol that a parser with a non-empty list does not name (spec §10); a parser without
+    this capability, or with an empty list, puts no constraint on the pool."""
+
+    def app_protocols(self) -> tuple[str, ...]: ...

@@ -10,11 +10,8 @@ once, at its end), and get the client's model name back; completion (end of stre
 trailers, client disconnect or error, exactly once) runs the ``ResponseComplete`` hooks, frees
 the flow-control accounting and records the request's metrics.
 
-Target model (spec §1.7): the ``x-llm-d-model-name-rewrite`` header if present, else the body's
-model; then an InferenceModelRewrite rule matching the *incoming* (body) model overrides it (a
-generic rule also catches a missing model, for parsers that can rewrite the body), the target
-drawn by weight from the director's random source; each such decision is reported to
-``on_rewrite(rewrite_name, incoming_model, target_model)``.
+Target model: ``epp.requestcontrol.rewrites.target_model``. With tracing, the parse, admission,
+profile and plugin timings go to the request's trace (``epp.observability.tracing``).
 
 Metric labels (``epp.observability.labels``): the Director tells its ``RequestStats`` which model
 names the pool serves (the LoRA adapters the endpoints' scraped metrics list, the rewrite objects'
@@ -37,11 +34,12 @@ from typing import Any
 from epp.config.pipeline import Pipeline
 from epp.flowcontrol.controller import FlowController
 from epp.observability.decisions import DecisionLog
+from epp.observability.logs import fields as _kv
 from epp.observability.recorder import RequestStats
+from epp.observability.tracing import TRACE_KEY, RequestTrace
 from epp.plugin import (
     DEFAULT_FAIRNESS_ID,
     CycleState,
-    DropReason,
     Endpoint,
     ErrorCode,
     InferenceError,
@@ -58,15 +56,17 @@ from epp.requestcontrol.exchange import (
     Exchange,
     Forward,
     learn,
+    no_candidates,
     restore_model,
     stream_hooks,
 )
 from epp.requestcontrol.objectives import ObjectiveStore
 from epp.requestcontrol.parsers import ParserRouter
-from epp.requestcontrol.rewrites import RewriteStore
+from epp.requestcontrol.rewrites import RewriteStore, target_model
 from epp.scheduling.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
+
 
 __all__ = ["Decision", "Director", "Exchange", "Forward"]
 
@@ -103,7 +103,7 @@ class Director:
         self._streaming = tuple(pipeline.response_streaming)
         self._on_scheduled = on_scheduled or (lambda _: None)
         self._rewrites = rewrites if rewrites is not None else RewriteStore()
-        self._on_rewrite = on_rewrite or (lambda _n, _m, _t: None)
+        self._rewriting = (self._rewrites, self._rng, on_rewrite or (lambda _n, _m, _t: None))
         self._stats = stats
         self.decisions = decisions if decisions is not None else DecisionLog()
         if stats is not None:
@@ -144,7 +144,7 @@ class Director:
             try:
                 processor.request_header(request)
             except Exception:
-                log.exception("request-header processor %s failed", processor.typed_name)
+                log.exception("request-header processor failed", extra=_kv(request, processor))
         if not fairness and self._header_processors:
             request.fairness_id = agent_identity(request) or DEFAULT_FAIRNESS_ID
         return request
@@ -169,20 +169,22 @@ class Director:
         pool = self.candidates(metadata)
         if not pool:
             if wire.subset_hint(metadata) is not None:
-                raise _no_candidates()
+                raise no_candidates()
             raise InferenceError(ErrorCode.INTERNAL, "no pods available in datastore")
         return self._rng.choice(list(pool))
 
     async def route(self, ex: Exchange, body: bytes, metadata: Mapping[str, Any]) -> Decision:
         """The whole body arrived: decide, and record the decision (metrics, explain view)."""
         t0 = time.perf_counter()
-        decision = await self.decide(ex.request, body, metadata)
+        decision = await self.decide(ex.request, body, metadata, ex.trace)
         ex.decision = decision
         if self._stats is not None:
             self._stats.on_scheduled(decision.request, decision.result)
         self.decisions.record(
             decision.request, decision.result, decision.candidates, time.perf_counter() - t0
         )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("request scheduled", extra=_kv(ex.request, endpoint=decision.destination))
         return decision
 
     def fail(self, ex: Exchange | None, err: InferenceError) -> None:
@@ -192,7 +194,7 @@ class Director:
             self._stats.on_error(request, err.code.label)
         self.decisions.record_error(request, err.code.http_status, err.body, err.drop_reason)
         if err.code.http_status >= 500:
-            log.warning("request %s failed: %s", request and request.request_id, err)
+            log.warning("request failed", extra=_kv(request, reason=str(err)))
 
     def protocol_error(self, reason: str) -> None:
         """The data plane broke the ext_proc protocol on one stream (``epp.server.misuse``)."""
@@ -200,40 +202,34 @@ class Director:
             self._stats.on_protocol_error(reason)
 
     async def decide(
-        self, request: InferenceRequest, body: bytes, metadata: Mapping[str, Any]
+        self,
+        request: InferenceRequest,
+        body: bytes,
+        metadata: Mapping[str, Any],
+        trace: RequestTrace | None = None,
     ) -> Decision:
+        t0 = time.time_ns()
         path, parser = self._router.resolve(request.headers)
         request.path = path
         parsed = parser.parse_request(path, body, request.headers)
         request.body = parsed.body
         request.size_bytes = len(body)
         request.incoming_model = parsed.model
-        out_body = self._target_model(request, parser, parsed, body)
-        await self._admit(request)
+        out_body = target_model(request, parser, parsed, body, *self._rewriting)
+        t1 = time.time_ns()
+        if trace is not None:
+            trace.phase("llm_d.epp.parse", t0, t1, **{"llm_d.epp.parser": str(parser.typed_name)})
         try:
-            return await self._schedule(request, parser, parsed, out_body, metadata)
+            await self._admit(request)
+        finally:
+            if trace is not None:
+                trace.phase("llm_d.epp.admission", t1, time.time_ns())
+        try:
+            return await self._schedule(request, parser, parsed, out_body, metadata, trace)
         except BaseException:
             if self._flow is not None:
                 self._flow.done(request)
             raise
-
-    def _target_model(
-        self, request: InferenceRequest, parser: Parser, parsed: ParseResult, body: bytes
-    ) -> bytes:
-        """Sets ``request.target_model``; returns the body to forward (rewritten if needed)."""
-        target = wire.first_header(request.headers, wire.MODEL_REWRITE_HEADERS)
-        request.target_model = target or parsed.model
-        if len(self._rewrites) and (parsed.model or parser.supports_model_rewrite):
-            decision = self._rewrites.resolve(parsed.model, self._rng)
-            if decision is not None:
-                request.target_model = decision.target_model
-                self._on_rewrite(decision.rewrite_name, parsed.model, decision.target_model)
-        if parser.supports_model_rewrite and parsed.body.payload is not None:
-            if not request.target_model:
-                raise InferenceError(ErrorCode.BAD_REQUEST, "model not found in request body")
-            if request.target_model != parsed.model:
-                return parser.rewrite_model(parsed.body, request.target_model)
-        return body
 
     async def _admit(self, request: InferenceRequest) -> None:
         """Flow control (gate on) queues the request until dispatch or rejection; legacy
@@ -254,13 +250,16 @@ class Director:
         parsed: ParseResult,
         out_body: bytes,
         metadata: Mapping[str, Any],
+        trace: RequestTrace | None,
     ) -> Decision:
         pool = self.candidates(metadata)
         if not pool:
-            raise _no_candidates()
+            raise no_candidates()
         if self._producers:
-            await self._produce(request, pool)
+            await self._produce(request, pool, trace)
         cycle = CycleState(now=self._clock(), rng=self._rng)
+        if trace is not None:
+            cycle.data[TRACE_KEY] = trace
         for admitter in self._pipeline.admitters:
             denial = admitter.admit(cycle, request, pool)
             if denial is not None:
@@ -272,17 +271,22 @@ class Director:
             try:
                 hook.pre_request(request, result)
             except Exception:
-                log.exception("pre-request hook %s failed", hook.typed_name)
+                log.exception("pre-request hook failed", extra=_kv(request, hook))
         destination = ",".join(e.hostport for e in result.primary.targets)
         return Decision(request, result, parser, parsed, out_body, destination, pool)
 
-    async def _produce(self, request: InferenceRequest, pool: Sequence[Endpoint]) -> None:
+    async def _produce(
+        self, request: InferenceRequest, pool: Sequence[Endpoint], trace: RequestTrace | None
+    ) -> None:
         for producer, timeout in self._producers:
+            t0 = time.perf_counter()
             try:
                 async with asyncio.timeout(timeout):
                     await producer.produce(request, pool)
             except Exception as exc:  # upstream: producer failures are logged, request goes on
-                log.warning("data producer %s failed: %r", producer.typed_name, exc)
+                log.warning("data producer failed", extra=_kv(request, producer, reason=repr(exc)))
+            if trace is not None:
+                trace.plugin("DataProducer", producer.typed_name, time.perf_counter() - t0)
 
     # ---- response side ------------------------------------------------------------------------
 
@@ -315,7 +319,7 @@ class Director:
             try:
                 hook.response_headers(ex.request, ex.response, set_headers)
             except Exception:
-                log.exception("response-headers hook %s failed", hook.typed_name)
+                log.exception("response-headers hook failed", extra=_kv(ex.request, hook))
         return set_headers
 
     def on_response_chunk(
@@ -385,16 +389,8 @@ class Director:
             try:
                 hook.response_complete(request, info)
             except Exception:
-                log.exception("response-complete hook %s failed", hook.typed_name)
+                log.exception("response-complete hook failed", extra=_kv(request, hook))
         if self._flow is not None:
             self._flow.done(request, output_tokens=info.usage.completion_tokens)
         if self._stats is not None:
             self._stats.on_complete(request, info, time.monotonic() - ex.started, ex.size)
-
-
-def _no_candidates() -> InferenceError:
-    return InferenceError(
-        ErrorCode.SERVICE_UNAVAILABLE,
-        "failed to find endpoint candidates for serving the request",
-        drop_reason=DropReason.NO_ENDPOINTS,
-    )

@@ -13,8 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from epp.observability.tracing import RequestTrace
 from epp.plugin import (
+    DropReason,
     Endpoint,
+    ErrorCode,
+    InferenceError,
     InferenceRequest,
     ParsedResponse,
     Parser,
@@ -57,6 +61,8 @@ class Exchange:
     first_byte_at: float = 0.0
     size: int = 0
     completed: bool = False
+    trace: RequestTrace | None = None
+    """The request's spans when tracing is on (``epp.observability.tracing``)."""
 
 
 class Forward(NamedTuple):
@@ -98,3 +104,12 @@ def stream_hooks(hooks: Sequence[ResponseStreaming], ex: Exchange, end_of_stream
             hook.response_streaming(ex.request, info)
         except Exception:
             log.exception("response-streaming hook %s failed", hook.typed_name)
+
+
+def no_candidates() -> InferenceError:
+    """What a request gets when no endpoint may serve it (upstream's 503 wording)."""
+    return InferenceError(
+        ErrorCode.SERVICE_UNAVAILABLE,
+        "failed to find endpoint candidates for serving the request",
+        drop_reason=DropReason.NO_ENDPOINTS,
+    )

@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import datetime
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+from epp.plugin import ErrorCode, InferenceError, InferenceRequest, Parser, ParseResult, wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,3 +133,34 @@ class RewriteStore:
 
     def __len__(self) -> int:
         return len(self._rewrites)
+
+
+def target_model(
+    request: InferenceRequest,
+    parser: Parser,
+    parsed: ParseResult,
+    body: bytes,
+    rewrites: RewriteStore,
+    rng: random.Random,
+    on_rewrite: Callable[[str, str, str], None],
+) -> bytes:
+    """Sets ``request.target_model``; returns the body to forward (rewritten if needed).
+
+    Spec §1.7: the ``x-llm-d-model-name-rewrite`` header if present, else the body's model; then
+    an InferenceModelRewrite rule matching the *incoming* (body) model overrides it (a generic
+    rule also catches a missing model, for parsers that can rewrite the body), the target drawn
+    by weight from ``rng``; each such decision is reported to
+    ``on_rewrite(rewrite_name, incoming_model, target_model)``."""
+    target = wire.first_header(request.headers, wire.MODEL_REWRITE_HEADERS)
+    request.target_model = target or parsed.model
+    if len(rewrites) and (parsed.model or parser.supports_model_rewrite):
+        decision = rewrites.resolve(parsed.model, rng)
+        if decision is not None:
+            request.target_model = decision.target_model
+            on_rewrite(decision.rewrite_name, parsed.model, decision.target_model)
+    if parser.supports_model_rewrite and parsed.body.payload is not None:
+        if not request.target_model:
+            raise InferenceError(ErrorCode.BAD_REQUEST, "model not found in request body")
+        if request.target_model != parsed.model:
+            return parser.rewrite_model(parsed.body, request.target_model)
+    return body

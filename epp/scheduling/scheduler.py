@@ -6,7 +6,8 @@ The framework, not the plugins, owns what applies to every plugin (spec §5.3 st
 - a scorer that raises contributes 0 for this request and is counted;
 - a filter that raises fails the request with a 500, a filter that empties the candidate list
   ends the profile with no result (the profile handler turns that into a 429);
-- each plugin call is timed into ``plugin_duration_seconds``.
+- each plugin call is timed into ``plugin_duration_seconds`` (and, when the request is traced,
+  each profile run and each plugin call over the threshold becomes a span).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from epp.observability.decisions import EXPLAIN_HEADER, EXPLAIN_KEY
+from epp.observability.tracing import TRACE_KEY, RequestTrace
 from epp.plugin import (
     CycleState,
     Endpoint,
@@ -27,6 +29,7 @@ from epp.plugin import (
     ProfileResult,
     SchedulingResult,
     ScoredEndpoint,
+    TypedName,
 )
 
 log = logging.getLogger(__name__)
@@ -66,13 +69,25 @@ class Scheduler:
             chosen = self._handler.pick_profiles(cycle, request, self._profiles, results)
             if not chosen:
                 break
+            trace: RequestTrace | None = cycle.data.get(TRACE_KEY)
             for name, profile in chosen.items():
+                if trace is not None:
+                    trace.open_profile(name)
                 results[name] = self.run_profile(cycle, request, profile, candidates)
+                if trace is not None:
+                    trace.close_profile()
         if not results:
             raise InferenceError(
                 ErrorCode.RESOURCE_EXHAUSTED, "failed to find target endpoint: no profile ran"
             )
         return self._handler.process_results(cycle, request, results)
+
+    def _timed(self, cycle: CycleState, point: str, name: TypedName, seconds: float) -> None:
+        """A plugin call ended: its duration metric, and its span when the request is traced."""
+        self._observe(point, name.type, name.name, seconds)
+        trace: RequestTrace | None = cycle.data.get(TRACE_KEY)
+        if trace is not None:
+            trace.plugin(point, name, seconds)
 
     def run_profile(
         self,
@@ -93,9 +108,7 @@ class Scheduler:
                     ErrorCode.INTERNAL, f"filter {flt.typed_name} failed: {exc}"
                 ) from exc
             finally:
-                self._observe(
-                    "Filter", flt.typed_name.type, flt.typed_name.name, time.perf_counter() - t0
-                )
+                self._timed(cycle, "Filter", flt.typed_name, time.perf_counter() - t0)
             if not endpoints:
                 return None
         ids = [e.id for e in endpoints]
@@ -109,9 +122,7 @@ class Scheduler:
                 self._count_error("Scorer", scorer.typed_name.type, scorer.typed_name.name)
                 log.exception("scorer %s failed; it contributes 0", scorer.typed_name)
                 scores = {}
-            self._observe(
-                "Scorer", scorer.typed_name.type, scorer.typed_name.name, time.perf_counter() - t0
-            )
+            self._timed(cycle, "Scorer", scorer.typed_name, time.perf_counter() - t0)
             get = scores.get
             label = str(scorer.typed_name) if breakdown is not None else ""
             for eid in ids:
@@ -128,7 +139,7 @@ class Scheduler:
         t0 = time.perf_counter()
         pick = picker.pick(cycle, scored)
         elapsed = time.perf_counter() - t0
-        self._observe("Picker", picker.typed_name.type, picker.typed_name.name, elapsed)
+        self._timed(cycle, "Picker", picker.typed_name, elapsed)
         if not pick.targets:
             return None
         return ProfileResult(targets=pick.targets, scores=totals)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from epp.observability.streams import StreamMetrics
+from epp.observability.tracing import Tracing
 from epp.requestcontrol.director import Director
 
 
@@ -15,3 +16,5 @@ class ServerContext:
     emit_scores: bool = False
     streams: StreamMetrics | None = None
     """With ``--enable-grpc-stream-metrics``."""
+    tracing: Tracing | None = None
+    """Set when tracing is on: every request gets its spans."""

@@ -10,7 +10,11 @@ every stream ends in a reply or a clean error, never in silence:
   ``INVALID_ARGUMENT`` and a message naming the case; it is counted
   (``llm_d_epp_extproc_protocol_errors_total{reason}``) and logged, rate-limited;
 * the client half-closing ends the stream with OK; the client cancelling ends it too. Either way
-  a request that was routed is completed (``TerminationCause`` client-disconnect or error).
+  a request that was routed is completed (``TerminationCause`` client-disconnect or error);
+* an in-flight request that flow control evicts (``flowControl.enableEviction``) gets upstream's
+  429 ImmediateResponse (body ``request evicted by flow control``, header
+  ``x-llm-d-request-dropped-reason: evicted``) at once, unless its response already ended; the
+  stream ends and completion (``TerminationCause`` evicted) frees its flow-control slot.
 
 With ``--enable-grpc-stream-metrics`` each stream is counted by how it ended
 (``epp.observability.streams``).
@@ -18,6 +22,7 @@ With ``--enable-grpc-stream-metrics`` each stream is counted by how it ended
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -27,6 +32,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf.message import DecodeError
 
+from epp.flowcontrol.eviction import Eviction
 from epp.observability import streams as codes
 from epp.plugin import ErrorCode, InferenceError
 from epp.server import messages
@@ -71,8 +77,12 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     ) -> AsyncIterator[pb.ProcessingResponse]:
         stream = RequestStream(self._ctx)
         error = False
+        incoming = _Incoming(_decoded(request_iterator))
         try:
-            async for msg in _decoded(request_iterator):
+            while (msg := await incoming.next(stream.eviction)) is not None:
+                if isinstance(msg, InferenceError):  # flow control evicted the request
+                    yield stream.evict(msg)
+                    return
                 try:
                     replies = await stream.on_message(msg)
                 except ProtocolError:
@@ -80,7 +90,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 except Exception:
                     error = True
                     log.exception(
-                        "ext_proc stream failed while handling %s", msg.WhichOneof("request")
+                        "ext_proc stream failed", extra={"request_kind": msg.WhichOneof("request")}
                     )
                     yield messages.immediate(
                         InferenceError(
@@ -99,7 +109,43 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
             context.set_details(err.message)
         finally:
+            incoming.close()
             stream.close(error=error)
+
+
+class _Incoming:
+    """The stream's next message; once the request can be evicted, raced against its eviction
+    (a pending read is kept across calls, so no message is lost). Requests that cannot be
+    evicted read the stream directly."""
+
+    def __init__(self, messages: AsyncIterator[pb.ProcessingRequest]) -> None:
+        self._messages = messages
+        self._read: asyncio.Task[pb.ProcessingRequest | None] | None = None
+        self._evicted: asyncio.Task[InferenceError] | None = None
+
+    async def next(self, eviction: Eviction | None) -> pb.ProcessingRequest | InferenceError | None:
+        if eviction is None and self._read is None:
+            return await anext(self._messages, None)
+        if eviction is not None and self._evicted is None:
+            self._evicted = asyncio.ensure_future(eviction.wait())
+        if self._read is None:
+            self._read = asyncio.ensure_future(anext(self._messages, None))
+        waiting = (
+            [self._read]
+            if eviction is None or self._evicted is None
+            else [self._read, self._evicted]
+        )
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if self._read.done():
+            read, self._read = self._read, None
+            return read.result()
+        assert self._evicted is not None
+        return self._evicted.result()
+
+    def close(self) -> None:
+        for task in (self._read, self._evicted):
+            if task is not None:
+                task.cancel()
 
 
 async def _decoded(

@@ -125,6 +125,20 @@ def immediate(err: InferenceError) -> pb.ProcessingResponse:
     )
 
 
+def evicted(err: InferenceError) -> pb.ProcessingResponse:
+    """Upstream's reply to an in-flight request flow control evicted: its status (429), the raw
+    message as body (no "inference error:" prefix) and the dropped-reason header."""
+    headers = {wire.DROPPED_REASON_HEADER: err.drop_reason} if err.drop_reason else {}
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=err.code.http_status),
+            headers=mutation(headers),
+            body=err.message.encode(),
+            details=err.code.label,
+        )
+    )
+
+
 def response_headers_reply(set_headers: Mapping[str, str]) -> pb.ProcessingResponse:
     return pb.ProcessingResponse(
         response_headers=pb.HeadersResponse(

@@ -63,6 +63,7 @@ from typing import Any
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from epp.flowcontrol.eviction import EVICTION_ATTRIBUTE, Eviction
 from epp.plugin import ErrorCode, InferenceError, TerminationCause, wire
 from epp.requestcontrol.director import Decision, Exchange
 from epp.server import messages
@@ -95,6 +96,7 @@ class RequestStream:
         self.response_headers = False
         self.response_body = False
         self.response_ended = False
+        self.was_evicted = False
 
     # ---- dispatch ---------------------------------------------------------------------------
 
@@ -134,6 +136,8 @@ class RequestStream:
         headers = messages.header_map(msg.request_headers)
         self.generated_id = not headers.get(wire.REQUEST_ID_HEADER)
         self.exchange = self.director.begin(headers)
+        if self.ctx.tracing is not None:
+            self.exchange.trace = self.ctx.tracing.begin(headers, self.exchange.request.request_id)
         self.metadata = messages.metadata_namespaces(msg, (wire.SUBSET_NAMESPACE,))
         if msg.request_headers.end_of_stream:
             self.request_ended = True
@@ -204,11 +208,19 @@ class RequestStream:
         try:
             decision = await self.director.route(ex, bytes(self.body), self.metadata)
         except InferenceError as err:
+            if ex.trace is not None:
+                ex.trace.routed(err)
             return [self._fail(err)]
-        except Exception:
-            log.exception("request %s: unexpected error while scheduling", ex.request.request_id)
+        except Exception as exc:
+            if ex.trace is not None:
+                ex.trace.routed(exc)
+            log.exception(
+                "unexpected error while scheduling", extra={"request_id": ex.request.request_id}
+            )
             unexpected = "unexpected error while scheduling the request; see the EPP log"
             return [self._fail(InferenceError(ErrorCode.INTERNAL, unexpected))]
+        if ex.trace is not None:
+            ex.trace.routed()
         self.body = bytearray()  # the decision holds the body to forward
         self.answered = True
         dest = decision.destination
@@ -238,13 +250,37 @@ class RequestStream:
             out["content-length"] = str(len(body))
         if self.generated_id and self.exchange is not None:
             out[wire.REQUEST_ID_HEADER] = self.exchange.request.request_id
+        if self.exchange is not None and self.exchange.trace is not None:
+            out.update(self.exchange.trace.headers())  # W3C traceparent to the model server
         return out
 
     def _fail(self, err: InferenceError) -> pb.ProcessingResponse:
         """Answer the request with ``err``; the stream ends after this reply."""
         self.done = True
         self.director.fail(self.exchange, err)
+        if self.exchange is not None and self.exchange.trace is not None:
+            self.exchange.trace.error = f"{err.code.http_status} {err}"
+            self.exchange.trace.status = err.code.http_status
         return messages.immediate(err)
+
+    @property
+    def eviction(self) -> Eviction | None:
+        """The request's eviction signal while an eviction can still reach the client: routed
+        by flow control as an evictable (sheddable) request, and the response not ended."""
+        ex = self.exchange
+        if ex is None or ex.decision is None or self.response_ended or self.done:
+            return None
+        signal = ex.request.attributes.get(EVICTION_ATTRIBUTE)
+        return signal if isinstance(signal, Eviction) else None
+
+    def evict(self, err: InferenceError) -> pb.ProcessingResponse:
+        """Flow control evicted the request: upstream's 429 reply ends the stream, and completion
+        (``TerminationCause.EVICTED``) frees its flow-control slot."""
+        self.done = self.was_evicted = True
+        if self.exchange is not None and self.exchange.trace is not None:
+            self.exchange.trace.error = f"{err.code.http_status} {err.message}"
+            self.exchange.trace.status = err.code.http_status
+        return messages.evicted(err)
 
     # ---- response phase ---------------------------------------------------------------------
 
@@ -309,7 +345,14 @@ class RequestStream:
         """Stream ended (normally, by client disconnect or by error)."""
         if self.exchange is not None:
             cause = TerminationCause.ERROR if error else TerminationCause.CLIENT_DISCONNECT
+            if self.was_evicted:
+                cause = TerminationCause.EVICTED
             self.director.complete(self.exchange, cause)
+            trace = self.exchange.trace
+            if trace is not None:
+                response = self.exchange.response
+                trace.end(response.status if response is not None else trace.status)
+                self.exchange.trace = None
 
 
 def _scores(decision: Decision) -> dict[str, float]:

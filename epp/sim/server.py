@@ -236,6 +236,7 @@ def build_app(runtime: PodRuntime, port: int) -> web.Application:
     echoes = (
         ("x-prefiller-host-port", "x-sim-saw-prefiller"),
         ("x-data-parallel-host-port", "x-sim-saw-data-parallel"),
+        ("traceparent", "x-sim-saw-traceparent"),
     )
 
     async def tag(request: web.Request, response: web.StreamResponse) -> None:

@@ -68,6 +68,9 @@ LEGACY_OBJECTIVES = Resource(
     "inference.networking.x-k8s.io", "v1alpha2", "inferenceobjectives", "InferenceObjective"
 )
 REWRITES = Resource("llm-d.ai", "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite")
+LEGACY_REWRITES = Resource(
+    "inference.networking.x-k8s.io", "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite"
+)
 DEFAULT_RESOURCES = (PODS, LEASES, POOLS, OBJECTIVES, REWRITES)
 
 

@@ -139,7 +139,7 @@ def test_service_exposes_the_epp_ports_when_deployed() -> None:
     (service,) = kind("base", "Service")
     ports = {p["port"]: p for p in service["spec"]["ports"]}
     assert set(ports) == {9002, 9003, 9090}
-    assert ports[9002]["appProtocol"] == "http2"
+    assert ports[9002]["appProtocol"] == "kubernetes.io/h2c"
 
 
 @pytest.mark.parametrize(
@@ -162,6 +162,7 @@ def test_rbac_is_read_only_and_leases_only_with_ha_when_deployed(folder: str, le
     assert granted.pop(("llm-d.ai", "inferenceobjectives")) == read
     assert granted.pop(("inference.networking.x-k8s.io", "inferenceobjectives")) == read
     assert granted.pop(("llm-d.ai", "inferencemodelrewrites")) == read
+    assert granted.pop(("inference.networking.x-k8s.io", "inferencemodelrewrites")) == read
     if leases:
         assert granted.pop(("coordination.k8s.io", "leases")) == {"get", "create", "update"}
     assert granted == {}

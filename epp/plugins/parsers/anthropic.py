@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from epp.plugin import ParsedResponse, ParseResult, RequestBody
+from epp.plugin import APP_PROTOCOL_H2C, APP_PROTOCOL_HTTP, ParsedResponse, ParseResult, RequestBody
 from epp.plugin.paths import SuffixTable, strip_query
 from epp.plugins.parsers.common import (
     ARRAY,
@@ -118,6 +118,9 @@ class AnthropicParser(ParserBase):
 
     def claims(self) -> tuple[str, ...]:
         return CLAIMS
+
+    def app_protocols(self) -> tuple[str, ...]:
+        return (APP_PROTOCOL_H2C, APP_PROTOCOL_HTTP)
 
     def parse_request(self, path: str, body: bytes, headers: Mapping[str, str]) -> ParseResult:
         route = _ROUTES.lookup(strip_query(path))

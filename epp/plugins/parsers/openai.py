@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from epp.plugin import ParsedResponse, ParseResult, RequestBody
+from epp.plugin import APP_PROTOCOL_H2C, APP_PROTOCOL_HTTP, ParsedResponse, ParseResult, RequestBody
 from epp.plugin.paths import SuffixTable, strip_query
 from epp.plugins.parsers.common import (
     ARRAY,
@@ -244,6 +244,9 @@ class OpenAIParser(ParserBase):
 
     def claims(self) -> tuple[str, ...]:
         return CLAIMS
+
+    def app_protocols(self) -> tuple[str, ...]:
+        return (APP_PROTOCOL_H2C, APP_PROTOCOL_HTTP)
 
     def parse_request(self, path: str, body: bytes, headers: Mapping[str, str]) -> ParseResult:
         return parse_openai_body(api_kind(path), body)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from epp.plugin import ParsedResponse, ParseResult, RequestBody
+from epp.plugin import APP_PROTOCOL_H2C, APP_PROTOCOL_HTTP, ParsedResponse, ParseResult, RequestBody
 from epp.plugin.paths import SuffixTable, strip_query
 from epp.plugins.parsers.common import (
     INTEGER,
@@ -97,6 +97,9 @@ class VllmHttpParser(ParserBase):
 
     def claims(self) -> tuple[str, ...]:
         return CLAIMS
+
+    def app_protocols(self) -> tuple[str, ...]:
+        return (APP_PROTOCOL_H2C, APP_PROTOCOL_HTTP)
 
     def parse_request(self, path: str, body: bytes, headers: Mapping[str, str]) -> ParseResult:
         if _ROUTES.lookup(strip_query(path)) is None:

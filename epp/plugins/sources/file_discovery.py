@@ -42,7 +42,7 @@ from typing import Any, ClassVar, Final
 
 import yaml
 
-from epp.plugin import Endpoint, Handle, PluginBase
+from epp.plugin import Endpoint, Handle, PluginBase, PluginError
 from epp.plugin.units import parse_duration
 
 MAX_FILE_BYTES: Final = 1 << 20
@@ -51,8 +51,9 @@ _ENTRY_KEYS: Final = frozenset({"name", "namespace", "address", "port", "labels"
 _Loader: Final = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class EndpointsFileError(ValueError):
-    """The endpoints file cannot be used; the message names the file and the problem."""
+class EndpointsFileError(PluginError, ValueError):
+    """The endpoints file cannot be used; the message names the file and the problem. At start
+    it stops the EPP (a ``PluginError``: one line, no traceback)."""
 
 
 def dump_endpoints(

@@ -168,7 +168,11 @@ def test_a_raising_processor_is_logged_and_the_request_goes_on(
         request = _director(pipeline).new_request({"session-id": "cx", "x-request-id": "r1"})
     assert request.request_id == "r1"
     assert request.fairness_id == "cx"  # the processors after it still ran
-    assert "request-header processor bad/raising-processor failed" in caplog.text
+    (failed,) = [r for r in caplog.records if r.getMessage() == "request-header processor failed"]
+    assert (getattr(failed, "plugin", ""), getattr(failed, "request_id", "")) == (
+        "bad/raising-processor",
+        "r1",
+    )
 
 
 # ---- turn-priority reads the attribute when none of its own headers is present ---------------

@@ -9,15 +9,49 @@ that tie several fields together.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from epp.k8s.selector import parse_selector
-from epp.plugin.units import parse_duration, parse_quantity
 from epp.server.tlsopts import tls_problem
+from epp.settings.kinds import (
+    _FLAG_KEY,
+    BOOL,
+    DURATION,
+    INT,
+    NAMES,
+    OPTIONAL_TEXT,
+    PATHS,
+    PORTS,
+    QUANTITY,
+    TEXT,
+    Flag,
+    Kind,
+    SettingsError,
+    flag,
+)
 
-T = TypeVar("T")
+__all__ = [
+    "BOOL",
+    "COMPAT_ONLY",
+    "DURATION",
+    "INT",
+    "METRICS_TOKEN_ENV",
+    "NAMES",
+    "OPTIONAL_TEXT",
+    "PATHS",
+    "PORTS",
+    "QUANTITY",
+    "TEXT",
+    "Flag",
+    "Kind",
+    "Settings",
+    "SettingsError",
+    "flag",
+    "flag_of",
+    "flags",
+]
 
 MIN_REFRESH_METRICS_INTERVAL: Final = 0.05
 """``--refresh-metrics-interval`` below this is raised to it."""
@@ -26,122 +60,8 @@ MAX_WORKERS: Final = 64
 """The most ``--workers`` accepted."""
 
 
-class SettingsError(ValueError):
-    """A flag value, or a combination of settings, that the EPP refuses; the message is shown
-    as is (the CLI prints it as an argparse error, exit code 2)."""
-
-
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("true", "1", "t"):
-        return True
-    if value in ("false", "0", "f"):
-        return False
-    raise SettingsError(f"invalid boolean {text!r} (use true or false)")
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise SettingsError(str(exc)) from None
-
-
-def _quantity(text: str) -> int:
-    try:
-        return parse_quantity(text)
-    except ValueError as exc:
-        raise SettingsError(str(exc)) from None
-
-
-def _ports(text: str) -> tuple[int, ...]:
-    # A non-number raises int()'s ValueError: argparse reports "invalid _ports value: '…'".
-    ports = tuple(dict.fromkeys(int(p) for p in text.split(",") if p.strip()))
-    if not all(1 <= p <= 65535 for p in ports):
-        raise SettingsError("--endpoint-target-ports: ports are 1..65535")
-    if not 1 <= len(ports) <= 8:
-        raise SettingsError("--endpoint-target-ports takes 1 to 8 ports")
-    return ports
-
-
-def _paths(text: str) -> tuple[str, ...]:
-    return tuple(p.strip() for p in text.split(",") if p.strip())
-
-
-def _text_or_none(text: str) -> str | None:
-    return text or None
-
-
-@dataclass(frozen=True)
-class Kind:
-    """How one flag's text becomes a field value. ``parse`` raises :class:`SettingsError` with a
-    message to show, or a plain ``ValueError`` (argparse then says "invalid <parse> value")."""
-
-    parse: Callable[[str], Any]
-    metavar: str | None = None
-    """``None``: the flag name in capitals, as argparse shows it."""
-    optional_value: bool = False
-    """Go-style boolean: ``--flag`` alone means true, ``--flag=false`` also works."""
-    repeat: bool = False
-    """The flag may be given several times; the tuples ``parse`` returns are concatenated."""
-
-
-TEXT: Final = Kind(str)
-OPTIONAL_TEXT: Final = Kind(_text_or_none)
-"""Text where an empty value means ``None``."""
-INT: Final = Kind(int)
-BOOL: Final = Kind(_bool, metavar="BOOL", optional_value=True)
-DURATION: Final = Kind(_duration)
-"""Go durations (``50ms``, ``1m30s``) → seconds."""
-QUANTITY: Final = Kind(_quantity)
-"""Quantities (``10MiB``, ``25MB``) → an int."""
-PORTS: Final = Kind(_ports)
-"""Comma-separated ports, 1 to 8, duplicates dropped."""
-PATHS: Final = Kind(_paths, metavar="PATH[,PATH]", repeat=True)
-"""Paths, repeatable and comma-separated."""
-NAMES: Final = Kind(_paths, metavar="NAME[,NAME]", repeat=True)
-"""Names, repeatable and comma-separated (Go's ``StringSlice``)."""
-
 METRICS_TOKEN_ENV: Final = "EPP_METRICS_TOKEN"
 """Outside Kubernetes mode, the bearer token ``/metrics`` and ``/debug/*`` require."""
-
-
-@dataclass(frozen=True)
-class Flag:
-    """The command-line flag of one ``Settings`` field."""
-
-    name: str
-    """Long name without dashes (``grpc-port``)."""
-    help: str
-    kind: Kind
-    short: str = ""
-    """One-letter alias without the dash (``v``), or empty."""
-    compat: str = ""
-    """Non-empty: the flag is accepted for compatibility only and does nothing; this says so
-    in a startup warning (``epp.cli``) when the flag is given."""
-
-    @property
-    def option_strings(self) -> list[str]:
-        long = f"--{self.name}"
-        return [f"-{self.short}", long] if self.short else [long]
-
-    @property
-    def metavar(self) -> str:
-        return self.kind.metavar or self.name.upper().replace("-", "_")
-
-
-_FLAG_KEY: Final = "epp.flag"
-
-
-def flag(default: T, help: str, kind: Kind = TEXT, *, name: str = "", short: str = "") -> T:
-    """A ``Settings`` field that is also a command-line flag. ``name`` defaults to the field name
-    with ``-`` for ``_`` (filled in by :func:`flag_of`). Boolean flags get "(default x)" added to
-    their help."""
-    if kind.optional_value:
-        help = f"{help} (default {str(default).lower()})"
-    spec = Flag(name=name, help=help, kind=kind, short=short)
-    result: T = dataclasses.field(default=default, metadata={_FLAG_KEY: spec})
-    return result
 
 
 def flag_of(f: dataclasses.Field[Any]) -> Flag | None:
@@ -230,8 +150,15 @@ class Settings:
     )
     health_checking: bool = flag(False, "also serve grpc.health.v1 on the ext_proc port", BOOL)
     tracing: bool = flag(
-        True, "OpenTelemetry tracing (accepted; tracing is not exported yet)", BOOL
+        True,
+        "OpenTelemetry tracing of requests, exported as the OTEL_* variables say "
+        "(OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER, ...)",
+        BOOL,
     )
+    tracing_plugin_threshold: float = flag(
+        0.001, "with tracing: plugin calls at least this long get a span (default 1ms)", DURATION
+    )
+    """Our addition (``epp.observability.tracing``)."""
     enable_pprof: bool = flag(
         True, "serve a CPU profile at /debug/pprof/profile (behind the metrics auth)", BOOL
     )
@@ -297,20 +224,37 @@ class Settings:
     seed: int | None = flag(None, "seed the scheduler's random source", INT)
     """Our addition: seeds the scheduler's random source (reproducible tie-breaks in tests)."""
     verbosity: int = flag(
-        2, "log verbosity (2 default, 3 verbose, 4 debug, 5 trace)", INT, name="v", short="v"
+        2,
+        "log verbosity (2 default, 3 verbose, 4 debug, 5 trace), unless --zap-log-level is set",
+        INT,
+        name="v",
+        short="v",
     )
-    zap_encoder: str = flag("", "controller-runtime logging flag")
-    """``json`` turns ``log_json`` on (CLI)."""
-    zap_log_level: str = flag("", "controller-runtime logging flag")
-    zap_stacktrace_level: str = flag("", "controller-runtime logging flag")
-    zap_time_encoding: str = flag("", "controller-runtime logging flag")
-    zap_devel: bool = flag(False, "controller-runtime logging flag", BOOL)
+    zap_encoder: str = flag("", "log encoding, json or console (default: console with --zap-devel)")
+    zap_log_level: str = flag(
+        "",
+        "log level: debug, info, warn, error, dpanic, panic, fatal, or an integer > 0 "
+        "(verbosity); default from -v",
+    )
+    zap_stacktrace_level: str = flag(
+        "", "level from which lines carry a stack trace (default warn with --zap-devel, else error)"
+    )
+    zap_time_encoding: str = flag(
+        "", "ts format: rfc3339 (default), rfc3339nano, iso8601, epoch, millis, nano"
+    )
+    zap_devel: bool = flag(
+        True,
+        "development defaults (console encoder, stack traces from warn); false: production "
+        "defaults (json encoder, stack traces from error)",
+        BOOL,
+    )
+    """Logging (``epp.observability.logs``) with controller-runtime's semantics."""
 
     # Not flags.
     metrics_token: str = dataclasses.field(default="", repr=False)
     """``$EPP_METRICS_TOKEN``: the static bearer token of the metrics port outside Kubernetes."""
     log_json: bool = False
-    """JSON log lines; the CLI sets it from ``--zap-encoder=json``."""
+    """JSON log lines: ``--zap-encoder=json``, or ``--zap-devel=false`` without an encoder."""
     pod_name: str = ""
     """``$POD_NAME``: in standalone mode the pool is named after this pod's Deployment."""
     kube_watch_timeout: int = 300
@@ -333,7 +277,7 @@ class Settings:
             pod_name=environ.get("POD_NAME", ""),
             metrics_token=environ.get(METRICS_TOKEN_ENV, ""),
             refresh_metrics_interval=max(s.refresh_metrics_interval, MIN_REFRESH_METRICS_INTERVAL),
-            log_json=s.zap_encoder == "json",
+            log_json=(s.zap_encoder or ("console" if s.zap_devel else "json")) == "json",
         )
 
     def validate(self) -> None:
@@ -378,12 +322,6 @@ class Settings:
             )
 
 
-COMPAT_ONLY: Final[Mapping[str, str]] = {
-    "tracing": "traces are not exported",
-    "zap-log-level": "use -v",
-    "zap-stacktrace-level": "stack traces follow the log level",
-    "zap-time-encoding": "timestamps are ISO 8601",
-    "zap-devel": "use -v",
-}
+COMPAT_ONLY: Final[Mapping[str, str]] = {}
 """Flags accepted for compatibility only: each does nothing and says so at startup when given.
 A flag some code reads must not be listed (``tests/unit/test_cli.py`` checks it)."""
