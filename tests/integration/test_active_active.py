@@ -248,11 +248,14 @@ async def test_replica_restarted_under_load_is_ready_only_after_catching_up(
     port_b = free_port()
     a = await start_replica(start_app, fleet, server.url, seed=1)
     b = await start_replica(start_app, fleet, server.url, seed=2, grpc_port=port_b,
-                            drain_timeout=1.0)  # fmt: skip
+                            drain_timeout=3.0)  # fmt: skip
     proxy = await envoy_for(envoy, [a, b])
     load = Load(proxy.url, range(600, 640)).start()
     await asyncio.sleep(0.5)
     b.stop()  # drains: NOT_SERVING, Envoy stops sending it streams, then it stops
+    async with asyncio.timeout(3.0):  # Envoy's health check sees it within the drain window
+        while (await asyncio.to_thread(proxy.stats)).get("cluster.epp.membership_healthy", 0) > 1:
+            await asyncio.sleep(0.05)
     await b._runner
     # While B is away, A alone learns where a new set of prompts lives.
     learned = {}

@@ -23,7 +23,11 @@ from tests.conftest import make_settings, post
 
 pytestmark = [pytest.mark.envoy]
 
-CONFIGS = sorted((Path(__file__).resolve().parents[2] / "deploy" / "configs").glob("*.yaml"))
+CONFIGS = [  # the EndpointPickerConfigs, not the endpoints file beside them
+    p
+    for p in sorted((Path(__file__).resolve().parents[2] / "deploy" / "configs").glob("*.yaml"))
+    if "kind: EndpointPickerConfig" in p.read_text()
+]
 if os.environ.get("EPP_CONFIG_DIR"):
     CONFIGS += sorted(Path(os.environ["EPP_CONFIG_DIR"]).glob("*.yaml"))
 ROLES = {0: "prefill", 1: "decode", 2: "encode"}

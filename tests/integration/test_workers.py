@@ -190,9 +190,9 @@ async def test_two_workers_share_the_port_answer_as_a_group_and_drain_on_sigterm
     elapsed = time.monotonic() - t0
     output = log.read_text()
     assert code == 0, output
-    assert 1.8 < elapsed < 20, output
+    assert elapsed > 1.8, output
     for i in (0, 1):
-        assert f"[worker {i}] epp.app: draining for 2.0s" in output
+        assert f"epp.app draining for 2.0s worker={i}" in output, output
         assert f"worker {i} (pid {pids[i]}) exited with code 0" in output
     for pid in pids:
         with pytest.raises(ProcessLookupError):

@@ -14,6 +14,8 @@ from epp.bench.replicas import main
 
 pytestmark = [
     pytest.mark.envoy,
+    pytest.mark.slow,
+    pytest.mark.timeout(400),  # three scenarios of real processes; a busy machine is slower
     pytest.mark.skipif(
         shutil.which("redis-server") is None,
         reason="redis-server is not installed (apt-get install redis-server; .ci/run does)",
