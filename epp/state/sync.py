@@ -10,8 +10,10 @@ Started only when the config names a cross-replica syncer
   of at most ``publish_facts`` facts (at most 4 entries a round). A round runs every
   ``crossReplicaSyncInterval`` (default 200 ms; below 10 ms it is raised to 10 ms) and, sooner,
   once a plugin called ``share_soon()`` (``Handle.share_soon``), but never within
-  ``soon_gap`` (5 ms, at most the interval) of the previous round: under load one publish
-  carries every request's facts of the last few milliseconds. The outbox is bounded
+  ``soon_gap`` (20 ms, at most the interval) of the previous round: a share_soon after a quiet
+  spell publishes at once, and under load one publish carries every request's facts of the last
+  20 ms (each publish wakes every replica's receive, so publishing per request would cost a
+  round of Redis calls per request on every replica). The outbox is bounded
   (``outbox_facts``, default 8,192 facts): when the syncer is down the newest batches are kept
   and the oldest dropped and counted (``llm_d_epp_state_sync_dropped_facts_total``).
 - **Receive.** Replay the log (bootstrap, below), then receive in a loop, each call waiting up to
@@ -67,7 +69,7 @@ log = logging.getLogger(__name__)
 DEFAULT_INTERVAL: Final = 0.2
 """Seconds between rounds when ``crossReplicaSyncInterval`` is absent (upstream's default)."""
 MIN_INTERVAL: Final = 0.01
-SOON_GAP: Final = 0.005
+SOON_GAP: Final = 0.02
 """Least seconds between two publish rounds, however often ``share_soon`` is called."""
 OUTBOX_FACTS: Final = 8192
 PUBLISH_FACTS: Final = 2048
