@@ -21,7 +21,7 @@ Both are synchronous and called on the event loop, never on the request path: th
 A plugin that has just learned something a peer may need at once (a binding a follow-up request
 will look for, a prompt's new blocks) calls ``self.handle.share_soon()`` after recording it: a
 flag set, so it may be called on every request; the engine then exports and publishes at once
-(publishes stay 5 to 20 ms apart, further apart under load). Facts learned without it wait for the
+(publishes stay at least 5 ms apart, up to 20 ms under load). Facts learned without it wait for the
 next interval.
 Facts travel between replicas keyed by the plugin's configured name, so replicas must run the
 same configuration. A plugin with nothing to share does not implement the protocol.
