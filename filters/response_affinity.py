@@ -50,10 +50,10 @@ a follow-up may reach any replica, so every replica must know every binding.
   one dropped. Every replica holds the bindings of the whole pool, so size ``maxEntries`` for the
   pool's rate of new responses times ``ttl``, not one replica's.
 - Staleness: every new binding asks for prompt sharing (``Handle.share_soon``), so the other
-  replicas hold it a few milliseconds after it is learned (the engine's publish gap plus a
-  transport round trip), for a streamed response long before the follow-up can come; only a
-  follow-up sent within those milliseconds of a non-streamed answer can reach another replica
-  first and be routed as a ``miss``.
+  replicas hold it milliseconds after it is learned (the engine's publish gap, 5 to 20 ms
+  under load, plus a transport round trip), for a streamed response long before the follow-up
+  can come; only a follow-up sent within those milliseconds of a non-streamed answer can reach
+  another replica first and be routed as a ``miss``.
 
 Parameters:
 

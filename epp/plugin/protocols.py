@@ -63,10 +63,10 @@ class Handle(Protocol):
 
     def share_soon(self) -> None:
         """The calling plugin (a ``SharedState``) has just recorded facts other replicas should
-        have at once (a new binding, new prefix blocks): the sync engine publishes within a few
-        milliseconds instead of at its next interval. Cheap enough for the request path (a flag
-        set); a no-op without a cross-replica syncer. Facts still travel only through
-        ``export_facts``."""
+        have at once (a new binding, new prefix blocks): the sync engine publishes at once (under
+        a burst, within 5 to 20 ms) instead of at its next interval. Cheap enough for
+        the request path (a flag set); a no-op without a cross-replica syncer. Facts still travel
+        only through ``export_facts``."""
         ...
 
     def create_plugin(

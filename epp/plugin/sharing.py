@@ -8,7 +8,7 @@ prefix affinity and sessions break as soon as two replicas share a pool.
 A plugin that keeps such state implements ``SharedState``. When a cross-replica syncer is
 configured (``dataLayer.crossReplicaSyncerPluginRef``, e.g. ``redis-syncer``), the sync engine
 calls it from its background tasks, at least every ``crossReplicaSyncInterval`` (200 ms), and
-within a few milliseconds of the plugin calling ``Handle.share_soon()``:
+within milliseconds of the plugin calling ``Handle.share_soon()``:
 
 - ``export_facts()`` hands over what the plugin learned since the last call (and clears it). The
   facts are JSON values (dicts, lists, strings, numbers): compact, self-describing, and bounded by
@@ -21,7 +21,7 @@ Both are synchronous and called on the event loop, never on the request path: th
 A plugin that has just learned something a peer may need at once (a binding a follow-up request
 will look for, a prompt's new blocks) calls ``self.handle.share_soon()`` after recording it: a
 flag set, so it may be called on every request; the engine then exports and publishes at once
-(at most one publish every few milliseconds under load). Facts learned without it wait for the
+(publishes stay at least 5 ms apart, up to 20 ms under load). Facts learned without it wait for the
 next interval.
 Facts travel between replicas keyed by the plugin's configured name, so replicas must run the
 same configuration. A plugin with nothing to share does not implement the protocol.

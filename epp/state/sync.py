@@ -10,8 +10,12 @@ Started only when the config names a cross-replica syncer
   of at most ``publish_facts`` facts (at most 4 entries a round). A round runs every
   ``crossReplicaSyncInterval`` (default 200 ms; below 10 ms it is raised to 10 ms) and, sooner,
   once a plugin called ``share_soon()`` (``Handle.share_soon``), but never within
-  ``soon_gap`` (5 ms, at most the interval) of the previous round: under load one publish
-  carries every request's facts of the last few milliseconds. The outbox is bounded
+  ``soon_gap`` (5 ms) of the previous round, nor within ten times what that round took, up to
+  four ``soon_gap`` (a round that waited 2 ms for a busy event loop is followed by a 20 ms gap;
+  never more than the interval): a share_soon after a quiet spell publishes at once, and under
+  load one publish carries the facts of every request of the last gap. Each publish wakes every
+  replica's receive, so publishing per request would cost a round of Redis calls per request on
+  every replica; the gap grows with load where that matters. The outbox is bounded
   (``outbox_facts``, default 8,192 facts): when the syncer is down the newest batches are kept
   and the oldest dropped and counted (``llm_d_epp_state_sync_dropped_facts_total``).
 - **Receive.** Replay the log (bootstrap, below), then receive in a loop, each call waiting up to
@@ -69,6 +73,10 @@ DEFAULT_INTERVAL: Final = 0.2
 MIN_INTERVAL: Final = 0.01
 SOON_GAP: Final = 0.005
 """Least seconds between two publish rounds, however often ``share_soon`` is called."""
+GAP_FACTOR: Final = 10
+"""After a publish round, the next waits at least this many times as long as the round took ..."""
+MAX_GAP_FACTOR: Final = 4
+"""... but at most this many ``soon_gap`` (20 ms): a binding must still beat its follow-up."""
 OUTBOX_FACTS: Final = 8192
 PUBLISH_FACTS: Final = 2048
 PUBLISHES_PER_ROUND: Final = 4
@@ -202,17 +210,22 @@ class StateSync:
         return ok
 
     async def _publisher(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             self._soon.clear()  # a share_soon from now on asks for the next round
             self.collect()
+            started = loop.time()
             ok = await self._attempt("publish", self._flush())
             delay = self._settle("publish", ok)
-            await asyncio.sleep(self.soon_gap)
+            # the debounce: at least soon_gap, longer when a round takes long (a busy loop)
+            took = GAP_FACTOR * (loop.time() - started)
+            gap = min(delay, max(self.soon_gap, min(took, self.soon_gap * MAX_GAP_FACTOR)))
+            await asyncio.sleep(gap)
             if not ok:
-                await asyncio.sleep(delay - self.soon_gap)
+                await asyncio.sleep(delay - gap)
                 continue
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay - self.soon_gap):
+                async with asyncio.timeout(delay - gap):
                     await self._soon.wait()
 
     async def _receiver(self) -> None:

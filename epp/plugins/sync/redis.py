@@ -29,8 +29,8 @@ pipelined; a waiting ``XREAD`` costs nothing while it waits). That is about 0.4%
 replica for the transport; applying the facts costs what the index work of that traffic costs
 (``approx-prefix-cache-producer``: 1.8 ms for 2,000 new blocks, 0.2 ms when already known). With
 prompt sharing (``share_soon``) the same facts travel in more, smaller entries (at most one per
-5 ms per replica). A replay of 1,000 entries takes 0.15 s; Redis holds about 20 MB for a pool's
-log at the default ``maxLen``.
+5 ms per replica, 20 ms under load). A replay of 1,000 entries takes 0.15 s; Redis holds
+about 20 MB for a pool's log at the default ``maxLen``.
 
 Every Redis call runs under ``timeout`` (socket connect and read timeouts, and an overall bound;
 a waiting receive under ``timeout`` plus its wait); redis-py's own retries are off (the engine

@@ -318,3 +318,25 @@ async def test_the_publish_side_retries_after_an_outage_and_publishes_what_waite
     task.cancel()
     assert a.syncer.published == [{"notes": [1]}]
     assert a.metric("errors_total", operation="publish") >= 1
+
+
+async def test_a_slow_publish_round_stretches_the_gap_before_the_next() -> None:
+    a = runner(MemoryLog(), "a", interval=30.0, gap=0.005)
+    publish = a.syncer.publish  # a 20 ms round: a 200 ms gap, capped at 4 x 5 ms
+
+    async def slow(batch: Any) -> None:
+        await asyncio.sleep(0.02)  # a transport (or an event loop) that takes 20 ms a round
+        await publish(batch)
+
+    a.syncer.publish = slow  # type: ignore[method-assign]
+    task = asyncio.create_task(a.sync.run())
+    for i in range(2):
+        a.notes.learn(i)
+        a.sync.share_soon()
+        async with asyncio.timeout(2):
+            while len(a.syncer.published) <= i:
+                a.syncer.on_publish.clear()
+                await a.syncer.on_publish.wait()
+    task.cancel()
+    (t0, t1) = a.syncer.published_at
+    assert t1 - t0 >= 0.02 + 4 * 0.005 * 0.9  # the round, then ten times its length: capped
