@@ -119,7 +119,7 @@ async def test_rewrite_splits_traffic_90_10_when_measured_over_2000_requests(
         ],
     }
     apiserver.create(REWRITES, rewrite("canary", POOL, [rule]))
-    app = await kube_app(apiserver)
+    app = await kube_app(apiserver, metrics_endpoint_auth=False)  # /metrics read without a token
     await wait_for(lambda: len(app.rewrites) == 1)
     counts: Counter[str] = Counter()
     headers = {":path": "/v1/completions"}
