@@ -121,15 +121,13 @@ class App:
             pipelines=self.pipeline.sources,
             interval=settings.refresh_metrics_interval,
             clock=time.monotonic,
-            on_poll_error=lambda src, _eid, _exc: self.metrics.poll_errors.labels(src).inc(),
-            on_extract_error=lambda src, ext, _e: self.metrics.extract_errors.labels(
-                src, ext
-            ).inc(),
+            on_poll_error=lambda src, _eid, _exc: self.metrics.poll_errors.inc((src,), (src,)),
+            on_extract_error=lambda s, x, _e: self.metrics.extract_errors.inc((s, x), (s, x)),
         )
         self.tracing = Tracing.from_environment(settings.tracing, settings.tracing_plugin_threshold)
-        self.context = ServerContext(  # director, body limit, emit scores, tracing
+        self.context = ServerContext(  # director, body limit, emit scores, tracing, metrics
             self.director, settings.max_request_body_bytes, settings.emit_endpoint_scores,
-            self.tracing,
+            self.tracing, self.metrics,
         )  # fmt: skip
         self.health = health.HealthServicer(
             self.ready, leader_election=settings.ha_enable_leader_election
