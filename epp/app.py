@@ -320,13 +320,9 @@ class App:
             )
         )
         self.metrics_port = await ms.start(private_host(s), s.metrics_port)
-        log.info(
-            "serving ext_proc on %s (tls=%s), health on %d, metrics on %d",
-            self.grpc_port,
-            s.secure_serving,
-            self.health_port,
-            self.metrics_port,
-        )
+        ports = {"extProcPort": self.grpc_port, "healthPort": self.health_port}
+        ports |= {"metricsPort": self.metrics_port, "tls": s.secure_serving}
+        log.info("serving", extra=ports)
         return [grpc_servers.ext, grpc_servers.health, ms]
 
     async def _drain(self, servers: list[Any]) -> None:
