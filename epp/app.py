@@ -101,6 +101,7 @@ class App:
             emit_scores=settings.emit_endpoint_scores,
             streams=StreamMetrics.when(settings.enable_grpc_stream_metrics, self.metrics.registry),
             tracing=self.tracing,
+            metrics=self.metrics,
         )
         self.health = health.HealthServicer(
             self.ready, leader_election=settings.ha_enable_leader_election
@@ -136,8 +137,8 @@ class App:
             pipelines=self.pipeline.sources,
             interval=self.settings.refresh_metrics_interval,
             clock=time.monotonic,
-            on_poll_error=lambda src, _eid, _exc: m.poll_errors.labels(src).inc(),
-            on_extract_error=lambda src, ext, _e: m.extract_errors.labels(src, ext).inc(),
+            on_poll_error=lambda src, _eid, _exc: m.poll_errors.inc((src,), (src,)),
+            on_extract_error=lambda s, x, _e: m.extract_errors.inc((s, x), (s, x)),
         )
 
     def _director(self) -> Director:
@@ -325,13 +326,9 @@ class App:
             PortOptions(reviewer, ssl_context, s.enable_debug_endpoints, s.enable_pprof),
         )
         self.metrics_port = await ms.start(private_host(s), s.metrics_port)
-        log.info(
-            "serving ext_proc on %s (tls=%s), health on %d, metrics on %d",
-            self.grpc_port,
-            s.secure_serving,
-            self.health_port,
-            self.metrics_port,
-        )
+        ports = {"extProcPort": self.grpc_port, "healthPort": self.health_port}
+        ports |= {"metricsPort": self.metrics_port, "tls": s.secure_serving}
+        log.info("serving", extra=ports)
         return [grpc_servers.ext, grpc_servers.health, ms]
 
     async def _drain(self, servers: list[Any]) -> None:

@@ -10,11 +10,27 @@ ended with INVALID_ARGUMENT for protocol misuse (``epp.server.stream``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Final, NamedTuple
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from epp.observability.families import (  # bucket bounds, and the table machinery
+    _ITL_BUCKETS,
+    _LATENCY_BUCKETS,
+    _NTPOT_BUCKETS,
+    _PLUGIN_BUCKETS,
+    _REQUEST_PROCESSING_BUCKETS,
+    _RESPONSE_PROCESSING_BUCKETS,
+    _SCHED_BUCKETS,
+    _SIZE_BUCKETS,
+    _TOKEN_BUCKETS,
+    _TPOT_BUCKETS,
+    EppRegistry,
+    MetricSpec,
+    _Twin,
+    build_families,
+    build_info,
+)
 from epp.observability.labels import (
     FAIRNESS_LABEL_CAP,
     MODEL_LABEL_CAP,
@@ -38,88 +54,11 @@ __all__ = [
     "build_families",
 ]
 
-# Upstream's bucket bounds, verbatim (32778 included), packed densely rather than one a line.
-# fmt: off
-_LATENCY_BUCKETS: Final = (
-    0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30,
-    45, 60, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600,
-)
-_SCHED_BUCKETS: Final = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
-_PLUGIN_BUCKETS: Final = (
-    0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
-)
-_TOKEN_BUCKETS: Final = (
-    1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536, 131072, 262144,
-    524288, 1048576,
-)
-_SIZE_BUCKETS: Final = (
-    64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288,
-    1048576, 2097152, 4194304, 8388608, 16777216, 33554432, 67108864, 134217728,
-)
-# fmt: on
-_NTPOT_BUCKETS: Final = (*_SCHED_BUCKETS, 0.2, 0.5, 1.0)
-
 MODEL_LABELS: Final = ("model_name", "target_model_name")
+_FAIRNESS_LABELS: Final = (*MODEL_LABELS, "fairness_id", "priority")
 _POOL_LABELS: Final = ("name",)
 _PLUGIN_LABELS: Final = ("extension_point", "plugin_type", "plugin_name")
 _REWRITE_LABELS: Final = ("model_rewrite_name", "model_name", "target_model")
-
-Family = Counter | Gauge | Histogram
-
-
-class MetricSpec(NamedTuple):
-    """One row of a metric table: a family, plus its deprecated twin when upstream emits one.
-
-    ``name`` is the exposed family name (counters spelled with ``_total``). The twin shares kind
-    and buckets; its help defaults to ``Deprecated: <name>`` and its labels to ``labels``."""
-
-    attr: str  # attribute of the metrics object that holds the family (or the pair)
-    kind: type[Counter] | type[Gauge] | type[Histogram]
-    name: str
-    doc: str
-    labels: tuple[str, ...] = ()
-    buckets: tuple[float, ...] | None = None  # histograms only
-    twin: str | None = None
-    twin_doc: str | None = None
-    twin_labels: tuple[str, ...] | None = None
-
-
-def build_families(spec: MetricSpec, registry: CollectorRegistry) -> list[Family]:
-    """Register the row's family, then its twin if any (that order: the wrappers rely on it)."""
-    kw: dict[str, Any] = {} if spec.buckets is None else {"buckets": spec.buckets}
-    families: list[Family] = [spec.kind(spec.name, spec.doc, spec.labels, registry=registry, **kw)]
-    if spec.twin is not None:
-        doc = f"Deprecated: {spec.name}" if spec.twin_doc is None else spec.twin_doc
-        labels = spec.labels if spec.twin_labels is None else spec.twin_labels
-        families.append(spec.kind(spec.twin, doc, labels, registry=registry, **kw))
-    return families
-
-
-class _Twin:
-    """One canonical family plus its deprecated twin; every call updates both."""
-
-    def __init__(self, *metrics: Any) -> None:
-        self._metrics = metrics
-
-    @staticmethod
-    def _child(metric: Any, labels: Sequence[str]) -> Any:
-        return metric.labels(*labels) if labels else metric
-
-    def inc(self, labels: Sequence[str], twin_labels: Sequence[str], amount: float = 1) -> None:
-        self._child(self._metrics[0], labels).inc(amount)
-        for m in self._metrics[1:]:
-            self._child(m, twin_labels).inc(amount)
-
-    def set(self, labels: Sequence[str], twin_labels: Sequence[str], value: float) -> None:
-        self._child(self._metrics[0], labels).set(value)
-        for m in self._metrics[1:]:
-            self._child(m, twin_labels).set(value)
-
-    def observe(self, labels: Sequence[str], twin_labels: Sequence[str], value: float) -> None:
-        self._child(self._metrics[0], labels).observe(value)
-        for m in self._metrics[1:]:
-            self._child(m, twin_labels).observe(value)
-
 
 # Registration order is exposition order; keep it. Upstream names, help and labels verbatim
 # (tests/unit/observability/test_metric_tables.py holds the golden list).
@@ -212,6 +151,22 @@ EPP_METRICS: Final = (
         _LATENCY_BUCKETS,
     ),
     MetricSpec(
+        "streaming_tpot",
+        Histogram,
+        "llm_d_epp_request_streaming_tpot_seconds",
+        "Average time per output token of a streamed response: (e2e - TTFT) / (output tokens - 1)",
+        _FAIRNESS_LABELS,
+        _TPOT_BUCKETS,
+    ),
+    MetricSpec(
+        "streaming_itl",
+        Histogram,
+        "llm_d_epp_request_streaming_itl_seconds",
+        "Time between consecutive response body chunks of a streamed response",
+        _FAIRNESS_LABELS,
+        _ITL_BUCKETS,
+    ),
+    MetricSpec(
         "ntpot",
         Histogram,
         "llm_d_epp_request_ntpot_seconds",
@@ -234,6 +189,8 @@ EPP_METRICS: Final = (
         "llm_d_epp_scheduler_attempts_total",
         "Scheduling attempts",
         ("status", "target_model_name", "endpoint_name", "namespace", "port"),
+        twin="inference_extension_scheduler_attempts_total",
+        twin_labels=("status", "target_model_name", "pod_name", "namespace", "port"),
     ),
     MetricSpec(
         "plugin_duration",
@@ -252,11 +209,36 @@ EPP_METRICS: Final = (
         _PLUGIN_LABELS,
     ),
     MetricSpec(
+        "scope_violations",
+        Counter,
+        "llm_d_epp_plugin_data_scope_violations_total",
+        "Endpoint attribute accesses rejected because the plugin did not declare the data key "
+        "(this EPP does not restrict access, so nothing is counted)",
+        (*_PLUGIN_LABELS, "access"),
+    ),
+    MetricSpec(
+        "request_processing",
+        Histogram,
+        "llm_d_epp_request_processing_duration_seconds",
+        "EPP request processing latency, from request headers until the request body has been "
+        "handled, admission control included",
+        buckets=_REQUEST_PROCESSING_BUCKETS,
+    ),
+    MetricSpec(
+        "response_processing",
+        Histogram,
+        "llm_d_epp_response_processing_duration_seconds",
+        "EPP response processing latency: the sum of per-message handling time of a streamed "
+        "response, or response headers to completion for a non-streamed one",
+        buckets=_RESPONSE_PROCESSING_BUCKETS,
+    ),
+    MetricSpec(
         "poll_errors",
         Counter,
         "llm_d_epp_datalayer_poll_errors_total",
         "Data-source polls that failed",
         ("source_type",),
+        twin="llm_d_inference_scheduler_datalayer_poll_errors_total",
     ),
     MetricSpec(
         "extract_errors",
@@ -264,6 +246,7 @@ EPP_METRICS: Final = (
         "llm_d_epp_datalayer_extract_errors_total",
         "Extractions that failed",
         ("source_type", "extractor_type"),
+        twin="llm_d_inference_scheduler_datalayer_extract_errors_total",
     ),
     MetricSpec(
         "ready_endpoints",
@@ -298,6 +281,27 @@ EPP_METRICS: Final = (
         twin="inference_pool_average_running_requests",
     ),
     MetricSpec(
+        "std_kv",
+        Gauge,
+        "llm_d_epp_std_dev_kv_cache_utilization",
+        "Standard deviation of KV-cache utilisation over the pool",
+        _POOL_LABELS,
+    ),
+    MetricSpec(
+        "std_queue",
+        Gauge,
+        "llm_d_epp_std_dev_queue_size",
+        "Standard deviation of waiting-queue length over the pool",
+        _POOL_LABELS,
+    ),
+    MetricSpec(
+        "std_running",
+        Gauge,
+        "llm_d_epp_std_dev_running_requests",
+        "Standard deviation of running requests over the pool",
+        _POOL_LABELS,
+    ),
+    MetricSpec(
         "per_endpoint_queue",
         Gauge,
         "llm_d_epp_per_endpoint_queue_size",
@@ -307,7 +311,15 @@ EPP_METRICS: Final = (
         twin_doc="Deprecated: per_endpoint_queue_size",  # sic: upstream's help lacks the prefix
         twin_labels=("name", "model_server_pod"),
     ),
-    MetricSpec("info", Gauge, "llm_d_epp_info", "Build information", ("commit", "build_ref")),
+    MetricSpec(
+        "info",
+        Gauge,
+        "llm_d_epp_info",
+        "Build information",
+        ("commit", "build_ref"),
+        twin="inference_extension_info",
+        twin_doc="General information of the current build of Inference Extension.",
+    ),
     MetricSpec(
         "model_rewrites",
         Counter,
@@ -342,28 +354,37 @@ class EppMetrics:
     cached_tokens: _Twin
     running: _Twin
     ttft: Histogram
+    streaming_tpot: Histogram
+    streaming_itl: Histogram
     ntpot: _Twin
     scheduler_e2e: _Twin
-    scheduler_attempts: Counter
+    scheduler_attempts: _Twin
     plugin_duration: _Twin
     plugin_errors: Counter
-    poll_errors: Counter
-    extract_errors: Counter
+    scope_violations: Counter
+    request_processing: Histogram
+    response_processing: Histogram
+    poll_errors: _Twin
+    extract_errors: _Twin
     ready_endpoints: _Twin
     avg_kv: _Twin
     avg_queue: _Twin
     avg_running: _Twin
+    std_kv: Gauge
+    std_queue: Gauge
+    std_running: Gauge
     per_endpoint_queue: _Twin
-    info: Gauge
+    info: _Twin
     model_rewrites: _Twin
     protocol_errors: Counter
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+        self.registry = registry or EppRegistry()
         self.model_labels = ModelLabels()
         for spec in EPP_METRICS:
             families = build_families(spec, self.registry)
             setattr(self, spec.attr, _Twin(*families) if spec.twin else families[0])
+        self.info.set(build_info(), build_info(), 1)
 
     def models(self, model: str, target: str) -> tuple[str, str]:
         """Label values of a request's model and target model (``ModelLabels`` policy)."""

@@ -1,13 +1,15 @@
-"""The pool gauges: ready endpoints, mean KV-cache use, queue and running requests, and each
-endpoint's queue, refreshed every ``--refresh-prometheus-metrics-interval``.
+"""The pool gauges: ready endpoints, mean and standard deviation of KV-cache use, queue and
+running requests, and each endpoint's queue (labelled with the endpoint's name, as upstream),
+refreshed every ``--refresh-prometheus-metrics-interval``.
 
 An endpoint counts as ready while its metrics are younger than ``--metrics-staleness-threshold``;
-the means are over those endpoints only.
+the means and deviations are over those endpoints only (rounded to 2 decimals, as upstream).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -25,18 +27,30 @@ def refresh_pool_gauges(
         and e.metrics.update_time
         and now - e.metrics.update_time <= staleness
     ]
-    m.ready_endpoints.set((pool,), (pool,), len(fresh))
+    key = (pool,)
+    m.ready_endpoints.set(key, key, len(fresh))
     if fresh:
-        m.avg_kv.set((pool,), (pool,), sum(x.kv_cache_usage_percent for x in fresh) / len(fresh))
-        m.avg_queue.set((pool,), (pool,), sum(x.waiting_queue_size for x in fresh) / len(fresh))
-        m.avg_running.set(
-            (pool,), (pool,), sum(x.running_requests_size for x in fresh) / len(fresh)
-        )
+        kv = _summary([x.kv_cache_usage_percent for x in fresh])
+        queue = _summary([float(x.waiting_queue_size) for x in fresh])
+        running = _summary([float(x.running_requests_size) for x in fresh])
+        m.avg_kv.set(key, key, kv[0])
+        m.avg_queue.set(key, key, queue[0])
+        m.avg_running.set(key, key, running[0])
+        m.std_kv.labels(pool).set(kv[1])
+        m.std_queue.labels(pool).set(queue[1])
+        m.std_running.labels(pool).set(running[1])
+    m.per_endpoint_queue.clear()  # endpoints that left have no series, as upstream's collector
     for e in endpoints:
         if e.metrics is not None:
-            m.per_endpoint_queue.set(
-                (pool, e.hostport), (pool, e.name), e.metrics.waiting_queue_size
-            )
+            m.per_endpoint_queue.set((pool, e.name), (pool, e.name), e.metrics.waiting_queue_size)
+
+
+def _summary(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (n - 1, at least 1), both rounded to 2 decimals, as
+    upstream's pool gauges."""
+    mean = sum(values) / len(values)
+    squares = sum((v - mean) ** 2 for v in values)
+    return round(mean, 2), round(math.sqrt(squares / max(1, len(values) - 1)), 2)
 
 
 async def pool_gauges(

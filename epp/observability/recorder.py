@@ -11,6 +11,7 @@ with the labels it was incremented with.
 
 from __future__ import annotations
 
+import time
 from typing import Final
 
 from epp.observability.labels import FAIRNESS_LABEL_CAP, MAX_FAIRNESS_CHARS, LabelCap, ModelSource
@@ -19,6 +20,8 @@ from epp.plugin import InferenceRequest, ResponseInfo, SchedulingResult
 
 _RUNNING_LABELS: Final = "epp.stats.running-labels"
 """``InferenceRequest.attributes`` key: the labels ``running`` was incremented with."""
+_CHUNKS: Final = "epp.stats.chunk-times"
+"""``InferenceRequest.attributes`` key: ``[TTFT, clock reading of the last response chunk]``."""
 
 
 class RequestStats:
@@ -46,9 +49,8 @@ class RequestStats:
         self.m.running.inc((model, target), (model, target))
         req.attributes[_RUNNING_LABELS] = (model, target)
         for ep in result.primary.targets[:1]:
-            self.m.scheduler_attempts.labels(
-                "success", target, ep.name, ep.namespace, str(ep.port)
-            ).inc()
+            labels = ("success", target, ep.name, ep.namespace, str(ep.port))
+            self.m.scheduler_attempts.inc(labels, labels)
 
     def on_response_status(self, request: InferenceRequest, status: int) -> None:
         """A model server answered ``status``: a 2xx confirms the target model is served."""
@@ -62,11 +64,23 @@ class RequestStats:
     def on_protocol_error(self, reason: str) -> None:
         self.m.protocol_errors.labels(reason).inc()
 
-    def on_first_byte(
-        self, request: InferenceRequest | None, seconds: float, streaming: bool
-    ) -> None:
-        model, target = self._models(request)
-        self.m.ttft.labels(model, target, "true" if streaming else "false").observe(seconds)
+    def on_chunk(self, request: InferenceRequest, streaming: bool, started: float) -> None:
+        """A response body chunk: the first one gives TTFT (from ``started``, the clock reading
+        at the request headers); in a streamed response each later one the inter-token latency
+        (the time since the previous chunk), as upstream."""
+        now = time.monotonic()
+        times = request.attributes.get(_CHUNKS)
+        if not isinstance(times, list):
+            request.attributes[_CHUNKS] = [now - started, now]
+            model, target = self._models(request)
+            streamed = "true" if streaming else "false"
+            self.m.ttft.labels(model, target, streamed).observe(now - started)
+            return
+        if streaming:
+            model, target = self._models(request)
+            labels = (model, target, self._fairness_cap(request.fairness_id), str(request.priority))
+            self.m.streaming_itl.labels(*labels).observe(now - times[1])
+        times[1] = now
 
     def on_complete(
         self, request: InferenceRequest, info: ResponseInfo, seconds: float, response_bytes: int
@@ -83,5 +97,10 @@ class RequestStats:
         if usage.completion_tokens:
             self.m.output_tokens.observe(labels, labels, usage.completion_tokens)
             self.m.ntpot.observe(labels, labels, seconds / usage.completion_tokens)
+        times = request.attributes.get(_CHUNKS)
+        if info.streaming and usage.completion_tokens > 1 and isinstance(times, list):
+            fair = (*labels, self._fairness_cap(request.fairness_id), str(request.priority))
+            tpot = (seconds - times[0]) / (usage.completion_tokens - 1)
+            self.m.streaming_tpot.labels(*fair).observe(max(tpot, 0.0))
         if usage.cached_tokens:
             self.m.cached_tokens.observe(labels, labels, usage.cached_tokens)

@@ -331,11 +331,8 @@ class Director:
         if ex.response is None:  # response body without headers (response_header_mode SKIP)
             ex.response = ResponseInfo(request_id=ex.request.request_id, headers={})
             ex.buffer = bytearray()
-        if not ex.first_byte_at:
-            ex.first_byte_at = time.monotonic()
-            if self._stats is not None:
-                seconds = ex.first_byte_at - ex.started
-                self._stats.on_first_byte(ex.request, seconds, ex.response.streaming)
+        if self._stats is not None:  # TTFT at the first chunk, inter-chunk latency after it
+            self._stats.on_chunk(ex.request, ex.response.streaming, ex.started)
         ex.size += len(data)
         held = ex.buffer
         if held is not None and (hold_limit is None or len(held) + len(data) <= hold_limit):

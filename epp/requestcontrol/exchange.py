@@ -58,7 +58,6 @@ class Exchange:
     response: ResponseInfo | None = None
     state: ResponseState | None = None
     buffer: bytearray | None = None
-    first_byte_at: float = 0.0
     size: int = 0
     completed: bool = False
     trace: RequestTrace | None = None

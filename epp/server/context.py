@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from epp.observability.metrics import EppMetrics
 from epp.observability.streams import StreamMetrics
 from epp.observability.tracing import Tracing
 from epp.requestcontrol.director import Director
@@ -18,3 +19,5 @@ class ServerContext:
     """With ``--enable-grpc-stream-metrics``."""
     tracing: Tracing | None = None
     """Set when tracing is on: every request gets its spans."""
+    metrics: EppMetrics | None = None
+    """For the request and response processing durations the server measures."""

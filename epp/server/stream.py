@@ -57,8 +57,9 @@ Everything a request means (routing, usage, hooks, completion, metrics) is the D
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -97,6 +98,8 @@ class RequestStream:
         self.response_body = False
         self.response_ended = False
         self.was_evicted = False
+        # clock readings of the first and last response message; time spent handling them
+        self.response_started = self.response_finished = self.response_busy = 0.0
 
     # ---- dispatch ---------------------------------------------------------------------------
 
@@ -113,17 +116,28 @@ class RequestStream:
             return await self._on_request_body(msg)
         if kind == "request_trailers":
             return await self._on_request_trailers()
-        if kind == "response_headers":
-            return self._on_response_headers(msg)
-        if kind == "response_body":
-            return self._on_response_body(msg.response_body)
-        if kind == "response_trailers":
-            return self._on_response_trailers()
+        if kind in _RESPONSE_KINDS:
+            return self._on_response(kind, msg)
         raise ProtocolError(
             m.NO_REQUEST,
             "ProcessingRequest sets none of request_headers, request_body, request_trailers, "
             "response_headers, response_body, response_trailers",
         )
+
+    def _on_response(self, kind: str, msg: pb.ProcessingRequest) -> Replies:
+        """A response message, timed for ``response_processing_duration_seconds``."""
+        t0 = time.perf_counter()
+        self.response_started = self.response_started or time.monotonic()
+        try:
+            if kind == "response_headers":
+                return self._on_response_headers(msg)
+            if kind == "response_body":
+                return self._on_response_body(msg.response_body)
+            return self._on_response_trailers()
+        finally:
+            self.response_busy += time.perf_counter() - t0
+            if self.response_ended and not self.response_finished:
+                self.response_finished = time.monotonic()
 
     # ---- request phase ----------------------------------------------------------------------
 
@@ -205,6 +219,13 @@ class RequestStream:
 
     async def _decide(self, ex: Exchange, *, trailers: bool) -> Replies:
         """The body is complete: route, and answer in the form the body mode needs."""
+        try:
+            return await self._route(ex, trailers=trailers)
+        finally:
+            if self.ctx.metrics is not None:  # request receipt until the body is handled
+                self.ctx.metrics.request_processing.observe(time.monotonic() - ex.started)
+
+    async def _route(self, ex: Exchange, *, trailers: bool) -> Replies:
         try:
             decision = await self.director.route(ex, bytes(self.body), self.metadata)
         except InferenceError as err:
@@ -341,6 +362,16 @@ class RequestStream:
         replies.append(messages.EMPTY_RESPONSE_TRAILERS)
         return replies
 
+    def _record_response(self, ex: Exchange) -> None:
+        """``response_processing_duration_seconds`` (upstream's): handling time of a streamed
+        response's messages, else response headers to the response's end."""
+        if self.ctx.metrics is None or not self.response_started:
+            return
+        streamed = ex.response is not None and ex.response.streaming
+        end = self.response_finished or time.monotonic()
+        seconds = self.response_busy if streamed else end - self.response_started
+        self.ctx.metrics.response_processing.observe(seconds)
+
     def close(self, *, error: bool) -> None:
         """Stream ended (normally, by client disconnect or by error)."""
         if self.exchange is not None:
@@ -348,11 +379,15 @@ class RequestStream:
             if self.was_evicted:
                 cause = TerminationCause.EVICTED
             self.director.complete(self.exchange, cause)
+            self._record_response(self.exchange)
             trace = self.exchange.trace
             if trace is not None:
                 response = self.exchange.response
                 trace.end(response.status if response is not None else trace.status)
                 self.exchange.trace = None
+
+
+_RESPONSE_KINDS: Final = frozenset({"response_headers", "response_body", "response_trailers"})
 
 
 def _scores(decision: Decision) -> dict[str, float]:

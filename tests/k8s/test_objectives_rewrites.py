@@ -12,6 +12,7 @@ from epp.app import App
 from tests.conftest import body_msg, exchange, headers_msg, metrics_text, wait_for
 from tests.k8s.apiserver import (
     LEGACY_OBJECTIVES,
+    LEGACY_REWRITES,
     OBJECTIVES,
     PODS,
     POOLS,
@@ -82,6 +83,29 @@ async def test_objective_group_is_chosen_when_groups_are_installed(
         assert legacy_watched == (installed == (LEGACY_OBJECTIVES,))
 
 
+@pytest.mark.parametrize(
+    ("installed", "expected"),
+    [
+        pytest.param((REWRITES, LEGACY_REWRITES), "new-group", id="both-groups-legacy-ignored"),
+        pytest.param((LEGACY_REWRITES,), "legacy-group", id="legacy-group-only"),
+    ],
+)
+async def test_rewrite_group_is_chosen_when_groups_are_installed(
+    kube_app: Any, installed: tuple[Any, ...], expected: str
+) -> None:
+    with FakeApiServer((PODS, POOLS, *installed), bookmark_interval=0.2) as server:
+        seed(server)
+        for resource, target in ((REWRITES, "new-group"), (LEGACY_REWRITES, "legacy-group")):
+            if resource in installed:
+                rule = {"targets": [{"modelRewrite": target}]}
+                server.create(resource, rewrite("all", POOL, [rule]))
+        app = await kube_app(server)
+        await wait_for(lambda: len(app.rewrites) == 1)
+        request = app.director.new_request({":path": "/v1/completions"})
+        await app.director.decide(request, completion("m"), {})
+        assert request.target_model == expected
+
+
 async def test_sheddable_objective_is_refused_when_the_pool_is_saturated(
     apiserver: FakeApiServer, kube_app: Any
 ) -> None:
@@ -119,7 +143,7 @@ async def test_rewrite_splits_traffic_90_10_when_measured_over_2000_requests(
         ],
     }
     apiserver.create(REWRITES, rewrite("canary", POOL, [rule]))
-    app = await kube_app(apiserver, metrics_endpoint_auth=False)  # /metrics read without a token
+    app = await kube_app(apiserver, metrics_endpoint_auth=False)  # scraped below, no token
     await wait_for(lambda: len(app.rewrites) == 1)
     counts: Counter[str] = Counter()
     headers = {":path": "/v1/completions"}

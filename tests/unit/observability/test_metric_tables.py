@@ -12,7 +12,7 @@ import typing
 from typing import Any, Final
 
 import pytest
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from epp.flowcontrol import metrics as fc_metrics
 from epp.flowcontrol.metrics import FlowControlMetrics
@@ -257,6 +257,38 @@ EPP_FAMILIES: Final[dict[str, Family]] = {
         ("model_name", "target_model_name", "streaming"),
         _LATENCY,
     ),
+    "llm_d_epp_request_streaming_tpot_seconds": (
+        "histogram",
+        "Average time per output token of a streamed response: (e2e - TTFT) / (output tokens - 1)",
+        ("model_name", "target_model_name", "fairness_id", "priority"),
+        (
+            0.0005,
+            0.00205,
+            0.005,
+            0.01,
+            0.02,
+            0.04,
+            0.06,
+            0.08,
+            0.1,
+            0.125,
+            0.15,
+            0.2,
+            0.3,
+            0.4,
+            0.5,
+            0.6,
+            0.8,
+            1.0,
+            2.0,
+        ),
+    ),
+    "llm_d_epp_request_streaming_itl_seconds": (
+        "histogram",
+        "Time between consecutive response body chunks of a streamed response",
+        ("model_name", "target_model_name", "fairness_id", "priority"),
+        (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0),
+    ),
     "llm_d_epp_request_ntpot_seconds": (
         "histogram",
         "Request latency divided by output tokens",
@@ -282,6 +314,12 @@ EPP_FAMILIES: Final[dict[str, Family]] = {
         ("status", "target_model_name", "endpoint_name", "namespace", "port"),
         (),
     ),
+    "inference_extension_scheduler_attempts_total": (
+        "counter",
+        "Deprecated: llm_d_epp_scheduler_attempts_total",
+        ("status", "target_model_name", "pod_name", "namespace", "port"),
+        (),
+    ),
     "llm_d_epp_plugin_duration_seconds": (
         "histogram",
         "Plugin latency",
@@ -300,15 +338,81 @@ EPP_FAMILIES: Final[dict[str, Family]] = {
         ("extension_point", "plugin_type", "plugin_name"),
         (),
     ),
+    "llm_d_epp_plugin_data_scope_violations_total": (
+        "counter",
+        "Endpoint attribute accesses rejected because the plugin did not declare the data key "
+        "(this EPP does not restrict access, so nothing is counted)",
+        ("extension_point", "plugin_type", "plugin_name", "access"),
+        (),
+    ),
+    "llm_d_epp_request_processing_duration_seconds": (
+        "histogram",
+        "EPP request processing latency, from request headers until the request body has been "
+        "handled, admission control included",
+        (),
+        (
+            0.0005,
+            0.001,
+            0.002,
+            0.005,
+            0.01,
+            0.015,
+            0.025,
+            0.04,
+            0.06,
+            0.1,
+            0.25,
+            0.5,
+            1.0,
+            2.5,
+            5.0,
+            10.0,
+        ),
+    ),
+    "llm_d_epp_response_processing_duration_seconds": (
+        "histogram",
+        "EPP response processing latency: the sum of per-message handling time of a streamed "
+        "response, or response headers to completion for a non-streamed one",
+        (),
+        (
+            0.0001,
+            0.00025,
+            0.0005,
+            0.001,
+            0.0025,
+            0.005,
+            0.01,
+            0.025,
+            0.05,
+            0.1,
+            0.25,
+            0.5,
+            1.0,
+            2.5,
+            5.0,
+        ),
+    ),
     "llm_d_epp_datalayer_poll_errors_total": (
         "counter",
         "Data-source polls that failed",
         ("source_type",),
         (),
     ),
+    "llm_d_inference_scheduler_datalayer_poll_errors_total": (
+        "counter",
+        "Deprecated: llm_d_epp_datalayer_poll_errors_total",
+        ("source_type",),
+        (),
+    ),
     "llm_d_epp_datalayer_extract_errors_total": (
         "counter",
         "Extractions that failed",
+        ("source_type", "extractor_type"),
+        (),
+    ),
+    "llm_d_inference_scheduler_datalayer_extract_errors_total": (
+        "counter",
+        "Deprecated: llm_d_epp_datalayer_extract_errors_total",
         ("source_type", "extractor_type"),
         (),
     ),
@@ -350,6 +454,24 @@ EPP_FAMILIES: Final[dict[str, Family]] = {
         ("name",),
         (),
     ),
+    "llm_d_epp_std_dev_kv_cache_utilization": (
+        "gauge",
+        "Standard deviation of KV-cache utilisation over the pool",
+        ("name",),
+        (),
+    ),
+    "llm_d_epp_std_dev_queue_size": (
+        "gauge",
+        "Standard deviation of waiting-queue length over the pool",
+        ("name",),
+        (),
+    ),
+    "llm_d_epp_std_dev_running_requests": (
+        "gauge",
+        "Standard deviation of running requests over the pool",
+        ("name",),
+        (),
+    ),
     "llm_d_epp_per_endpoint_queue_size": (
         "gauge",
         "Queue size per endpoint",
@@ -363,6 +485,12 @@ EPP_FAMILIES: Final[dict[str, Family]] = {
         (),
     ),
     "llm_d_epp_info": ("gauge", "Build information", ("commit", "build_ref"), ()),
+    "inference_extension_info": (
+        "gauge",
+        "General information of the current build of Inference Extension.",
+        ("commit", "build_ref"),
+        (),
+    ),
     "llm_d_epp_model_rewrite_decisions_total": (
         "counter",
         "Requests whose model an InferenceModelRewrite rule rewrote",
@@ -550,6 +678,8 @@ def _families(registry: CollectorRegistry) -> dict[str, Family]:
     labelled family without children exposes neither, so read them off the collectors."""
     out: dict[str, Family] = {}
     for collector in list(registry._collector_to_names):
+        if not isinstance(collector, (Counter, Gauge, Histogram)):
+            continue  # process_* (ProcessCollector)
         c: Any = collector
         name = _exposed(c)
         buckets: tuple[float, ...] = ()
