@@ -343,3 +343,34 @@ def test_renderer_rejects_what_helm_would_render_silently_or_differently(tmp_pat
     (chart / "templates" / "t.yaml").write_text("k: {{ .Values.a.c }}\n")
     with pytest.raises(TemplateError, match="no key 'c'"):
         Chart(chart).render()
+
+
+@pytest.mark.parametrize("name", ["ha", "active-active"])
+def test_chart_expresses_the_kustomize_overlay_of_the_same_name(name: str) -> None:
+    from tests.unit.test_deploy_active_active import build
+
+    kustomized = build(CHART_DIR.parents[1] / "kubernetes" / name)
+    overrides = values(name)
+    overrides["activeActive"] = {**overrides.get("activeActive", {}), "redis": {"password": ""}}
+    charted = render(overrides, namespace="llm")
+    k_deploy, k_epp = epp_deployment(kustomized)
+    c_deploy, c_epp = epp_deployment(charted)
+    assert c_deploy["spec"]["replicas"] >= k_deploy["spec"]["replicas"]
+    assert c_deploy["spec"]["strategy"]["type"] == k_deploy["spec"]["strategy"]["type"]
+    for key in ("livenessProbe", "readinessProbe", "securityContext", "resources", "ports"):
+        assert c_epp[key] == k_epp[key], key
+    flag_names = {a.split("=")[0] for a in c_epp["args"]}
+    assert {a.split("=")[0] for a in k_epp["args"]} <= flag_names
+
+    def rules(docs: list[Doc]) -> list[Any]:
+        return sorted(yaml.safe_dump(r) for role in find(docs, "Role") for r in role["rules"])
+
+    assert rules(charted) == rules(kustomized)
+    if name == "active-active":
+        assert c_deploy["spec"]["strategy"] == k_deploy["spec"]["strategy"]
+        k_redis, c_redis = (
+            one(docs, "Deployment", "vllm-pool-epp-redis")["spec"]["template"]["spec"]
+            for docs in (kustomized, charted)
+        )
+        assert c_redis["containers"][0]["args"] == k_redis["containers"][0]["args"]
+        assert c_redis["securityContext"] == k_redis["securityContext"]
