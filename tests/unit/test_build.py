@@ -39,7 +39,7 @@ def test_constraints_pin_every_declared_dependency_within_its_specifier() -> Non
     assert canonicalize_name(PROJECT["name"]) not in pins  # the project itself is not pinned
     for req in _declared():
         name = canonicalize_name(req.name)
-        assert name in pins, f"{req.name} is not pinned in constraints.txt"
+        assert name in pins, f"{req.name} is not pinned: regenerate constraints.txt (its header)"
         assert req.specifier.contains(pins[name], prereleases=True), (str(req), pins[name])
 
 
