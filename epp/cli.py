@@ -1,8 +1,9 @@
 """Command line: upstream's flags, names and defaults (spec §2), plus a few subcommands.
 
 ``epp [flags]`` runs the EPP; with ``--workers N`` above 1 it runs a supervisor of N EPP
-processes (``epp.workers``). ``epp plugins list`` lists the installed plugins. ``epp sim`` runs
-the model-server simulator. ``epp stack`` runs the local demo stack.
+processes (``epp.workers``). ``epp --version`` prints the installed package's version. ``epp
+plugins list`` lists the installed plugins. ``epp sim`` runs the model-server simulator. ``epp
+stack`` runs the local demo stack.
 
 Boolean flags accept ``--flag``, ``--flag=true`` and ``--flag=false``; durations take Go syntax
 (``50ms``, ``30s``); sizes take quantities (``10MiB``); single-dash long flags (``-grpc-port``)
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import importlib.metadata
 import logging
 import os
 import sys
@@ -79,6 +81,14 @@ def _add_flag(parser: argparse.ArgumentParser, dest: str, default: Any, spec: Fl
     parser.add_argument(*spec.option_strings, **kwargs)
 
 
+def package_version() -> str:
+    """The installed ``inference-epp`` distribution's version (its package metadata)."""
+    try:
+        return importlib.metadata.version("inference-epp")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``epp`` parser: one flag per ``Settings`` field declared with ``flag`` (its
     destination is the field name), plus the rejected legacy metric flags."""
@@ -87,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Endpoint Picker for LLM inference (Envoy ext_proc). Subcommands: "
         "'epp plugins list', 'epp sim --help', 'epp stack --help', 'epp bench --help'.",
     )
+    p.add_argument("--version", action="version", version=f"epp {package_version()}")
     for field, spec in flags():
         _add_flag(p, field.name, field.default, spec)
     for name in _REJECTED:

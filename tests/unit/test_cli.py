@@ -2,12 +2,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from epp.cli import _REJECTED, build_parser, settings_from_args
+from epp.cli import _REJECTED, build_parser, main, settings_from_args
 from epp.settings import (
     BOOL,
     DURATION,
@@ -138,7 +139,7 @@ def _samples(spec: Flag, default: object) -> tuple[str, object]:
 
 def test_the_parser_has_exactly_the_flags_settings_declares() -> None:
     declared = {opt for _, spec in flags() for opt in spec.option_strings}
-    special = {"-h", "--help"} | {f"--{name}" for name in _REJECTED}
+    special = {"-h", "--help", "--version"} | {f"--{name}" for name in _REJECTED}
     parsed = {opt for action in build_parser()._actions for opt in action.option_strings}
     assert parsed - special == declared
     assert "--objectives-file" in declared and {"-v", "--v"} <= declared
@@ -358,3 +359,15 @@ def test_help_shows_workers_and_hides_the_internal_worker_subcommand(
     out = capsys.readouterr().out
     assert "--workers WORKERS" in out
     assert "_worker" not in out
+
+
+@pytest.mark.parametrize("flag", ["--version", "-version"])
+def test_version_prints_the_installed_package_version(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = Path(__file__).resolve().parents[2]
+    declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+    with pytest.raises(SystemExit) as exited:
+        main([flag])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"epp {declared}\n"

@@ -1,0 +1,92 @@
+"""Reproducible builds: constraints.txt pins every dependency pyproject.toml declares (runtime,
+``test`` and ``dev``) to a version its specifier allows; the Dockerfile and .ci/run install under
+those pins; the linters are in ``dev``, not ``test``; .dockerignore keeps the repository's
+history, virtual environments and caches out of the build context but nothing the Dockerfile
+copies."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _pins() -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep and re.fullmatch(r"[\w.+!-]+", version), f"not a pin: {line!r}"
+            assert canonicalize_name(name) not in pins, f"pinned twice: {name}"
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def _declared() -> list[Requirement]:
+    extras = PROJECT["optional-dependencies"]
+    return [Requirement(r) for r in [*PROJECT["dependencies"], *extras["test"], *extras["dev"]]]
+
+
+def test_constraints_pin_every_declared_dependency_within_its_specifier() -> None:
+    pins = _pins()
+    assert canonicalize_name(PROJECT["name"]) not in pins  # the project itself is not pinned
+    for req in _declared():
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} is not pinned: regenerate constraints.txt (its header)"
+        assert req.specifier.contains(pins[name], prereleases=True), (str(req), pins[name])
+
+
+def test_linters_are_dev_tools_and_tests_need_none_of_them() -> None:
+    extras = PROJECT["optional-dependencies"]
+    dev = {canonicalize_name(Requirement(r).name) for r in extras["dev"]}
+    test = {canonicalize_name(Requirement(r).name) for r in extras["test"]}
+    assert {"ruff", "mypy", "import-linter", "types-pyyaml"} <= dev
+    assert not dev & test
+
+
+def test_dockerfile_and_ci_install_under_the_constraints() -> None:
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    # Every pip command that reaches the package index is constrained.
+    commands = re.findall(r"pip (?:install|wheel)[^\n]*", dockerfile)
+    assert commands
+    for command in commands:
+        assert "--no-index" in command or "-c " in command, command
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"pip install .*-c constraints\.txt .*-e '\.\[test,dev\]'", ci)
+
+
+def test_dockerignore_keeps_out_history_and_venvs_but_nothing_the_image_copies() -> None:
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+
+    def ignored(path: str) -> bool:
+        parts = Path(path).parts
+        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+        return any(fnmatch.fnmatch(p, pat) for p in prefixes for pat in patterns)
+
+    assert ignored(".git/HEAD") and ignored(".venv/bin/python")
+    assert ignored("epp/__pycache__/cli.cpython-311.pyc")
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    copied = [
+        src
+        for line in re.findall(r"^COPY (?!--from)(.+)$", dockerfile, flags=re.M)
+        for src in line.split()[:-1]
+    ]
+    for mount in re.findall(r"--mount=(\S+)", dockerfile):  # bind mounts of the build context
+        options = dict(kv.split("=", 1) for kv in mount.split(","))
+        if "from" not in options:
+            copied.append(options["source"])
+    assert "constraints.txt" in copied
+    for src in copied:
+        assert (ROOT / src).exists(), src
+        assert not ignored(src), f"{src} is copied into the image but .dockerignore excludes it"
