@@ -66,13 +66,17 @@ def rendered(request: pytest.FixtureRequest) -> tuple[str, list[Doc]]:
     return request.param, render(values(request.param))
 
 
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding"}
+
+
 def test_every_object_parses_when_rendered(rendered: tuple[str, list[Doc]]) -> None:
     _, docs = rendered
     assert docs
     for doc in docs:
         assert isinstance(doc, dict)
         assert doc["apiVersion"] and doc["kind"] and doc["metadata"]["name"]
-        assert doc["metadata"]["namespace"] == "llm"
+        if doc["kind"] not in CLUSTER_SCOPED:
+            assert doc["metadata"]["namespace"] == "llm"
     keys = [(d["kind"], d["metadata"]["name"]) for d in docs]
     assert len(keys) == len(set(keys)), keys
 
@@ -374,3 +378,28 @@ def test_chart_expresses_the_kustomize_overlay_of_the_same_name(name: str) -> No
         )
         assert c_redis["containers"][0]["args"] == k_redis["containers"][0]["args"]
         assert c_redis["securityContext"] == k_redis["securityContext"]
+
+
+def test_metrics_auth_lets_the_epp_review_tokens_and_a_scraper_read(
+    rendered: tuple[str, list[Doc]],
+) -> None:
+    _, docs = rendered
+    by_key = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    (epp,) = [
+        d
+        for d in docs
+        if d["kind"] == "Deployment" and d["spec"]["template"]["spec"].get("serviceAccountName")
+    ]
+    args = epp["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--metrics-endpoint-auth=true" in args
+    reviewer = [d for (k, _), d in by_key.items() if k == "ClusterRole" and "auth-reviewer" in _]
+    assert len(reviewer) == 1
+    resources = {r for rule in reviewer[0]["rules"] for r in rule["resources"]}
+    assert resources == {"tokenreviews", "subjectaccessreviews"}
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == reviewer[0]["metadata"]["name"]
+    (subject,) = binding["subjects"]
+    sa = epp["spec"]["template"]["spec"]["serviceAccountName"]
+    assert (subject["name"], subject["namespace"]) == (sa, "llm")
+    reader = [d for (k, n), d in by_key.items() if k == "ClusterRole" and "metrics-reader" in n]
+    assert reader[0]["rules"] == [{"nonResourceURLs": ["/metrics", "/debug/*"], "verbs": ["get"]}]
