@@ -13,6 +13,7 @@ from epp.plugin.attributes import endpoint_attribute, with_attribute
 from epp.plugin.capabilities import (
     DEFAULT_CONFIRMATION_GRACE,
     DEFAULT_PRODUCE_TIMEOUT,
+    CandidateNarrower,
     ConfirmationGrace,
     EndpointForgetter,
     PollInterval,
@@ -117,6 +118,7 @@ __all__ = [
     "TOKENIZED_PROMPT",
     "TOPOLOGY",
     "Admitter",
+    "CandidateNarrower",
     "ConfirmationGrace",
     "Consumer",
     "CycleState",

@@ -10,6 +10,8 @@ built), with ``isinstance``; nothing on the request path asks a plugin what it c
 - ``ReservingDetector`` (``SaturationDetector``): flow control reserves and releases capacity.
 - ``StaleEndpointCounter`` and ``ConfirmationGrace`` (``SaturationDetector``): how stale its
   inputs are, and how long freed capacity takes to show in its reading.
+- ``CandidateNarrower`` (``SaturationDetector``): removes endpoints from the candidates of every
+  request (the utilization detector's ``stalenessPolicy: exclude``).
 
 Typed data keys (``Consumer``, ``DataProducer``) are in ``epp.plugin.keys`` and
 ``epp.plugin.protocols``.
@@ -81,3 +83,12 @@ class ConfirmationGrace(Protocol):
     (flow control waits this long before it trusts a lower saturation)."""
 
     def confirmation_grace(self) -> float: ...
+
+
+@runtime_checkable
+class CandidateNarrower(Protocol):
+    """A ``SaturationDetector`` that takes endpoints out of routing: the Director schedules every
+    request over ``routable(now, candidates)`` (after the subset hint). It must never return an
+    empty list for a non-empty input."""
+
+    def routable(self, now: float, endpoints: Sequence[Endpoint]) -> Sequence[Endpoint]: ...

@@ -17,7 +17,8 @@ from epp.requestcontrol.rewrites import ModelRewrite, RewriteRule, RewriteStore,
 from tests.builders import make_endpoint, make_request
 
 PIPELINE: Any = SimpleNamespace(
-    parsers=[], producers=[], producer_timeouts=[], request_header=[], response_headers=[]
+    parsers=[], producers=[], producer_timeouts=[], request_header=[], response_headers=[],
+    saturation_detector=None,
 )
 
 
