@@ -35,7 +35,7 @@ from typing import Any
 
 from epp.config.pipeline import Pipeline
 from epp.flowcontrol.controller import FlowController
-from epp.observability.decisions import DecisionLog
+from epp.observability.decisions import DecisionLog, loggable
 from epp.observability.recorder import RequestStats
 from epp.plugin import (
     DEFAULT_FAIRNESS_ID,
@@ -188,7 +188,7 @@ class Director:
             self._stats.on_error(request, err.code.label)
         self.decisions.record_error(request, err.code.http_status, err.body, err.drop_reason)
         if err.code.http_status >= 500:
-            log.warning("request %s failed: %s", request and request.request_id, err)
+            log.warning("request %s failed: %s", loggable(request and request.request_id), err)
 
     def protocol_error(self, reason: str) -> None:
         """The data plane broke the ext_proc protocol on one stream (``epp.server.misuse``)."""

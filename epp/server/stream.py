@@ -63,6 +63,7 @@ from typing import Any
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from epp.observability.decisions import loggable
 from epp.plugin import ErrorCode, InferenceError, TerminationCause, wire
 from epp.requestcontrol.director import Decision, Exchange
 from epp.server import messages
@@ -206,7 +207,7 @@ class RequestStream:
         except InferenceError as err:
             return [self._fail(err)]
         except Exception:
-            log.exception("request %s: unexpected error while scheduling", ex.request.request_id)
+            log.exception("request %s: scheduling failed", loggable(ex.request.request_id))
             unexpected = "unexpected error while scheduling the request; see the EPP log"
             return [self._fail(InferenceError(ErrorCode.INTERNAL, unexpected))]
         self.body = bytearray()  # the decision holds the body to forward
