@@ -18,6 +18,7 @@ from epp.plugin.capabilities import (
     EndpointForgetter,
     PollInterval,
     ProducerTimeout,
+    ReachabilityProbe,
     ReservingDetector,
     StaleEndpointCounter,
 )
@@ -164,6 +165,7 @@ __all__ = [
     "Profile",
     "ProfileHandler",
     "ProfileResult",
+    "ReachabilityProbe",
     "ReadinessChecker",
     "ReplicaSyncer",
     "RequestBody",

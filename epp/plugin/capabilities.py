@@ -7,6 +7,8 @@ built), with ``isinstance``; nothing on the request path asks a plugin what it c
 - ``ProducerTimeout`` (``DataProducer``): its own budget instead of the default 400 ms.
 - ``PollInterval`` (``DataSource``): polled every ``interval_seconds`` instead of every tick.
 - ``EndpointForgetter`` (``DataSource``): told when an endpoint leaves, to drop its state.
+- ``ReachabilityProbe`` (``DataSource``): its poll connects to the port the endpoint serves on,
+  so a refused connection means the endpoint is down.
 - ``ReservingDetector`` (``SaturationDetector``): flow control reserves and releases capacity.
 - ``StaleEndpointCounter`` and ``ConfirmationGrace`` (``SaturationDetector``): how stale its
   inputs are, and how long freed capacity takes to show in its reading.
@@ -38,6 +40,16 @@ class ProducerTimeout(Protocol):
     producer that overruns is cancelled and the request is scheduled without its data."""
 
     def produce_timeout(self) -> float: ...
+
+
+@runtime_checkable
+class ReachabilityProbe(Protocol):
+    """A ``DataSource`` whose poll reaches the endpoint's serving port: when ``reaches_endpoint``
+    is true, a poll failing with a refused connection (``ConnectionRefusedError``) takes the
+    endpoint out of routing until a poll succeeds again (``epp.datalayer.store``)."""
+
+    @property
+    def reaches_endpoint(self) -> bool: ...
 
 
 @runtime_checkable

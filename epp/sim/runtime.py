@@ -126,7 +126,7 @@ class PodRuntime:
     # ---- test control --------------------------------------------------------------------
     def set_faults(self, faults: Faults) -> None:
         self.faults = faults
-        if not faults.stall_metrics:
+        if not faults.holds_requests:
             self.faults_cleared.set()
             self.faults_cleared = asyncio.Event()
 

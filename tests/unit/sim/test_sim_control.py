@@ -31,6 +31,10 @@ def test_overrides_parse_rejects_when_body_is_invalid(body: Any) -> None:
         pytest.param({"error_status": 200}, id="status-not-an-error"),
         pytest.param({"stall_metrics": 1}, id="flag-not-bool"),
         pytest.param({"die_mid_stream_after_chunks": -2}, id="negative-chunks"),
+        pytest.param({"metrics_status": 200}, id="metrics-status-not-an-error"),
+        pytest.param({"metrics_garbage": "yes"}, id="garbage-not-bool"),
+        pytest.param({"black_hole": 1}, id="black-hole-not-bool"),
+        pytest.param({"metrics_delay_ms": -1}, id="negative-metrics-delay"),
     ],
 )
 def test_faults_parse_rejects_when_body_is_invalid(body: Any) -> None:
