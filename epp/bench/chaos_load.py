@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -45,6 +45,12 @@ class StreamLoad:
     max_tokens: int = 48
     request_timeout: float = 5.0
     backoff: float = 0.05
+    pause: float = 0.0
+    """Think time after every request (a soak's modest pace)."""
+    models: Sequence[str] = (MODEL,)
+    """Model names, taken in turn (LoRA adapters in a soak)."""
+    headers: Callable[[int], Mapping[str, str]] | None = None
+    """Extra request headers of request ``i`` (fairness ids, sessions)."""
     shots: list[Shot] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task[None] | None = None
@@ -72,18 +78,21 @@ class StreamLoad:
             self.shots.append(shot)
             await self._send(http, shot)
             shot.ended = time.perf_counter()
-            if not shot.ok:
-                await asyncio.sleep(self.backoff)
+            wait = self.pause if shot.ok else max(self.pause, self.backoff)
+            if wait:
+                await asyncio.sleep(wait)
 
     async def _send(self, http: aiohttp.ClientSession, shot: Shot) -> None:
         body = {
-            "model": MODEL,
+            "model": self.models[shot.index % len(self.models)],
             "prompt": f"chaos request {shot.index}: say something",
             "max_tokens": self.max_tokens,
             "stream": True,
         }
         try:
-            async with http.post(f"{self.url}/v1/completions", json=body) as resp:
+            headers = self.headers(shot.index) if self.headers is not None else None
+            url = f"{self.url}/v1/completions"
+            async with http.post(url, json=body, headers=headers) as resp:
                 shot.status = resp.status
                 shot.pod = resp.headers.get("x-sim-pod", "")
                 if resp.status != 200:

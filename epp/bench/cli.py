@@ -51,6 +51,10 @@ passed through, RSS growth and the ``/metrics`` size, see ``epp/bench/fuzz.py``.
 ``epp bench chaos [--scenarios ...]`` kills pods and the EPP, breaks ``/metrics``, black-holes a
 pod, churns discovery and stops the Kubernetes API server under load through Envoy, and reports
 each fault's client-visible outcome in numbers, see ``epp/bench/chaos.py``.
+
+``epp bench soak --minutes N`` runs mixed load (agentic, streaming, LoRA, flow control on) and
+samples RSS, descriptors, asyncio tasks and the bounded maps over time, see
+``epp/bench/soak.py``.
 """
 
 from __future__ import annotations
@@ -113,6 +117,7 @@ SUBCOMMANDS = {
     "replicas": "epp.bench.replicas",
     "fuzz": "epp.bench.fuzz",
     "chaos": "epp.bench.chaos",
+    "soak": "epp.bench.soak",
 }
 """``epp bench <name>``: the module whose ``main(argv)`` runs it (imported only when asked)."""
 

@@ -6,11 +6,16 @@
 - ``/debug/plugins/state``: what ``StateDumper`` plugins report (upstream's path).
 - ``/debug/decisions[?limit=N]`` and ``/debug/decisions/<request id>``: the explain view of
   recent routing decisions (``epp.observability.decisions``).
+- ``/debug/runtime``: the process's asyncio tasks (on the App's event loop), open file
+  descriptors, threads and RSS, for leak hunting (``epp bench soak`` samples it).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -47,6 +52,7 @@ class MetricsServer:
         web_app.router.add_get("/debug/plugins/state", self._state)
         web_app.router.add_get("/debug/decisions", self._decisions)
         web_app.router.add_get("/debug/decisions/{request_id}", self._decision)
+        web_app.router.add_get("/debug/runtime", self._runtime)
         self._runner = web.AppRunner(web_app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
@@ -98,6 +104,25 @@ class MetricsServer:
     async def _state(self, _: web.Request) -> web.Response:
         state = {str(p.typed_name): dict(p.dump_state()) for p in self._views.dumpers}
         return web.json_response(state, dumps=_dumps)
+
+
+    async def _runtime(self, _: web.Request) -> web.Response:
+        return web.json_response(runtime_stats())
+
+
+def runtime_stats() -> dict[str, int]:
+    """asyncio tasks of the running loop, open descriptors, threads and RSS of this process
+    (``-1`` where ``/proc`` does not tell)."""
+    out = {"asyncioTasks": len(asyncio.all_tasks()), "openFds": -1, "threads": -1, "rssBytes": -1}
+    with contextlib.suppress(OSError):
+        out["openFds"] = len(os.listdir("/proc/self/fd"))
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                out["rssBytes"] = int(line.split()[1]) * 1024
+            elif line.startswith("Threads:"):
+                out["threads"] = int(line.split()[1])
+    return out
 
 
 def _dumps(obj: Any) -> str:
