@@ -41,22 +41,32 @@ async def epp_kill(opts: ChaosOptions, *, fail_open: bool) -> Row:
         await asyncio.sleep(opts.after)
         shots = await load.stop()
     row.count(shots)
-    row.recovery_s = _recovery(shots, t_kill, t_restart)
+    down = between(shots, t_kill, t_restart)
     if fail_open:
         row.ok = row.failed == 0
-    else:
-        # every failure was in flight at the kill or sent while the EPP was away
-        outage = [s for s in failures(shots) if s.sent < t_restart + row.recovery_s]
-        row.attributed = len([s for s in outage if s.ended >= t_kill])
-        row.ok = row.unexplained == 0 and row.recovery_s == row.recovery_s  # recovered (not NaN)
+        row.notes.append(
+            f"EPP down {t_restart - t_kill:.1f} s: {len(down)} requests sent meanwhile, "
+            f"{sum(1 for s in down if s.ok)} answered (the fallback route); its process ready "
+            f"{t_ready - t_restart:.1f} s after the restart"
+        )
+        return row
+    row.recovery_s = _recovery(shots, t_restart)
+    # every failure was in flight at the kill or sent before the EPP answered again
+    row.attributed = len(
+        [s for s in failures(shots) if s.ended >= t_kill and s.sent < t_restart + row.recovery_s]
+    )
+    row.ok = row.unexplained == 0 and row.recovery_s == row.recovery_s  # recovered (not NaN)
+    cut = [s for s in failures(shots) if s.sent < t_kill]
     row.notes.append(
-        f"EPP down {t_restart - t_kill:.1f} s, its process ready {t_ready - t_restart:.1f} s "
-        f"after the restart; first request answered {row.recovery_s:.2f} s after the restart"
+        f"EPP down {t_restart - t_kill:.1f} s; {len(cut)} streams in flight at the kill cut, "
+        f"{row.failed - len(cut)} requests refused (500) until it answered again (clients "
+        f"retry after 50 ms); its process ready {t_ready - t_restart:.1f} s after the restart, "
+        f"first request answered {row.recovery_s:.2f} s after the restart"
     )
     return row
 
 
-def _recovery(shots: list[Shot], t_kill: float, t_restart: float) -> float:
+def _recovery(shots: list[Shot], t_restart: float) -> float:
     """Seconds from ``t_restart`` to the first request sent after it that succeeded."""
     after = [s for s in shots if s.ok and s.sent >= t_restart]
     return min((s.sent - t_restart for s in after), default=float("nan"))

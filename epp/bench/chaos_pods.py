@@ -105,10 +105,15 @@ async def pod_kill(opts: ChaosOptions) -> Row:
     late = [s for s in routed_dead if s.sent - t_kill > SCRAPE_INTERVAL]
     served_after = [s for s in shots if s.ok and sim_pod(s.pod) == "pod-3" and s.sent > t_kill]
     row.ok = row.unexplained == 0 and not late and not served_after
+    after = (
+        f"the last {row.stop_routing_ms:.0f} ms after it (sent time), {len(late)} of them more "
+        f"than one scrape interval ({SCRAPE_INTERVAL * 1000:.0f} ms) after"
+        if routed_dead
+        else "none after it"
+    )
     row.notes.append(
-        f"{len(in_flight)} failures in flight on the killed pod, {len(routed_dead)} routed to it "
-        f"after its death (the last {row.stop_routing_ms:.0f} ms after, sent time), {len(late)} "
-        f"of them more than one scrape interval ({SCRAPE_INTERVAL * 1000:.0f} ms) after"
+        f"{len(in_flight)} failures in flight on the killed pod; {len(routed_dead)} requests "
+        f"routed to it after its death, {after}"
     )
     return row
 
