@@ -15,8 +15,9 @@ the built-in default config plus flow control (``concurrency-detector``,
   ``x-session-id`` session (so sessions keep starting and expiring), each client pausing
   ``--pause`` seconds between requests.
 
-``response-affinity-filter`` runs with a 5-minute TTL (default 1 h) so that every map reaches its
-bound (TTL or capacity) within the warm-up and growth after it means a leak.
+``response-affinity-filter`` runs with a 5-minute TTL (default 1 h), and the pods hold 64,000
+tokens of KV each (the prefix index is sized by it), so that every map reaches its bound (TTL or
+capacity) within the warm-up and growth after it means a leak.
 
 Every ``--sample`` seconds it records the EPP process's RSS, open descriptors, threads and
 asyncio tasks (``/debug/runtime``), the sizes of its bounded maps (``/debug/plugins/state``:
@@ -53,8 +54,15 @@ from epp.localstack.eppconfig import epp_config_text
 
 LORAS = ("sql-lora", "chat-lora")
 FLEET = FleetSpec(
-    pods=4, lora_adapters=LORAS, max_loras=2, time_scale=10.0, max_model_len=65_536
+    pods=4,
+    lora_adapters=LORAS,
+    max_loras=2,
+    time_scale=10.0,
+    num_gpu_blocks=4_000,
+    max_model_len=65_536,
 )
+"""KV for 64,000 tokens per pod, so the prefix index (sized by the pods' KV) fills within the
+warm-up."""
 
 
 @dataclass
