@@ -153,7 +153,7 @@ class App:
             flow=self.flow,
             pipeline=self.pipeline,
             scheduler=scheduler,
-            endpoints=self.store.snapshot,
+            endpoints=self.store.routable,
             objectives=self.objectives,
             clock=time.monotonic,
             rng=random.Random(self.settings.seed),

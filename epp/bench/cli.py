@@ -47,12 +47,21 @@ Redis outage and a replica restart under load, and ``epp --workers 2`` against o
 ``epp bench fuzz [--sequences N] [--model-names N] [--seed S]`` drives seeded adversarial ext_proc
 streams at an in-process EPP and reports crashes, hung streams, silent failures, control headers
 passed through, RSS growth and the ``/metrics`` size, see ``epp/bench/fuzz.py``.
+
+``epp bench chaos [--scenarios ...]`` kills pods and the EPP, breaks ``/metrics``, black-holes a
+pod, churns discovery and stops the Kubernetes API server under load through Envoy, and reports
+each fault's client-visible outcome in numbers, see ``epp/bench/chaos.py``.
+
+``epp bench soak --minutes N`` runs mixed load (agentic, streaming, LoRA, flow control on) and
+samples RSS, descriptors, asyncio tasks and the bounded maps over time, see
+``epp/bench/soak.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import sys
 from pathlib import Path
 
@@ -103,24 +112,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _fuzz(argv: list[str]) -> int:
-    from epp.bench.fuzz import main as fuzz_main
-
-    return fuzz_main(argv)
+SUBCOMMANDS = {
+    "micro": "epp.bench.micro",
+    "replicas": "epp.bench.replicas",
+    "fuzz": "epp.bench.fuzz",
+    "chaos": "epp.bench.chaos",
+    "soak": "epp.bench.soak",
+}
+"""``epp bench <name>``: the module whose ``main(argv)`` runs it (imported only when asked)."""
 
 
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] == ["micro"]:
-        from epp.bench.micro import main as micro_main
-
-        return micro_main(args_list[1:])
-    if args_list[:1] == ["replicas"]:
-        from epp.bench.replicas import main as replicas_main
-
-        return replicas_main(args_list[1:])
-    if args_list[:1] == ["fuzz"]:
-        return _fuzz(args_list[1:])
+    if args_list and args_list[0] in SUBCOMMANDS:
+        module = importlib.import_module(SUBCOMMANDS[args_list[0]])
+        return int(module.main(args_list[1:]))
     parser = build_parser()
     args = parser.parse_args(args_list)
     try:

@@ -50,6 +50,9 @@ class EppSet:
     """``--workers`` of each replica (above 1 needs ``shared``: the workers share through Redis)."""
     extra_args: Sequence[str] = ()
     envoy_max_streams: int = 0
+    envoy_config: str = "full-duplex"
+    """The ``deploy/envoy`` config Envoy runs (``buffered-failopen`` fails open to ``fallback``)."""
+    fallback: Sequence[tuple[str, int]] = ()
     redis: RedisServer | None = None
     envoy: Envoy | None = None
     procs: list[Proc] = field(default_factory=list)
@@ -81,8 +84,9 @@ class EppSet:
             for i in range(self.replicas):
                 self.start_replica(i, timeout)
             self.envoy = Envoy(
-                "full-duplex",
+                self.envoy_config,
                 epp_port=self.ports[0].grpc,
+                fallback=self.fallback,
                 epp_tls=False,
                 epp_replicas=[p.grpc for p in self.ports[1:]],
                 epp_max_streams=self.envoy_max_streams,

@@ -20,6 +20,9 @@ missed slots instead of firing them in a burst. Each endpoint's grid is offset b
 fraction of the interval derived from its id, so a thousand endpoints do not all scrape in the
 same millisecond. Endpoints have separate tasks, so a hung endpoint delays nobody else.
 
+A poll of a ``ReachabilityProbe`` source refused by the endpoint (``ConnectionRefusedError``)
+marks the endpoint down in the store (out of routing); its next successful poll marks it up.
+
 Errors go to ``on_poll_error(source_type, endpoint_id, exc)`` /
 ``on_extract_error(source_type, extractor_type, exc)`` (the metrics counters) every time, and to
 the log at most once per ``error_log_interval`` seconds per endpoint and source or extractor.
@@ -47,6 +50,7 @@ from epp.plugin import (
     Extractor,
     Metrics,
     PollInterval,
+    ReachabilityProbe,
 )
 
 MIN_INTERVAL: Final = 0.05
@@ -57,18 +61,21 @@ ExtractErrorCallback = Callable[[str, str, Exception], None]
 
 
 class SourcePipeline(NamedTuple):
-    """One data source, the extractors its payload goes through, and its poll interval in
-    seconds (0 = every tick)."""
+    """One data source, the extractors its payload goes through, its poll interval in seconds
+    (0 = every tick), and whether a refused poll means the endpoint is down."""
 
     source: DataSource
     extractors: Sequence[Extractor]
     interval: float = 0.0
+    probe: bool = False
 
     @classmethod
     def of(cls, source: DataSource, extractors: Sequence[Extractor]) -> SourcePipeline:
-        """The pipeline of ``source``, its interval read from ``PollInterval`` if it has one."""
+        """The pipeline of ``source``, its interval read from ``PollInterval`` and its probing
+        from ``ReachabilityProbe`` if it has them."""
         interval = float(source.interval_seconds) if isinstance(source, PollInterval) else 0.0
-        return cls(source, tuple(extractors), interval)
+        probe = isinstance(source, ReachabilityProbe) and bool(source.reaches_endpoint)
+        return cls(source, tuple(extractors), interval, probe)
 
 
 class NotificationPipeline(NamedTuple):
@@ -101,6 +108,7 @@ class Collector:
         polled = [p for p in pipelines if isinstance(p, SourcePipeline)]
         self._pipelines = tuple((p.source, tuple(p.extractors)) for p in polled)
         self._every = tuple(max(1, round(p.interval / self._interval)) for p in polled)
+        self._probes = frozenset(id(p.source) for p in polled if p.probe)
         self._forgetters = tuple(
             p.source for p in polled if isinstance(p.source, EndpointForgetter)
         )
@@ -241,8 +249,12 @@ class Collector:
             self._poll_failed(source_type, endpoint.id, timeout)
             return
         except Exception as exc:
+            if isinstance(exc, ConnectionRefusedError) and id(source) in self._probes:
+                self._store.mark_down(endpoint.id)
             self._poll_failed(source_type, endpoint.id, exc)
             return
+        if id(source) in self._probes:
+            self._store.mark_up(endpoint.id)
         # Read the stored endpoint again: another source may have updated it during the poll.
         current = self._store.get(endpoint.id)
         if current is None:

@@ -6,6 +6,11 @@ creates new ``Endpoint`` objects (``dataclasses.replace``) and readers holding a
 keep a consistent view. ``snapshot()`` is called once per request: it returns a cached tuple that
 is rebuilt only after a change.
 
+``routable()`` is what requests are scheduled over: the snapshot without the endpoints the
+collector found *down* (a refused connection on their serving port, ``mark_down``) until one of
+their scrapes succeeds (``mark_up``); when every endpoint is down it is the whole snapshot, so
+this alone never fails a request.
+
 Listeners registered with ``add_listener`` are called with the new id set whenever the set of
 endpoint ids changes (not on metric updates or on address/label changes of an existing id).
 Everything runs on the event loop thread; nothing here is thread-safe.
@@ -26,6 +31,8 @@ class Datastore:
         self._clock = clock
         self._endpoints: dict[str, Endpoint] = {}
         self._snapshot: tuple[Endpoint, ...] | None = ()
+        self._routable: tuple[Endpoint, ...] | None = ()
+        self._down: set[str] = set()
         self._listeners: list[Listener] = []
         self.version = 0
         self.changed_at = clock()
@@ -45,6 +52,7 @@ class Datastore:
             return
         ids_changed = fresh.keys() != self._endpoints.keys()
         self._endpoints = fresh
+        self._down &= fresh.keys()
         self._changed()
         if ids_changed:
             ids = frozenset(fresh)
@@ -66,6 +74,29 @@ class Datastore:
         if self._snapshot is None:
             self._snapshot = tuple(self._endpoints.values())
         return self._snapshot
+
+    def routable(self) -> tuple[Endpoint, ...]:
+        """The snapshot less the endpoints that are down (all of it if all are down)."""
+        if self._routable is None:
+            snapshot = self.snapshot()
+            up = tuple(e for e in snapshot if e.id not in self._down) if self._down else snapshot
+            self._routable = up or snapshot
+        return self._routable
+
+    def mark_down(self, endpoint_id: str) -> None:
+        """Nothing listens on the endpoint's serving port: out of ``routable()``."""
+        if endpoint_id in self._endpoints and endpoint_id not in self._down:
+            self._down.add(endpoint_id)
+            self._routable = None
+
+    def mark_up(self, endpoint_id: str) -> None:
+        if endpoint_id in self._down:
+            self._down.discard(endpoint_id)
+            self._routable = None
+
+    @property
+    def down(self) -> frozenset[str]:
+        return frozenset(self._down)
 
     def get(self, endpoint_id: str) -> Endpoint | None:
         return self._endpoints.get(endpoint_id)
@@ -96,6 +127,6 @@ class Datastore:
             self._listeners.remove(listener)
 
     def _changed(self) -> None:
-        self._snapshot = None
+        self._snapshot = self._routable = None
         self.version += 1
         self.changed_at = self._clock()

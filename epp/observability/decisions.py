@@ -41,6 +41,16 @@ def clip(value: str, limit: int = MAX_FIELD_CHARS) -> str:
     return value if len(value) <= limit else value[: limit - 1] + "…"
 
 
+def loggable(value: object, limit: int = 128) -> str:
+    """A client-chosen string as a log line may carry it: cut to ``limit`` characters and with
+    every non-printable character (newline, escape, ...) escaped, so one request can neither
+    forge log lines nor write a megabyte into one."""
+    text = clip(str(value), limit)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class DecisionLog:
     def __init__(self, capacity: int = 512) -> None:
         self._capacity = capacity

@@ -45,6 +45,8 @@ from typing import IO, Any, Final
 
 import structlog
 
+from epp.observability.decisions import loggable
+
 TRACE: Final = 5
 """Python level of logr ``V(5)`` (trace) lines; ``V(4)`` is ``logging.DEBUG``."""
 
@@ -69,7 +71,7 @@ _STD_KEYS: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))
 def fields(request: Any = None, plugin: Any = None, **more: Any) -> dict[str, Any]:
     """The ``extra`` of a log call: ``request_id`` of ``request``, ``plugin`` (its typed name)
     and ``more``, e.g. ``log.warning("hook failed", extra=fields(request, hook))``."""
-    out: dict[str, Any] = {} if request is None else {"request_id": request.request_id}
+    out: dict[str, Any] = {} if request is None else {"request_id": loggable(request.request_id)}
     if plugin is not None:
         out["plugin"] = str(plugin.typed_name)
     return {**out, **more}

@@ -7,10 +7,14 @@ built), with ``isinstance``; nothing on the request path asks a plugin what it c
 - ``ProducerTimeout`` (``DataProducer``): its own budget instead of the default 400 ms.
 - ``PollInterval`` (``DataSource``): polled every ``interval_seconds`` instead of every tick.
 - ``EndpointForgetter`` (``DataSource``): told when an endpoint leaves, to drop its state.
+- ``ReachabilityProbe`` (``DataSource``): its poll connects to the port the endpoint serves on,
+  so a refused connection means the endpoint is down.
 - ``ReservingDetector`` (``SaturationDetector``): flow control reserves and releases capacity.
 - ``StaleEndpointCounter`` and ``ConfirmationGrace`` (``SaturationDetector``): how stale its
   inputs are, and how long freed capacity takes to show in its reading.
 - ``AppProtocols`` (``Parser``): the InferencePool ``appProtocol`` values it can serve.
+- ``CandidateNarrower`` (``SaturationDetector``): removes endpoints from the candidates of every
+  request (the utilization detector's ``stalenessPolicy: exclude``).
 
 Typed data keys (``Consumer``, ``DataProducer``) are in ``epp.plugin.keys`` and
 ``epp.plugin.protocols``.
@@ -37,6 +41,16 @@ class ProducerTimeout(Protocol):
     producer that overruns is cancelled and the request is scheduled without its data."""
 
     def produce_timeout(self) -> float: ...
+
+
+@runtime_checkable
+class ReachabilityProbe(Protocol):
+    """A ``DataSource`` whose poll reaches the endpoint's serving port: when ``reaches_endpoint``
+    is true, a poll failing with a refused connection (``ConnectionRefusedError``) takes the
+    endpoint out of routing until a poll succeeds again (``epp.datalayer.store``)."""
+
+    @property
+    def reaches_endpoint(self) -> bool: ...
 
 
 @runtime_checkable
@@ -97,3 +111,12 @@ class AppProtocols(Protocol):
     this capability, or with an empty list, puts no constraint on the pool."""
 
     def app_protocols(self) -> tuple[str, ...]: ...
+
+
+@runtime_checkable
+class CandidateNarrower(Protocol):
+    """A ``SaturationDetector`` that takes endpoints out of routing: the Director schedules every
+    request over ``routable(now, candidates)`` (after the subset hint). It must never return an
+    empty list for a non-empty input."""
+
+    def routable(self, now: float, endpoints: Sequence[Endpoint]) -> Sequence[Endpoint]: ...

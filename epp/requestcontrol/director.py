@@ -1,8 +1,8 @@
 """The Director: owns one request from its headers to its completion.
 
 Request side (spec §5.3): parse → target model → objective/priority → admission (flow control,
-or legacy shedding) → candidates (pool ∩ subset hint) → data producers → admitters → scheduler →
-pre-request hooks. Every failure is an ``InferenceError`` carrying its wire status.
+or legacy shedding) → candidates (pool ∩ subset hint, less what a ``CandidateNarrower`` detector
+excludes) → producers → admitters → scheduler → pre-request hooks. Failures: ``InferenceError``.
 
 Response side: the response headers run the ``ResponseHeaders`` hooks; body chunks feed the
 parser's usage extraction, then the ``ResponseStreaming`` hooks (a held, non-streamed response:
@@ -39,6 +39,7 @@ from epp.observability.recorder import RequestStats
 from epp.observability.tracing import TRACE_KEY, RequestTrace
 from epp.plugin import (
     DEFAULT_FAIRNESS_ID,
+    CandidateNarrower,
     CycleState,
     Endpoint,
     ErrorCode,
@@ -97,6 +98,8 @@ class Director:
         self._clock = clock
         self._rng = rng or random.Random()
         self._subset_filter = subset_filter
+        narrower = pipeline.saturation_detector
+        self._narrower = narrower if isinstance(narrower, CandidateNarrower) else None
         self._router = ParserRouter(pipeline.parsers)
         self._producers = tuple(zip(pipeline.producers, pipeline.producer_timeouts, strict=True))
         self._header_processors = tuple(pipeline.request_header)
@@ -154,15 +157,16 @@ class Director:
         return Exchange(self.new_request(headers), started=time.monotonic())
 
     def candidates(self, metadata: Mapping[str, Any]) -> Sequence[Endpoint]:
-        """Pool endpoints, narrowed by the data plane's subset hint (IP match, spec §1.5)."""
+        """Pool endpoints, narrowed by the subset hint (IP match, spec §1.5) and the narrower."""
         pool = self._endpoints()
-        if not self._subset_filter:
-            return pool
-        subset = wire.subset_hint(metadata)
-        if subset is None:
-            return pool
-        ips = {wire.host_of(entry) for entry in subset}
-        return [e for e in pool if e.address in ips]
+        if self._subset_filter:
+            subset = wire.subset_hint(metadata)
+            if subset is not None:
+                ips = {wire.host_of(entry) for entry in subset}
+                pool = [e for e in pool if e.address in ips]
+        if self._narrower is not None and pool:
+            pool = self._narrower.routable(self._clock(), pool)
+        return pool
 
     def pick_random(self, metadata: Mapping[str, Any]) -> Endpoint:
         """Header-only requests: a uniformly random endpoint (subset hint honoured)."""

@@ -12,10 +12,16 @@
      "error_status": 503,              # default 503
      "drop_connection_rate": 0.1,      # share of inference requests whose connection is cut
      "stall_metrics": true,            # /metrics hangs until the fault is cleared (max 60 s)
-     "die_mid_stream_after_chunks": 3} # streams are cut after this many SSE chunks
+     "die_mid_stream_after_chunks": 3, # streams are cut after this many SSE chunks
+     "metrics_delay_ms": 300,          # /metrics only: wall-clock delay before answering
+     "metrics_status": 503,            # /metrics only: answered with this status, empty body
+     "metrics_garbage": true,          # /metrics only: 200 with bytes that are no metrics page
+     "black_hole": true}               # every request (inference and /metrics) is accepted and
+                                       # never answered until the fault is cleared (max 60 s)
 
 Faults apply to the inference endpoints (completions, chat, responses); ``slow_ms`` also delays
-``/metrics``. Decisions use the pod's seeded random generator, so a run is reproducible.
+``/metrics``; the ``metrics_*`` faults apply to ``/metrics`` only. Decisions use the pod's
+seeded random generator, so a run is reproducible.
 """
 
 from __future__ import annotations
@@ -99,6 +105,15 @@ class Faults:
     drop_connection_rate: float = 0.0
     stall_metrics: bool = False
     die_mid_stream_after_chunks: int | None = None
+    metrics_delay_ms: float = 0.0
+    metrics_status: int = 0
+    metrics_garbage: bool = False
+    black_hole: bool = False
+
+    @property
+    def holds_requests(self) -> bool:
+        """Some request waits for the fault to be cleared."""
+        return self.stall_metrics or self.black_hole
 
     @classmethod
     def parse(cls, body: Any) -> Faults:
@@ -109,6 +124,10 @@ class Faults:
             "drop_connection_rate": lambda v, k: _number(v, k, 0.0, 1.0),
             "stall_metrics": _flag,
             "die_mid_stream_after_chunks": _count,
+            "metrics_delay_ms": lambda v, k: _number(v, k, 0.0, 600_000.0),
+            "metrics_status": lambda v, k: int(_number(v, k, 400, 599)),
+            "metrics_garbage": _flag,
+            "black_hole": _flag,
         }
         result: Faults = _parse(cls, body, parsers)
         return result

@@ -10,6 +10,7 @@ a decode leg after a remote prefill, or in full.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,8 @@ from epp.sim.openai import ApiError, Parsed, parse_chat, parse_completion, parse
 from epp.sim.runtime import PodRuntime
 from epp.sim.tokenizer import detokenize
 from epp.sim.wire import DONE, Format, ResponsesFormat, formatter
+
+_BLACK_HOLE_LIMIT_S = 60.0  # a black-holed request is answered at the latest after this long
 
 RUNTIME = web.AppKey("runtime", PodRuntime)
 PORT = web.AppKey("port", int)
@@ -75,6 +78,10 @@ def _drop_connection(request: web.Request) -> web.Response:
 
 async def _faults(request: web.Request, runtime: PodRuntime) -> web.Response | None:
     faults = runtime.faults
+    if faults.black_hole:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(runtime.faults_cleared.wait(), _BLACK_HOLE_LIMIT_S)
+        faults = runtime.faults
     if faults.slow_ms:
         await asyncio.sleep(faults.slow_ms / 1000.0)
     if faults.drop_connection_rate and runtime.rng.random() < faults.drop_connection_rate:

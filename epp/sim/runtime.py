@@ -43,7 +43,8 @@ class ServeCounters:
     prefill_failures: int = 0
     """Decode requests whose remote prefill failed (its error went back to the client)."""
     stalled_scrapes: int = 0
-    """``/metrics`` requests held by the ``stall_metrics`` fault (counted when the hold begins)."""
+    """``/metrics`` requests held by ``stall_metrics`` or ``black_hole`` (counted as the hold
+    begins)."""
 
 
 class PodRuntime:
@@ -128,7 +129,7 @@ class PodRuntime:
     # ---- test control --------------------------------------------------------------------
     def set_faults(self, faults: Faults) -> None:
         self.faults = faults
-        if not faults.stall_metrics:
+        if not faults.holds_requests:
             self.faults_cleared.set()
             self.faults_cleared = asyncio.Event()
 

@@ -48,6 +48,7 @@ from epp.sim.openai import ApiError, Parsed, parse_chat, parse_completion
 from epp.sim.runtime import PodRuntime
 
 _STALL_LIMIT_S = 60.0  # a stalled /metrics answers at the latest after this long
+_GARBAGE = b"\x00\xff{not: metrics}\nvllm:num_requests_waiting{ one two\n\x1b[2J" * 64
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SIM_VERSION = "0.32.0+sim"
 
@@ -139,12 +140,18 @@ async def _version(request: web.Request) -> web.StreamResponse:
 
 async def _metrics(request: web.Request) -> web.StreamResponse:
     runtime = request.app[RUNTIME]
-    if runtime.faults.slow_ms:
-        await asyncio.sleep(runtime.faults.slow_ms / 1000.0)
-    if runtime.faults.stall_metrics:
+    faults = runtime.faults
+    delay_ms = faults.slow_ms + faults.metrics_delay_ms
+    if delay_ms:
+        await asyncio.sleep(delay_ms / 1000.0)
+    if faults.holds_requests:
         runtime.counters.stalled_scrapes += 1
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(runtime.faults_cleared.wait(), _STALL_LIMIT_S)
+    if faults.metrics_status:
+        return web.Response(status=faults.metrics_status)
+    if faults.metrics_garbage:
+        return web.Response(body=_GARBAGE, headers={"Content-Type": "text/plain"})
     # the content type prometheus_client serves (text format 0.0.4)
     return web.Response(
         body=runtime.render_metrics().encode(),

@@ -17,9 +17,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.app import App
+from epp.localstack.apiserver import LocalApiServer
 from epp.localstack.envoy import free_port
 from tests.conftest import make_settings
-from tests.k8s.apiserver import FakeApiServer
 
 POOL = "vllm-pool"
 MODEL_LABELS = {"app": "vllm"}
@@ -30,8 +30,8 @@ UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 
 
 @pytest.fixture
-def apiserver() -> Iterator[FakeApiServer]:
-    with FakeApiServer(bookmark_interval=0.2) as server:
+def apiserver() -> Iterator[LocalApiServer]:
+    with LocalApiServer(bookmark_interval=0.2) as server:
         yield server
 
 
@@ -59,7 +59,7 @@ async def kube_app(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     """``await kube_app(server, ready=True, **settings)`` → a running App against ``server``."""
     stack = contextlib.AsyncExitStack()
 
-    async def start(server: FakeApiServer, **kw: Any) -> App:
+    async def start(server: LocalApiServer, **kw: Any) -> App:
         kubeconfig = server.write_kubeconfig(tmp_path / f"kubeconfig-{len(stack._exit_callbacks)}")
         return await start_kube_app(stack, kubeconfig, **kw)
 

@@ -13,7 +13,9 @@ import pytest
 
 from epp.k8s.client import KubeLeases, load_api_client
 from epp.k8s.leader import Conflict, ElectionConfig, LeaderElector
-from tests.k8s.apiserver import LEASES, PODS, POOLS, FakeApiServer
+from epp.localstack.apiserver import LocalApiServer
+from epp.localstack.kubeapi import LEASES, PODS, POOLS
+from epp.localstack.kubeobjects import pod, pool
 from tests.k8s.conftest import (
     MODEL_LABELS,
     NOT_SERVING,
@@ -24,23 +26,22 @@ from tests.k8s.conftest import (
     leader_and_follower,
     wait_serving,
 )
-from tests.k8s.objects import pod, pool
 
 LEASE_NAME = f"epp-default-{POOL}.llm-d.ai"
 FAST = {"ha_lease_duration": 2.0, "ha_renew_deadline": 1.5, "ha_retry_period": 0.2}
 
 
-def seed(server: FakeApiServer) -> None:
+def seed(server: LocalApiServer) -> None:
     server.create(POOLS, pool(POOL, MODEL_LABELS))
     server.create(PODS, pod("vllm-a", "127.0.0.2", MODEL_LABELS))
 
 
-def holder(server: FakeApiServer) -> str:
+def holder(server: LocalApiServer) -> str:
     return str(server.get(LEASES, LEASE_NAME)["spec"].get("holderIdentity") or "")
 
 
 async def test_health_answers_service_unknown_when_leader_election_is_on(
-    apiserver: FakeApiServer, kube_app: Any
+    apiserver: LocalApiServer, kube_app: Any
 ) -> None:
     seed(apiserver)
     app = await kube_app(apiserver, ha_enable_leader_election=True, **FAST)
@@ -58,7 +59,7 @@ async def test_health_answers_service_unknown_when_leader_election_is_on(
 
 
 async def test_follower_takes_over_at_once_when_the_leader_drains(
-    apiserver: FakeApiServer, kube_app: Any
+    apiserver: LocalApiServer, kube_app: Any
 ) -> None:
     seed(apiserver)
     slow = {"ha_lease_duration": 30.0, "ha_renew_deadline": 20.0, "ha_retry_period": 0.2}
@@ -79,7 +80,7 @@ async def test_follower_takes_over_at_once_when_the_leader_drains(
 
 
 def test_stale_lease_write_is_refused_when_another_replica_wrote_first(
-    apiserver: FakeApiServer, tmp_path: Path
+    apiserver: LocalApiServer, tmp_path: Path
 ) -> None:
     api = load_api_client(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig")))
     leases = KubeLeases(api, "default")
@@ -103,7 +104,7 @@ def test_stale_lease_write_is_refused_when_another_replica_wrote_first(
 
 @pytest.mark.slow
 async def test_follower_becomes_ready_within_the_lease_duration_when_the_leader_is_killed(
-    apiserver: FakeApiServer, epp_processes: Any, tmp_path: Path
+    apiserver: LocalApiServer, epp_processes: Any, tmp_path: Path
 ) -> None:
     seed(apiserver)
     lease, renew, retry = 2.0, 1.5, 0.2
@@ -120,7 +121,7 @@ async def test_follower_becomes_ready_within_the_lease_duration_when_the_leader_
 
 @pytest.mark.slow
 async def test_lease_is_released_when_the_leader_gets_sigterm(
-    apiserver: FakeApiServer, epp_processes: Any, tmp_path: Path
+    apiserver: LocalApiServer, epp_processes: Any, tmp_path: Path
 ) -> None:
     seed(apiserver)
     kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")

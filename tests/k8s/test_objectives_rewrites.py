@@ -9,23 +9,23 @@ from typing import Any
 import pytest
 
 from epp.app import App
-from tests.conftest import body_msg, exchange, headers_msg, metrics_text, wait_for
-from tests.k8s.apiserver import (
+from epp.localstack.apiserver import LocalApiServer
+from epp.localstack.kubeapi import (
     LEGACY_OBJECTIVES,
     LEGACY_REWRITES,
     OBJECTIVES,
     PODS,
     POOLS,
     REWRITES,
-    FakeApiServer,
 )
+from epp.localstack.kubeobjects import objective, pod, pool, rewrite
+from tests.conftest import body_msg, exchange, headers_msg, metrics_text, wait_for
 from tests.k8s.conftest import MODEL_LABELS, POOL
-from tests.k8s.objects import objective, pod, pool, rewrite
 
 OBJECTIVE_HEADER = "x-llm-d-inference-objective"
 
 
-def seed(server: FakeApiServer) -> None:
+def seed(server: LocalApiServer) -> None:
     server.create(POOLS, pool(POOL, MODEL_LABELS))
     server.create(PODS, pod("vllm-a", "127.0.0.2", MODEL_LABELS))
     server.create(PODS, pod("vllm-b", "127.0.0.3", MODEL_LABELS))
@@ -40,7 +40,7 @@ def completion(model: str) -> bytes:
 
 
 async def test_priority_follows_the_objective_when_its_priority_changes(
-    apiserver: FakeApiServer, kube_app: Any
+    apiserver: LocalApiServer, kube_app: Any
 ) -> None:
     seed(apiserver)
     apiserver.create(OBJECTIVES, objective("chat", POOL, 5))
@@ -67,7 +67,7 @@ async def test_priority_follows_the_objective_when_its_priority_changes(
 async def test_objective_group_is_chosen_when_groups_are_installed(
     kube_app: Any, installed: tuple[Any, ...], expected: int
 ) -> None:
-    with FakeApiServer((PODS, POOLS, *installed), bookmark_interval=0.2) as server:
+    with LocalApiServer((PODS, POOLS, *installed), bookmark_interval=0.2) as server:
         seed(server)
         if OBJECTIVES in installed:
             server.create(OBJECTIVES, objective("batch", POOL, 7))
@@ -93,7 +93,7 @@ async def test_objective_group_is_chosen_when_groups_are_installed(
 async def test_rewrite_group_is_chosen_when_groups_are_installed(
     kube_app: Any, installed: tuple[Any, ...], expected: str
 ) -> None:
-    with FakeApiServer((PODS, POOLS, *installed), bookmark_interval=0.2) as server:
+    with LocalApiServer((PODS, POOLS, *installed), bookmark_interval=0.2) as server:
         seed(server)
         for resource, target in ((REWRITES, "new-group"), (LEGACY_REWRITES, "legacy-group")):
             if resource in installed:
@@ -107,7 +107,7 @@ async def test_rewrite_group_is_chosen_when_groups_are_installed(
 
 
 async def test_sheddable_objective_is_refused_when_the_pool_is_saturated(
-    apiserver: FakeApiServer, kube_app: Any
+    apiserver: LocalApiServer, kube_app: Any
 ) -> None:
     # The pods' metrics are never scraped (nothing listens on them), so the utilization detector
     # sees stale metrics: saturated. Only sheddable (priority < 0) requests are refused.
@@ -132,7 +132,7 @@ async def test_sheddable_objective_is_refused_when_the_pool_is_saturated(
 
 
 async def test_rewrite_splits_traffic_90_10_when_measured_over_2000_requests(
-    apiserver: FakeApiServer, kube_app: Any
+    apiserver: LocalApiServer, kube_app: Any
 ) -> None:
     seed(apiserver)
     rule = {
@@ -165,7 +165,7 @@ async def test_rewrite_splits_traffic_90_10_when_measured_over_2000_requests(
 
 
 async def test_rewrite_overrides_the_header_when_a_rule_matches_the_incoming_model(
-    apiserver: FakeApiServer, kube_app: Any
+    apiserver: LocalApiServer, kube_app: Any
 ) -> None:
     seed(apiserver)
     generic = {"targets": [{"modelRewrite": "fallback"}]}

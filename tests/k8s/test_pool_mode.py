@@ -7,10 +7,11 @@ from typing import Any
 import pytest
 
 from epp.app import App
+from epp.localstack.apiserver import LocalApiServer
+from epp.localstack.kubeapi import PODS, POOLS, Fault
+from epp.localstack.kubeobjects import pod, pool
 from tests.conftest import wait_for
-from tests.k8s.apiserver import PODS, POOLS, FakeApiServer, Fault
 from tests.k8s.conftest import MODEL_LABELS, POOL
-from tests.k8s.objects import pod, pool
 
 
 def ids(app: App) -> list[str]:
@@ -24,14 +25,14 @@ async def until(app: App, expected: list[str], timeout: float = 5.0) -> None:
         raise AssertionError(f"endpoints {ids(app)} never became {sorted(expected)}") from None
 
 
-def seed(server: FakeApiServer, *pods: tuple[str, str], ports: tuple[int, ...] = (8000,)) -> None:
+def seed(server: LocalApiServer, *pods: tuple[str, str], ports: tuple[int, ...] = (8000,)) -> None:
     server.create(POOLS, pool(POOL, MODEL_LABELS, ports))
     for name, ip in pods:
         server.create(PODS, pod(name, ip, MODEL_LABELS))
 
 
 async def test_endpoints_follow_pods_when_pods_come_and_go(
-    apiserver: FakeApiServer, kube_app: Any
+    apiserver: LocalApiServer, kube_app: Any
 ) -> None:
     seed(apiserver, ("vllm-a", "127.0.0.2"))
     app = await kube_app(apiserver)
@@ -74,7 +75,7 @@ async def test_endpoints_follow_pods_when_pods_come_and_go(
     ],
 )
 async def test_pod_endpoints_change_when_the_pod_changes(
-    apiserver: FakeApiServer, kube_app: Any, change: dict[str, Any], expected: list[str]
+    apiserver: LocalApiServer, kube_app: Any, change: dict[str, Any], expected: list[str]
 ) -> None:
     seed(apiserver, ("vllm-a", "127.0.0.2"), ports=(8000, 8001))
     app = await kube_app(apiserver)
@@ -89,7 +90,7 @@ async def test_pod_endpoints_change_when_the_pod_changes(
 
 
 async def test_deleted_pod_vanishes_when_the_watch_resumes_with_410(
-    apiserver: FakeApiServer, kube_app: Any
+    apiserver: LocalApiServer, kube_app: Any
 ) -> None:
     seed(apiserver, ("vllm-a", "127.0.0.2"), ("vllm-b", "127.0.0.3"))
     app = await kube_app(apiserver)
@@ -109,7 +110,7 @@ async def test_deleted_pod_vanishes_when_the_watch_resumes_with_410(
 
 
 async def test_endpoints_follow_the_selector_when_the_pool_selector_changes(
-    apiserver: FakeApiServer, kube_app: Any
+    apiserver: LocalApiServer, kube_app: Any
 ) -> None:
     seed(apiserver, ("vllm-a", "127.0.0.2"))
     apiserver.create(PODS, pod("sglang-a", "127.0.0.5", {"app": "sglang"}))
@@ -124,7 +125,7 @@ async def test_endpoints_follow_the_selector_when_the_pool_selector_changes(
 
 
 async def test_readiness_waits_for_the_first_sync_when_the_api_server_fails(
-    apiserver: FakeApiServer, kube_app: Any
+    apiserver: LocalApiServer, kube_app: Any
 ) -> None:
     seed(apiserver, ("vllm-a", "127.0.0.2"))
     apiserver.fail(Fault(status=500, path_contains="/pods", watch=False))
@@ -138,7 +139,7 @@ async def test_readiness_waits_for_the_first_sync_when_the_api_server_fails(
 
 
 async def test_readiness_turns_off_when_the_pool_is_deleted(
-    apiserver: FakeApiServer, kube_app: Any
+    apiserver: LocalApiServer, kube_app: Any
 ) -> None:
     seed(apiserver, ("vllm-a", "127.0.0.2"))
     app = await kube_app(apiserver)
@@ -151,7 +152,7 @@ async def test_readiness_turns_off_when_the_pool_is_deleted(
 
 
 async def test_bad_objects_are_skipped_when_they_do_not_decode(
-    apiserver: FakeApiServer, kube_app: Any
+    apiserver: LocalApiServer, kube_app: Any
 ) -> None:
     seed(apiserver, ("vllm-a", "127.0.0.2"))
     broken = pod("vllm-bad", "127.0.0.9", MODEL_LABELS)
@@ -168,7 +169,7 @@ async def test_bad_objects_are_skipped_when_they_do_not_decode(
 
 
 async def test_standalone_mode_watches_pods_only_when_given_a_selector(
-    apiserver: FakeApiServer, kube_app: Any
+    apiserver: LocalApiServer, kube_app: Any
 ) -> None:
     apiserver.create(PODS, pod("vllm-a", "127.0.0.2", {"app": "vllm", "role": "decode"}))
     apiserver.create(PODS, pod("vllm-p", "127.0.0.3", {"app": "vllm", "role": "prefill"}))

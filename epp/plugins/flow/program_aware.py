@@ -35,7 +35,7 @@ Parameters:
 Metrics: ``llm_d_epp_program_aware_jains_fairness_index`` (Jain's index over the programs' mean
 queue wait), ``llm_d_epp_program_aware_avg_wait_time_milliseconds{program_id}``,
 ``llm_d_epp_program_aware_attained_service_tokens{program_id}`` (at most 1000 program ids, then
-``other``).
+``other``; an id over 128 characters reads ``other`` too).
 
 YAML::
 
@@ -66,6 +66,7 @@ from epp.plugin.flow import BandView, FlowView, QueuedRequest
 INPUT_TOKEN_WEIGHT: Final = 1
 OUTPUT_TOKEN_WEIGHT: Final = 2
 PROGRAM_LABEL_CAP: Final = 1000
+MAX_PROGRAM_LABEL_CHARS: Final = 128
 
 
 @dataclass
@@ -152,7 +153,7 @@ class ProgramAwareFairness(PluginBase):
     def _label(self, program_id: str) -> str:
         if program_id in self._labelled:
             return program_id
-        if len(self._labelled) >= PROGRAM_LABEL_CAP:
+        if len(self._labelled) >= PROGRAM_LABEL_CAP or len(program_id) > MAX_PROGRAM_LABEL_CHARS:
             return "other"
         self._labelled.add(program_id)
         return program_id

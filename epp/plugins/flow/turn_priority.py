@@ -20,7 +20,8 @@ priority band of a *continuation turn*. The exact rule:
 
 The request's own ``priority`` (metrics labels, admitters) is unchanged; only its flow-control
 band moves. The plugin remembers at most ``maxSessions`` sessions, forgetting the least recently
-active idle ones first.
+active idle ones first; a session key longer than 1024 characters counts as no session, so the
+memory it holds stays under ``maxSessions`` KB whatever clients send.
 
 Parameters:
 
@@ -53,6 +54,8 @@ SESSION_HEADERS: Final = (
     "session-id",
     "session_id",
 )
+MAX_SESSION_KEY_CHARS: Final = 1024
+"""A longer session key is ignored (as the session-affinity bindings cap their ids)."""
 
 
 @dataclass(slots=True)
@@ -100,8 +103,9 @@ class TurnPriority(PluginBase):
         for name in self._headers:
             value = request.headers.get(name, "")
             if value:
-                return value
-        return agent_identity(request)
+                return value if len(value) <= MAX_SESSION_KEY_CHARS else ""
+        key = agent_identity(request)
+        return key if len(key) <= MAX_SESSION_KEY_CHARS else ""
 
     def is_continuation(self, request: InferenceRequest, now: float) -> bool:
         key = self.session_key(request)

@@ -3,12 +3,23 @@
 Per endpoint, with ``q = waiting_queue_size`` and ``kv = kv_cache_usage_percent``::
 
     saturation(ep) = max(q / queueDepthThreshold, kv / kvCacheUtilThreshold)
-    saturation(ep) = 1.0   if ep has no metrics or now - metrics.update_time > staleness
+    stale(ep) = ep has no metrics or now - metrics.update_time > metricsStalenessThreshold
 
     saturation(pool) = mean of saturation(ep) over the candidates   # 1.0 for no candidates
 
-Stale or missing metrics count as fully saturated (fail closed): when scrapes stop, sheddable
-traffic is shed instead of being routed blind. A pool value >= 1.0 means saturated.
+A pool value >= 1.0 means saturated. ``stalenessPolicy`` says what a stale endpoint does:
+
+- ``saturated`` (default, as upstream): it scores 1.0 in the mean (fail closed). When scrapes
+  stop, sheddable traffic is shed (and flow control stops dispatching) instead of being routed
+  blind; the ``llm_d_epp_flow_control_stale_endpoints`` gauge tells this apart from overload.
+- ``ignore`` (upstream's proposed ``stalenessPolicy: ignore``, llm-d-router #2408): it leaves the
+  mean; a pool whose candidates are all stale scores 0.0, so a fleet-wide scrape outage does not
+  halt dispatch. Stale endpoints are still routed to.
+- ``exclude`` (ours): as ``ignore`` for the mean, and stale endpoints also leave the candidates
+  every request is scheduled over (whether or not the detector sits in a scheduling profile), so
+  a pod whose ``/metrics`` stalls stops receiving traffic within one staleness window. If every
+  candidate is stale they are all kept (a scrape outage never fails a request by itself). A pod
+  not yet scraped counts as stale, so a new pod takes traffic from its first scrape on.
 
 Placed in a scheduling profile it also acts as a filter: it drops endpoints with stale or missing
 metrics and those with ``q > queueDepthThreshold * (1 + headroom)`` or
@@ -21,7 +32,8 @@ Parameters:
 - ``kvCacheUtilThreshold`` (float, default 0.8, in (0, 1]): KV-cache fraction at which an
   endpoint is full.
 - ``metricsStalenessThreshold`` (Go duration string, default ``200ms``, > 0): metrics older than
-  this count as saturated.
+  this are stale.
+- ``stalenessPolicy`` (``saturated`` | ``ignore`` | ``exclude``, default ``saturated``): see above.
 - ``headroom`` (float, default 0.0, >= 0): extra room the filter allows above the thresholds.
 
 YAML::
@@ -32,6 +44,7 @@ YAML::
           queueDepthThreshold: 8
           kvCacheUtilThreshold: 0.9
           metricsStalenessThreshold: 500ms
+          stalenessPolicy: exclude
           headroom: 0.2
     flowControl:
       saturationDetector:
@@ -47,6 +60,9 @@ from typing import ClassVar
 from epp.plugin import CycleState, Endpoint, InferenceRequest, PluginBase
 from epp.plugin.units import parse_duration
 
+SATURATED, IGNORE, EXCLUDE = "saturated", "ignore", "exclude"
+STALENESS_POLICIES = (SATURATED, IGNORE, EXCLUDE)
+
 
 class UtilizationDetector(PluginBase):
     TYPE: ClassVar[str] = "utilization-detector"
@@ -57,6 +73,7 @@ class UtilizationDetector(PluginBase):
         kv_cache_util_threshold: float = 0.8
         metrics_staleness_threshold: str = "200ms"
         headroom: float = 0.0
+        staleness_policy: str = SATURATED
         staleness_seconds: float = field(init=False, default=0.2)
 
         def __post_init__(self) -> None:
@@ -70,6 +87,11 @@ class UtilizationDetector(PluginBase):
                 )
             if self.headroom < 0.0:
                 raise ValueError(f"headroom must be >= 0, got {self.headroom}")
+            if self.staleness_policy not in STALENESS_POLICIES:
+                raise ValueError(
+                    f"stalenessPolicy must be one of {', '.join(STALENESS_POLICIES)}, "
+                    f"got {self.staleness_policy!r}"
+                )
             seconds = parse_duration(self.metrics_staleness_threshold)
             if seconds <= 0.0:
                 raise ValueError(
@@ -83,7 +105,12 @@ class UtilizationDetector(PluginBase):
     def saturation(self, now: float, endpoints: Sequence[Endpoint]) -> float:
         if not endpoints:
             return 1.0
-        return sum(self._endpoint_saturation(now, ep) for ep in endpoints) / len(endpoints)
+        if self.params.staleness_policy == SATURATED:
+            return sum(self._endpoint_saturation(now, ep) for ep in endpoints) / len(endpoints)
+        fresh = [ep for ep in endpoints if not self._is_stale(now, ep)]
+        if not fresh:
+            return 0.0
+        return sum(self._endpoint_saturation(now, ep) for ep in fresh) / len(fresh)
 
     def filter(
         self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
@@ -101,7 +128,13 @@ class UtilizationDetector(PluginBase):
         ]
         return kept if kept else list(endpoints)
 
-    # ---- capabilities: StaleEndpointCounter, ConfirmationGrace ---------------------------------
+    # ---- capabilities: StaleEndpointCounter, ConfirmationGrace, CandidateNarrower -------------
+
+    def routable(self, now: float, endpoints: Sequence[Endpoint]) -> Sequence[Endpoint]:
+        if self.params.staleness_policy != EXCLUDE:
+            return endpoints
+        fresh = [ep for ep in endpoints if not self._is_stale(now, ep)]
+        return fresh if fresh else endpoints
 
     def stale_endpoints(self, now: float, endpoints: Sequence[Endpoint]) -> int:
         return sum(1 for ep in endpoints if self._is_stale(now, ep))

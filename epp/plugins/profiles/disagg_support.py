@@ -37,6 +37,8 @@ ENCODE_PREFILL_DECODE: Final = "encode-prefill-decode"
 MODEL_LABEL_CAP: Final = 1000
 """Distinct ``model_name`` values a decision family labels before folding the rest into
 ``other`` (model names come from clients)."""
+MAX_MODEL_LABEL_CHARS: Final = 256
+"""A longer model name reads ``other`` (so 1000 labels stay a few hundred KB of ``/metrics``)."""
 
 _LOG_EVERY: Final = 30.0
 
@@ -82,7 +84,7 @@ class DecisionCounter:
     def _label(self, model: str) -> str:
         if model in self._models:
             return model
-        if len(self._models) >= MODEL_LABEL_CAP:
+        if len(self._models) >= MODEL_LABEL_CAP or len(model) > MAX_MODEL_LABEL_CHARS:
             return "other"
         self._models.add(model)
         return model

@@ -16,7 +16,10 @@ Parameters:
 * ``interval``: Go duration; empty scrapes every collector tick, otherwise the collector rounds it
   to a multiple of its tick (the ``PollInterval`` capability, ``interval_seconds``).
 
-Connections to an endpoint that left the pool are closed (``EndpointForgetter``).
+Connections to an endpoint that left the pool are closed (``EndpointForgetter``). With ``port``
+0 the scrape reaches the port the endpoint serves on (``ReachabilityProbe``): a refused connection
+means nothing listens there any more, and the endpoint leaves routing until a scrape succeeds
+(ours; upstream routes to it until discovery removes it).
 
 YAML example::
 
@@ -72,6 +75,7 @@ class MetricsDataSource(PluginBase):
     def __init__(self, *, name: str, params: Params, handle: Handle) -> None:
         super().__init__(name=name, params=params, handle=handle)
         self.interval_seconds = parse_duration(params.interval) if params.interval else 0.0
+        self.reaches_endpoint = params.port == 0
         self._ssl = self._ssl_option(params)
         self._client: KeepAliveClient | None = None
 

@@ -6,6 +6,8 @@ request/response objects, header multidicts and connection-pool bookkeeping; thi
 one pre-built request and reads one response on a connection kept per endpoint. It supports what
 model servers' ``/metrics`` answer with: ``Content-Length`` or chunked bodies, identity encoding,
 HTTP and HTTPS. Anything unexpected closes the connection and raises; the next scrape reconnects.
+A kept-alive connection the server closed before answering is retried once on a new connection,
+so a server that has died shows in the same scrape as a refused connection (``OSError``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ _MAX_HEADER_BYTES: Final = 64 * 1024
 
 class ScrapeError(RuntimeError):
     pass
+
+
+class _StaleConnection(Exception):
+    """The peer closed the connection before the first byte of the response."""
 
 
 @dataclass
@@ -40,9 +46,23 @@ class KeepAliveClient:
     async def get(self, host: str, port: int, path: str) -> bytes:
         key = (host, port)
         conn = self._conns.get(key)
-        if conn is None or conn.writer.is_closing():
-            conn = await self._connect(host, port)
-            self._conns[key] = conn
+        if conn is not None and not conn.writer.is_closing():
+            try:
+                return await self._exchange(key, conn, host, port, path)
+            except _StaleConnection:
+                pass  # the kept-alive connection had gone: one fresh connection decides
+        conn = await self._connect(host, port)
+        self._conns[key] = conn
+        try:
+            return await self._exchange(key, conn, host, port, path)
+        except _StaleConnection as exc:
+            raise ScrapeError("connection closed before the response") from exc
+
+    async def _exchange(
+        self, key: tuple[str, int], conn: _Conn, host: str, port: int, path: str
+    ) -> bytes:
+        """One request on ``conn``; ``_StaleConnection`` when the peer closed it before
+        answering a byte (a kept-alive connection the server dropped, or a dead server)."""
         async with conn.lock:
             try:
                 conn.writer.write(self._request(host, port, path))
@@ -80,7 +100,11 @@ class KeepAliveClient:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
         except asyncio.IncompleteReadError as exc:
+            if not exc.partial:
+                raise _StaleConnection from exc
             raise ScrapeError("connection closed before the response") from exc
+        except ConnectionResetError as exc:
+            raise _StaleConnection from exc
         except asyncio.LimitOverrunError as exc:
             raise ScrapeError("response headers too large") from exc
         lines = head.decode("latin-1").split("\r\n")

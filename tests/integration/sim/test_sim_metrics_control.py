@@ -235,3 +235,47 @@ async def test_die_mid_stream_cuts_after_n_chunks_when_fault_is_set(
         stats = await resp.json()
     assert stats["streams_cut"] == 1
     assert stats["running"] == 0  # the aborted request released its slot
+
+
+@pytest.mark.parametrize(
+    ("faults", "status", "is_metrics_page"),
+    [
+        pytest.param({"metrics_status": 503}, 503, False, id="status"),
+        pytest.param({"metrics_garbage": True}, 200, False, id="garbage"),
+        pytest.param({"metrics_delay_ms": 1}, 200, True, id="delay"),
+    ],
+)
+async def test_metrics_faults_change_only_the_metrics_answer(
+    fleet: SimFleet,
+    http: aiohttp.ClientSession,
+    faults: dict[str, Any],
+    status: int,
+    is_metrics_page: bool,
+) -> None:
+    url = fleet.urls[0]
+    await set_faults(http, url, faults)
+    async with http.get(f"{url}/metrics") as resp:
+        assert resp.status == status
+        assert (b"vllm:num_requests_running" in await resp.read()) is is_metrics_page
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+    async with http.post(f"{url}/v1/completions", json=body) as resp:
+        assert resp.status == 200
+    await set_faults(http, url, {})
+
+
+async def test_black_hole_holds_every_request_until_cleared(
+    fleet: SimFleet, http: aiohttp.ClientSession
+) -> None:
+    url = fleet.urls[0]
+    await set_faults(http, url, {"black_hole": True})
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+    held = asyncio.ensure_future(http.post(f"{url}/v1/completions", json=body))
+    scrape = asyncio.ensure_future(metrics(http, url))
+    done, _ = await asyncio.wait({held, scrape}, timeout=0.3)
+    assert not done
+    await set_faults(http, url, {})
+    resp = await asyncio.wait_for(held, 5)
+    assert resp.status == 200
+    resp.release()
+    types, _ = await asyncio.wait_for(scrape, 5)
+    assert types["vllm:num_requests_running"] == "gauge"

@@ -70,7 +70,7 @@ def test_upstream_default_config_has_upstream_weights_and_defaults(
         "passthrough-parser",
     ]
     assert p.saturation_detector.typed_name.type == "utilization-detector"
-    assert [(s.typed_name.type, [e.typed_name.type for e in ex]) for s, ex, _ in p.sources] == [
+    assert [(s.typed_name.type, [e.typed_name.type for e in ex]) for s, ex, *_ in p.sources] == [
         ("metrics-data-source", ["core-metrics-extractor"])
     ]
     assert p.feature_gates == {"flowControl": False, "haPopulateNonLeaderDatastore": True}

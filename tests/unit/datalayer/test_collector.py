@@ -288,3 +288,36 @@ async def test_collector_tells_sources_to_forget_when_endpoint_leaves_or_moves(
         store.set_endpoints([moved.endpoint("b")])  # same pod id, new address
         await _until(lambda: len(moved.arrivals) >= 1)
     assert source.forgotten == [first.endpoint("a").hostport, second.endpoint("b").hostport]
+
+
+async def test_endpoint_leaves_routing_in_the_scrape_after_its_server_dies_and_others_stay(
+    metrics_server: ServerFactory,
+) -> None:
+    alive = await metrics_server(payload=PAYLOAD)
+    doomed = await metrics_server(payload=PAYLOAD)
+    store, errors = Datastore(time.monotonic), _Errors()
+    store.set_endpoints([alive.endpoint("alive"), doomed.endpoint("doomed")])
+    async with _running(store, errors):
+        await _until(lambda: len(doomed.arrivals) >= 3)
+        assert [e.id for e in store.routable()] == ["default/alive", "default/doomed"]
+        await doomed.close()
+        await _until(lambda: "default/doomed" in store.down)
+        assert [e.id for e in store.routable()] == ["default/alive"]
+        assert len(store.snapshot()) == 2
+    first = next(exc for _, ep, exc in errors.polls if ep == "default/doomed")
+    # the kept-alive connection the dead server dropped is retried at once: the first error the
+    # collector sees is the refused reconnect, not "connection closed"
+    assert isinstance(first, ConnectionRefusedError)
+
+
+async def test_refused_scrape_on_another_port_does_not_take_the_endpoint_out(
+    metrics_server: ServerFactory,
+) -> None:
+    server = await metrics_server(payload=PAYLOAD)
+    await server.close()
+    store, errors = Datastore(time.monotonic), _Errors()
+    store.set_endpoints([server.endpoint("a")])
+    async with _running(store, errors, source=_source(port=server.port)):
+        await _until(lambda: len(errors.polls) >= 2)
+    assert isinstance(errors.polls[0][2], ConnectionRefusedError)
+    assert store.down == frozenset()

@@ -111,3 +111,35 @@ def test_fresh_count_counts_recent_scrapes_when_clock_advances() -> None:
     assert store.fresh_count(2.0) == 1
     clock.now = 98.0
     assert store.fresh_count(2.0) == 2
+
+
+def test_routable_leaves_out_down_endpoints_until_they_are_up_again() -> None:
+    store = Datastore(lambda: 0.0)
+    a, b = make_endpoint(0), make_endpoint(1)
+    store.set_endpoints([a, b])
+    store.mark_down(b.id)
+    assert [e.id for e in store.routable()] == [a.id]
+    assert store.routable() is store.routable()
+    store.mark_up(b.id)
+    assert [e.id for e in store.routable()] == [a.id, b.id]
+
+
+def test_routable_is_everything_when_every_endpoint_is_down() -> None:
+    store = Datastore(lambda: 0.0)
+    a, b = make_endpoint(0), make_endpoint(1)
+    store.set_endpoints([a, b])
+    store.mark_down(a.id)
+    store.mark_down(b.id)
+    assert [e.id for e in store.routable()] == [a.id, b.id]
+
+
+def test_down_mark_is_forgotten_when_the_endpoint_leaves_and_unknown_ids_are_ignored() -> None:
+    store = Datastore(lambda: 0.0)
+    a, b = make_endpoint(0), make_endpoint(1)
+    store.set_endpoints([a, b])
+    store.mark_down(b.id)
+    store.mark_down("default/nobody")
+    store.set_endpoints([a])
+    store.set_endpoints([a, b])
+    assert store.down == frozenset()
+    assert [e.id for e in store.routable()] == [a.id, b.id]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from epp.observability.decisions import MAX_FIELD_CHARS, DecisionLog
+from epp.observability.decisions import MAX_FIELD_CHARS, DecisionLog, loggable
 from tests.builders import make_request
 
 
@@ -23,3 +23,12 @@ def test_long_client_strings_are_clipped_and_the_entry_is_still_found() -> None:
     for i in range(5):
         log.record_error(make_request(request_id=f"r{i}"), 400, "bad", None)
     assert [e["requestId"] for e in log.latest(10)] == ["r4", "r3"]
+
+
+def test_loggable_escapes_control_characters_and_clips_when_client_strings_are_hostile() -> None:
+    forged = "abc\n2026-01-01 INFO forged line\x1b[31m"
+    out = loggable(forged)
+    assert "\n" not in out and "\x1b" not in out
+    assert out == "abc\\n2026-01-01 INFO forged line\\x1b[31m"
+    assert len(loggable("r" * 100_000)) == 128
+    assert loggable(None) == "None"

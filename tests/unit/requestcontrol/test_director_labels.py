@@ -5,11 +5,15 @@ confirmed with a 2xx; any other client-chosen name is counted as ``unknown``."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from epp.observability.metrics import UNKNOWN, EppMetrics
 from epp.observability.recorder import RequestStats
+from epp.plugin import ErrorCode, InferenceError
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.exchange import Exchange
 from epp.requestcontrol.objectives import ObjectiveStore
@@ -23,6 +27,7 @@ PIPELINE: Any = SimpleNamespace(
     request_header=[],
     response_headers=[],
     response_streaming=[],
+    saturation_detector=None,
 )
 
 
@@ -78,3 +83,20 @@ def test_protocol_errors_are_counted_by_reason() -> None:
         "llm_d_epp_extproc_protocol_errors_total", {"reason": "no_request"}
     )
     assert value == 2
+
+
+def test_a_failed_request_is_logged_with_its_client_chosen_id_escaped_and_clipped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    d = director(RequestStats(EppMetrics()))
+    request = make_request()
+    request.request_id = "id\nFORGED ERROR line" + "x" * 10_000
+    err = InferenceError(ErrorCode.SERVICE_UNAVAILABLE, "no endpoints")
+    with caplog.at_level(logging.WARNING):
+        d.fail(Exchange(request, started=0.0), err)
+    (record,) = caplog.records
+    assert record.getMessage() == "request failed"
+    logged = record.__dict__["request_id"]  # a field of the structured line, escaped and clipped
+    assert "\n" not in logged
+    assert logged.startswith("id\\nFORGED ERROR line")
+    assert len(logged) < 300

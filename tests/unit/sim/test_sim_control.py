@@ -55,6 +55,18 @@ def test_overrides_parse_rejects_when_body_is_invalid(body: Any, match: str) -> 
             "die_mid_stream_after_chunks must be a non\\-negative integer",
             id="negative-chunks",
         ),
+        pytest.param(
+            {"metrics_status": 200},
+            "metrics_status must be in \\[400, 599\\]",
+            id="metrics-status-not-an-error",
+        ),
+        pytest.param(
+            {"metrics_garbage": "yes"}, "metrics_garbage must be a boolean", id="garbage-not-bool"
+        ),
+        pytest.param({"black_hole": 1}, "black_hole must be a boolean", id="black-hole-not-bool"),
+        pytest.param(
+            {"metrics_delay_ms": -1}, "metrics_delay_ms must be in", id="negative-metrics-delay"
+        ),
     ],
 )
 def test_faults_parse_rejects_when_body_is_invalid(body: Any, match: str) -> None:

@@ -220,6 +220,17 @@ def test_program_series_fold_into_other_when_over_1000_programs() -> None:
     assert h.registry.get_sample_value(name, {"program_id": "other"}) == 2.0
 
 
+def test_program_series_fold_into_other_when_the_id_is_over_128_characters() -> None:
+    h = handle()
+    policy = build_plugin(h, "program-aware-fairness")
+    policy.on_complete("x" * 129, 1, 0, 0.0)
+    policy.on_complete("y" * 128, 1, 0, 0.0)
+    name = "llm_d_epp_program_aware_attained_service_tokens"
+    assert h.registry.get_sample_value(name, {"program_id": "other"}) == 1.0
+    assert h.registry.get_sample_value(name, {"program_id": "y" * 128}) == 1.0
+    assert h.registry.get_sample_value(name, {"program_id": "x" * 129}) is None
+
+
 @pytest.mark.parametrize(
     ("values", "expected"),
     [

@@ -150,3 +150,12 @@ def test_sessions_in_flight_kept_when_over_max_sessions() -> None:
 def test_params_rejected_when_invalid(params: dict[str, Any], message: str) -> None:
     with pytest.raises(ParamError, match=message):
         decode(TurnPriority.Params, params)
+
+
+def test_session_key_over_1024_characters_counts_as_no_session() -> None:
+    plugin = _plugin()
+    long_key = "s" * 1025
+    plugin.on_dispatch(_turn(long_key), 0.0)
+    assert plugin.session_key(_turn(long_key)) == ""
+    assert plugin.adjusted_priority(_turn(long_key), 0.0) == 0
+    assert plugin.session_key(_turn("s" * 1024)) == "s" * 1024

@@ -123,7 +123,8 @@ def test_params_default_when_not_configured() -> None:
         p.metrics_staleness_threshold,
         p.staleness_seconds,
         p.headroom,
-    ) == (5, 0.8, "200ms", pytest.approx(0.2), 0.0)
+        p.staleness_policy,
+    ) == (5, 0.8, "200ms", pytest.approx(0.2), 0.0, "saturated")
 
 
 @pytest.mark.parametrize(
@@ -138,6 +139,8 @@ def test_params_default_when_not_configured() -> None:
         pytest.param({"metricsStalenessThreshold": 200}, "expected a string", id="number"),
         pytest.param({"stalenessSeconds": 1.0}, "stalenessSeconds", id="derived-not-settable"),
         pytest.param({"threshold": 1}, "threshold", id="unknown-key"),
+        pytest.param({"stalenessPolicy": "bogus"}, "stalenessPolicy", id="bad-policy"),
+        pytest.param({"stalenessPolicy": "Ignore"}, "stalenessPolicy", id="policy-case"),
     ],
 )
 def test_params_rejected_when_invalid(params: dict[str, Any], message: str) -> None:
@@ -186,3 +189,53 @@ def test_plugin_is_detector_and_filter_when_constructed() -> None:
     assert isinstance(plugin, SaturationDetector)
     assert isinstance(plugin, Filter)
     assert plugin.typed_name.type == "utilization-detector"
+
+
+_STALE = NOW - 1.0
+_FRESH_AND_STALE = [make_endpoint(0, queue=1), make_endpoint(1, queue=4, update_time=_STALE)]
+
+
+@pytest.mark.parametrize(
+    ("policy", "endpoints", "expected"),
+    [
+        pytest.param("saturated", _FRESH_AND_STALE, (0.2 + 1.0) / 2, id="saturated-counts-1"),
+        pytest.param("ignore", _FRESH_AND_STALE, 0.2, id="ignore-leaves-the-mean"),
+        pytest.param("exclude", _FRESH_AND_STALE, 0.2, id="exclude-leaves-the-mean"),
+        pytest.param("saturated", [_no_metrics(0)], 1.0, id="saturated-all-stale"),
+        pytest.param("ignore", [_no_metrics(0), _no_metrics(1)], 0.0, id="ignore-all-stale"),
+        pytest.param("exclude", [make_endpoint(0, update_time=_STALE)], 0.0, id="exclude-all"),
+        pytest.param("ignore", [], 1.0, id="ignore-empty-is-saturated"),
+    ],
+)
+def test_saturation_follows_the_staleness_policy_when_metrics_are_stale(
+    policy: str, endpoints: list[Endpoint], expected: float
+) -> None:
+    assert _detector(stalenessPolicy=policy).saturation(NOW, endpoints) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("policy", "endpoints", "expected"),
+    [
+        pytest.param("saturated", _FRESH_AND_STALE, [0, 1], id="saturated-keeps-stale"),
+        pytest.param("ignore", _FRESH_AND_STALE, [0, 1], id="ignore-keeps-stale"),
+        pytest.param("exclude", _FRESH_AND_STALE, [0], id="exclude-drops-stale"),
+        pytest.param(
+            "exclude", [make_endpoint(0), _no_metrics(1)], [0], id="exclude-drops-unscraped"
+        ),
+        pytest.param(
+            "exclude",
+            [make_endpoint(0, update_time=_STALE), _no_metrics(1)],
+            [0, 1],
+            id="exclude-all-stale-keeps-all",
+        ),
+    ],
+)
+def test_routable_drops_stale_endpoints_only_when_policy_is_exclude(
+    policy: str, endpoints: list[Endpoint], expected: list[int]
+) -> None:
+    kept = _detector(stalenessPolicy=policy).routable(NOW, endpoints)
+    assert [endpoints.index(ep) for ep in kept] == expected
+
+
+def test_stale_gauge_counts_stale_endpoints_when_policy_is_ignore() -> None:
+    assert _detector(stalenessPolicy="ignore").stale_endpoints(NOW, _FRESH_AND_STALE) == 1

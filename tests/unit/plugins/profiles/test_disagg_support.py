@@ -8,8 +8,13 @@ import pytest
 from epp.plugin import ErrorCode, InferenceError, PluginConfigError, TypedName
 from epp.plugin.params import decode
 from epp.plugins.profiles.disagg import DisaggProfileHandler
-from epp.plugins.profiles.disagg_support import DeciderRef, RateLimitedLog, decision_type
-from tests.builders import make_request
+from epp.plugins.profiles.disagg_support import (
+    DeciderRef,
+    DecisionCounter,
+    RateLimitedLog,
+    decision_type,
+)
+from tests.builders import handle, make_request
 from tests.unit.plugins.profiles.disagg_helpers import PluginsHandle, StubDecider, schedule
 
 OWNER = TypedName("disagg-profile-handler", "h")
@@ -95,3 +100,14 @@ def test_a_raising_decider_means_no_and_is_logged(caplog: pytest.LogCaptureFixtu
     assert ran == ["decode"]
     assert set(result.profile_results) == {"decode"}
     assert "decider boom/stub-decider failed, stage skipped: ZeroDivisionError" in caplog.text
+
+
+def test_decision_counter_folds_long_model_names_into_other() -> None:
+    h = handle()
+    counter = DecisionCounter(h, OWNER, "disagg", "decisions")
+    counter.record("m" * 257, "decode-only")
+    counter.record("m" * 256, "decode-only")
+    name = "llm_d_epp_disagg_decision_total"
+    labels = {"plugin_name": "h", "plugin_type": OWNER.type, "decision_type": "decode-only"}
+    assert h.registry.get_sample_value(name, {**labels, "model_name": "other"}) == 1.0
+    assert h.registry.get_sample_value(name, {**labels, "model_name": "m" * 256}) == 1.0

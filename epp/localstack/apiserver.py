@@ -1,4 +1,6 @@
-"""A small Kubernetes API server for tests: plain HTTP, the real list/watch JSON wire protocol.
+"""A small Kubernetes API server: plain HTTP on 127.0.0.1, the real list/watch JSON wire protocol.
+The tests of Kubernetes mode run the EPP against it, and ``epp bench chaos`` stops it, hangs it
+and revokes its token under load.
 
 What it speaks, as the real API server does:
 
@@ -16,117 +18,48 @@ What it speaks, as the real API server does:
   ``ERROR`` event with a ``Status`` of code 410, reason ``Expired``;
 - errors are ``Status`` objects (``NotFound``, ``AlreadyExists``, ``Conflict`` on a stale
   ``metadata.resourceVersion`` in a PUT, ``Unauthorized``, ``BadRequest``);
-- bearer-token authentication; ``fieldSelector`` on ``metadata.name`` / ``metadata.namespace``
-  and equality-based ``labelSelector``.
+- bearer-token authentication (``token``; assign another to revoke the one clients hold: they
+  get 401 from their next request on); ``fieldSelector`` on ``metadata.name`` /
+  ``metadata.namespace`` and equality-based ``labelSelector``.
 
-Test controls: ``create/replace/delete/get`` mutate state directly, ``install/uninstall`` add or
+Controls: ``create/replace/delete/get`` mutate state directly, ``install/uninstall`` add or
 remove an API resource, ``compact()`` forgets history, ``drop_watches()`` cuts every open watch
-connection without the terminating chunk, ``fail()`` injects server faults, and ``requests``
-records every call. Object builders are in ``tests.k8s.objects``.
+connection without the terminating chunk, ``fail()`` injects error answers, ``hang()`` /
+``release()`` stop and resume answering (connections stay open), ``stop()`` then ``start()``
+goes away and comes back on the same port with the same objects, and ``requests`` records every
+call. Object builders are in ``epp.localstack.kubeobjects``; the wire types in
+``epp.localstack.kubeapi``.
 """
 
 from __future__ import annotations
 
 import copy
-import datetime
 import json
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
-TOKEN = "test-token"
-
-
-@dataclass(frozen=True)
-class Resource:
-    group: str
-    version: str
-    plural: str
-    kind: str
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    @property
-    def prefix(self) -> str:
-        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-
-
-PODS = Resource("", "v1", "pods", "Pod")
-LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
-POOLS = Resource("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool")
-OBJECTIVES = Resource("llm-d.ai", "v1alpha2", "inferenceobjectives", "InferenceObjective")
-LEGACY_OBJECTIVES = Resource(
-    "inference.networking.x-k8s.io", "v1alpha2", "inferenceobjectives", "InferenceObjective"
+from epp.localstack.apiserver_http import Handler
+from epp.localstack.kubeapi import (
+    DEFAULT_RESOURCES,
+    TOKEN,
+    ApiError,
+    Fault,
+    Request,
+    Resource,
+    State,
+    discovery,
+    matcher,
+    status,
+    timestamp,
 )
-REWRITES = Resource("llm-d.ai", "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite")
-LEGACY_REWRITES = Resource(
-    "inference.networking.x-k8s.io", "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite"
-)
-DEFAULT_RESOURCES = (PODS, LEASES, POOLS, OBJECTIVES, REWRITES)
 
 
-@dataclass
-class Fault:
-    """Answer matching requests with ``status`` (``remaining`` times; None = until cleared)."""
-
-    status: int
-    method: str = "GET"
-    path_contains: str = ""
-    watch: bool | None = None
-    remaining: int | None = None
-
-
-@dataclass
-class Request:
-    method: str
-    path: str
-    query: dict[str, str]
-
-    @property
-    def is_watch(self) -> bool:
-        return self.query.get("watch") in ("true", "1")
-
-
-@dataclass
-class _State:
-    rv: int = 0
-    compacted: int = 0
-    objects: dict[tuple[Resource, str, str], dict[str, Any]] = field(default_factory=dict)
-    history: list[tuple[int, Resource, str, dict[str, Any]]] = field(default_factory=list)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-
-
-class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.body = status(code, reason, message)
-
-
-class FakeApiServer:
+class LocalApiServer:
     def __init__(
         self,
         resources: Iterable[Resource] = DEFAULT_RESOURCES,
@@ -135,11 +68,13 @@ class FakeApiServer:
         token: str = TOKEN,
     ) -> None:
         self._cond = threading.Condition()
-        self._state = _State()
+        self._state = State()
         self._installed: set[Resource] = set(resources)
         self._faults: list[Fault] = []
         self._drop_generation = 0
         self._closing = False
+        self._hanging = False
+        self._port = 0
         self.bookmark_interval = bookmark_interval
         self.token = token
         self.requests: list[Request] = []
@@ -148,9 +83,14 @@ class FakeApiServer:
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
-    def start(self) -> FakeApiServer:
-        handler = type("Handler", (_Handler,), {"api": self})
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    def start(self) -> LocalApiServer:
+        """Listen (again: after ``stop`` on the same port, with the same objects, as an API
+        server restarted on a persistent etcd)."""
+        with self._cond:
+            self._closing = False
+        handler = type("Handler", (Handler,), {"api": self})
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", self._port), handler)
+        self._port = int(self._httpd.server_address[1])
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
         self._thread.start()
@@ -165,8 +105,9 @@ class FakeApiServer:
             self._httpd.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self._httpd = self._thread = None
 
-    def __enter__(self) -> FakeApiServer:
+    def __enter__(self) -> LocalApiServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -174,8 +115,8 @@ class FakeApiServer:
 
     @property
     def url(self) -> str:
-        assert self._httpd is not None
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        assert self._port, "start() first"
+        return f"http://127.0.0.1:{self._port}"
 
     def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
         path.write_text(
@@ -237,6 +178,24 @@ class FakeApiServer:
             self._drop_generation += 1
             self._cond.notify_all()
 
+    def hang(self) -> None:
+        """Stop answering: a request that arrives from now on waits (its connection stays open)
+        and open watches deliver nothing, not even bookmarks, until ``release`` or ``stop``."""
+        with self._cond:
+            self._hanging = True
+
+    def release(self) -> None:
+        """Answer again after ``hang``."""
+        with self._cond:
+            self._hanging = False
+            self._cond.notify_all()
+
+    def wait_while_hanging(self) -> None:
+        """Block the calling request thread while the server hangs (not when it stops)."""
+        with self._cond:
+            while self._hanging and not self._closing:
+                self._cond.wait(1.0)
+
     def fail(self, fault: Fault) -> Fault:
         with self._cond:
             self._faults.append(fault)
@@ -284,7 +243,7 @@ class FakeApiServer:
             raise ApiError(409, "AlreadyExists", f'{resource.plural} "{key[2]}" already exists')
         obj["apiVersion"], obj["kind"] = resource.api_version, resource.kind
         obj["metadata"].setdefault("uid", str(uuid.uuid4()))
-        obj["metadata"].setdefault("creationTimestamp", _now())
+        obj["metadata"].setdefault("creationTimestamp", timestamp())
         self._state.objects[key] = obj
         return self._bump(resource, "ADDED", obj)
 
@@ -325,7 +284,7 @@ class FakeApiServer:
     def _list(
         self, resource: Resource, namespace: str, query: dict[str, str]
     ) -> list[dict[str, Any]]:
-        match = _matcher(query)
+        match = matcher(query)
         return [
             copy.deepcopy(o)
             for (r, ns, _), o in sorted(self._state.objects.items(), key=lambda kv: kv[0][1:])
@@ -358,7 +317,7 @@ class FakeApiServer:
         self, resource: Resource, namespace: str, query: dict[str, str]
     ) -> Iterator[dict[str, Any] | None]:
         """Events for one watch; ``None`` means the connection must be cut abruptly."""
-        match = _matcher(query)
+        match = matcher(query)
         timeout = float(query.get("timeoutSeconds") or 1800)
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
         deadline = time.monotonic() + timeout
@@ -389,6 +348,9 @@ class FakeApiServer:
                         return
                     fresh = [h for h in self._state.history if h[0] > cursor]
                     now = time.monotonic()
+                    if self._hanging:
+                        self._cond.wait(1.0)
+                        continue
                     if fresh or now >= deadline or (bookmarks and now >= next_bookmark):
                         break
                     self._cond.wait(min(deadline, next_bookmark) - now)
@@ -412,198 +374,5 @@ class FakeApiServer:
             if not pending and time.monotonic() >= deadline:
                 return
 
-    # ---- discovery ----------------------------------------------------------------------------
-
     def _discovery(self, path: str) -> dict[str, Any]:
-        installed = sorted(self._installed, key=lambda r: (r.group, r.version, r.plural))
-        if path == "/version":
-            return {"major": "1", "minor": "33", "gitVersion": "v1.33.0-fake"}
-        if path == "/api":
-            return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
-        if path == "/apis":
-            groups: dict[str, list[str]] = {}
-            for r in installed:
-                if r.group and r.version not in groups.setdefault(r.group, []):
-                    groups[r.group].append(r.version)
-            return {
-                "kind": "APIGroupList",
-                "apiVersion": "v1",
-                "groups": [
-                    {
-                        "name": g,
-                        "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
-                        "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]},
-                    }
-                    for g, vs in groups.items()
-                ],
-            }
-        parts = path.strip("/").split("/")
-        group_version = "/".join(parts[1:])
-        resources = [r for r in installed if r.prefix == path.rstrip("/")]
-        if not resources:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        return {
-            "kind": "APIResourceList",
-            "apiVersion": "v1",
-            "groupVersion": group_version,
-            "resources": [
-                {
-                    "name": r.plural,
-                    "singularName": r.kind.lower(),
-                    "namespaced": True,
-                    "kind": r.kind,
-                    "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
-                }
-                for r in resources
-            ],
-        }
-
-
-def _matcher(query: dict[str, str]) -> Any:
-    fields = _pairs(query.get("fieldSelector", ""), {"metadata.name", "metadata.namespace"})
-    labels = _pairs(query.get("labelSelector", ""), None)
-
-    def match(obj: dict[str, Any]) -> bool:
-        meta = obj.get("metadata", {})
-        for (key, op), value in fields.items():
-            actual = meta.get(key.split(".", 1)[1], "")
-            if (actual == value) != (op == "="):
-                return False
-        obj_labels = meta.get("labels") or {}
-        for (key, op), value in labels.items():
-            if (obj_labels.get(key) == value) != (op == "="):
-                return False
-        return True
-
-    return match
-
-
-def _pairs(text: str, allowed: set[str] | None) -> dict[tuple[str, str], str]:
-    out: dict[tuple[str, str], str] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        op = "!=" if "!=" in part else "="
-        key, _, value = part.replace("==", "=").partition(op)
-        if not _ or (allowed is not None and key not in allowed):
-            raise ApiError(400, "BadRequest", f'unable to parse requirement: "{part}"')
-        out[(key.strip(), op)] = value.strip()
-    return out
-
-
-class _Handler(BaseHTTPRequestHandler):
-    api: FakeApiServer
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:  # quiet
-        pass
-
-    def do_GET(self) -> None:
-        self._handle("GET")
-
-    def do_POST(self) -> None:
-        self._handle("POST")
-
-    def do_PUT(self) -> None:
-        self._handle("PUT")
-
-    def do_DELETE(self) -> None:
-        self._handle("DELETE")
-
-    def _handle(self, method: str) -> None:
-        split = urlsplit(self.path)
-        query = {k: v[-1] for k, v in parse_qs(split.query).items()}
-        path = split.path
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
-        request = Request(method, path, query)
-        api = self.api
-        try:
-            with api._cond:
-                api.requests.append(request)
-                if self.headers.get("Authorization") != f"Bearer {api.token}":
-                    raise ApiError(401, "Unauthorized", "Unauthorized")
-                fault = api._fault(method, path, request.is_watch)
-            if fault is not None:
-                raise ApiError(fault.status, "InternalError", f"injected fault {fault.status}")
-            if path in ("/api", "/apis", "/version") or path.count("/") <= 3:
-                with api._cond:
-                    self._json(200, api._discovery(path))
-                return
-            resource, namespace, name = self._route(path)
-            if method == "GET" and name is None and request.is_watch:
-                self._stream(api._watch_events(resource, namespace, query))
-                return
-            with api._cond:
-                code, payload = self._dispatch(method, resource, namespace, name, query, body)
-            self._json(code, payload)
-        except ApiError as exc:
-            self._json(exc.body["code"], exc.body)
-
-    def _route(self, path: str) -> tuple[Resource, str, str | None]:
-        parts = path.strip("/").split("/")
-        if parts[0] == "api":
-            group, version, rest = "", parts[1], parts[2:]
-        else:
-            group, version, rest = parts[1], parts[2], parts[3:]
-        if len(rest) < 3 or rest[0] != "namespaces" or len(rest) > 4:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        resource = self.api._resource(group, version, rest[2])
-        return resource, rest[1], rest[3] if len(rest) == 4 else None
-
-    def _dispatch(
-        self,
-        method: str,
-        resource: Resource,
-        namespace: str,
-        name: str | None,
-        query: dict[str, str],
-        body: bytes,
-    ) -> tuple[int, dict[str, Any]]:
-        api = self.api
-        if method == "GET" and name is None:
-            return 200, {
-                "kind": f"{resource.kind}List",
-                "apiVersion": resource.api_version,
-                "metadata": {"resourceVersion": str(api._state.rv)},
-                "items": api._list(resource, namespace, query),
-            }
-        if method == "GET" and name is not None:
-            return 200, copy.deepcopy(api._get(resource, namespace, name))
-        if method == "DELETE" and name is not None:
-            return 200, api._delete(resource, namespace, name)
-        try:
-            obj = json.loads(body or b"{}")
-        except ValueError:
-            raise ApiError(400, "BadRequest", "invalid JSON body") from None
-        obj.setdefault("metadata", {}).setdefault("namespace", namespace)
-        if method == "POST" and name is None:
-            return 201, api._create(resource, obj)
-        if method == "PUT" and name is not None:
-            if obj["metadata"].get("name") != name:
-                raise ApiError(400, "BadRequest", "the name of the object does not match")
-            return 200, api._replace(resource, obj)
-        raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
-
-    def _json(self, code: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _stream(self, events: Iterator[dict[str, Any] | None]) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        try:
-            for event in events:
-                if event is None:  # cut the connection mid-stream
-                    self.close_connection = True
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    return
-                line = json.dumps(event).encode() + b"\n"
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
-            self.wfile.write(b"0\r\n\r\n")
-        except OSError:
-            self.close_connection = True
+        return discovery(self._installed, path)

@@ -1,4 +1,5 @@
-"""Kubernetes objects as the API server returns them, for the Kubernetes tests."""
+"""Kubernetes objects as the API server returns them (pods, InferencePools, objectives,
+rewrites), for the local API server of ``epp.localstack.apiserver``."""
 
 from __future__ import annotations
 

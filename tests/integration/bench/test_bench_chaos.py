@@ -1,0 +1,37 @@
+"""``epp bench chaos``, shortened: a pod SIGKILLed under load, and the EPP SIGKILLed and
+restarted behind the fail-open and the fail-closed Envoy, each with its expected outcome."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from epp.bench.chaos import main
+
+pytestmark = [pytest.mark.envoy, pytest.mark.slow]
+
+
+def test_pod_kill_and_epp_kill_have_their_expected_outcomes(tmp_path: Path) -> None:
+    code = main(
+        [
+            "--out", str(tmp_path), "--scenarios", "pod-kill,epp-kill-open,epp-kill-closed",
+            "--before", "2", "--fault", "2", "--after", "2", "--clients", "4",
+        ]
+    )  # fmt: skip
+    rows = {r["scenario"]: r for r in json.loads((tmp_path / "results.json").read_text())["rows"]}
+    pod_kill, fail_open, fail_closed = (
+        rows["pod-kill"], rows["epp-kill-open"], rows["epp-kill-closed"]
+    )  # fmt: skip
+    # pods killed under load: client errors only for requests in flight on the killed pod (or
+    # routed to it before the EPP noticed), none routed to it more than a scrape interval after
+    assert pod_kill["requests"] > 20 and pod_kill["unexplained"] == 0, pod_kill
+    assert pod_kill["ok"], pod_kill
+    # EPP killed under fail-open: 0 failed requests
+    assert fail_open["requests"] > 20 and fail_open["failed"] == 0, fail_open
+    # fail-closed: errors counted, all explained by the outage, recovery time shown
+    assert fail_closed["failed"] > 0 and fail_closed["unexplained"] == 0, fail_closed
+    assert fail_closed["recovery_s"] is not None and fail_closed["recovery_s"] < 10
+    assert code == 0
+    assert "| epp-kill-closed |" in (tmp_path / "report.md").read_text()
