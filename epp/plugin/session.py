@@ -4,9 +4,9 @@ Two request attributes (per request, in ``InferenceRequest.attributes``), named 
 config that names them (``sessionIdConfig.sources[].attribute``) reads the same key here:
 
 - ``SessionIDDataKey/<name>`` (``SESSION_ID.key(name)``): a ``str``, the session identifier a
-  ``session-id-producer`` named ``name`` read from a header or a cookie. Its default producer is
-  ``session-id-producer``: a consumer of ``SESSION_ID.key("session-id-producer")`` that nobody
-  produces gets one created by the loader.
+  ``session-id-producer`` named ``name`` read from a header, a cookie or a body field. Its default
+  producer is ``session-id-producer``: a consumer of ``SESSION_ID.key("session-id-producer")``
+  that nobody produces gets one created by the loader.
 - ``SessionIDLimits/<name>`` (``SESSION_LIMITS.key(name)``): a ``SessionLimits``, published beside
   the session id by a ``session-id-producer`` configured with ``lruSize`` or ``ttl``: the bounds
   of the session → endpoint memory that affinity plugins keep for the sessions it identifies.

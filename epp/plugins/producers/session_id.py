@@ -1,4 +1,4 @@
-"""``session-id-producer``: a request's session identifier, read from a header or a cookie.
+"""``session-id-producer``: a request's session identifier, from a header, a cookie or the body.
 
 It publishes ``SessionIDDataKey/<name>`` (``epp.plugin.SESSION_ID.key(name)``): a ``str``, for
 affinity plugins to read without knowing how the session travelled on the wire, e.g.
@@ -80,6 +80,7 @@ from epp.plugin.units import parse_duration
 DEFAULT_HEADER: Final = "x-session-id"
 MAX_BODY_VALUE_LENGTH: Final = 1024
 """Longest session id taken from the body (a longer value gives none)."""
+_TOO_MANY_DIGITS: Final = 10**MAX_BODY_VALUE_LENGTH
 
 
 class SessionIDProducer(PluginBase):
@@ -160,7 +161,7 @@ def body_value(payload: dict[str, Any] | None, path: tuple[str, ...]) -> str:
             value = value.get(part)
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         return ""
-    if isinstance(value, int) and abs(value) >= 10**MAX_BODY_VALUE_LENGTH:
+    if isinstance(value, int) and abs(value) >= _TOO_MANY_DIGITS:
         return ""
     text = str(value).strip()
     return text if len(text) <= MAX_BODY_VALUE_LENGTH else ""
