@@ -73,6 +73,8 @@ def test_working_flags_do_not_warn(caplog: pytest.LogCaptureFixture) -> None:
             "enables metrics TLS without authentication",
         ),
         (["--metrics-cert-dir=/nonexistent-dir"], "metrics TLS cert file unreadable"),
+        (["--grpc-client-ca-file=/etc/ca.crt", "--secure-serving=false"], "needs --secure-serving"),
+        (["--grpc-client-ca-file=/nonexistent/ca.crt"], "cert file unreadable"),
     ],
 )
 def test_tls_flags_are_checked(
