@@ -173,6 +173,19 @@ def _log_config(settings: Settings, worker: int | None = None) -> LogConfig:
     return dataclasses.replace(config, worker=worker)
 
 
+def idle_flags(s: Settings) -> list[str]:
+    """Working flags set where they have nothing to act on; each gets a startup warning."""
+    tls = s.secure_serving or bool(s.metrics_cert_dir)
+    files = (s.secure_serving and s.cert_path) or s.metrics_cert_dir
+    checks = (
+        ("--enable-cert-reload", s.enable_cert_reload and not files,
+         "without --cert-path or --metrics-cert-dir (a generated certificate never changes)"),
+        ("--tls-min-version", bool(s.tls_min_version) and not tls, "without TLS"),
+        ("--tls-cipher-suites", bool(s.tls_cipher_suites) and not tls, "without TLS"),
+    )  # fmt: skip
+    return [f"{name} has no effect {why}" for name, idle, why in checks if idle]
+
+
 def setup_logging(settings: Settings, *, worker: int | None = None) -> None:
     """Zap-style log lines on stderr (``epp.observability.logs``); a worker of ``--workers N``
     names itself in each line."""
@@ -194,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_args(args)
     setup_logging(settings)
     warn_compat(args)
+    for message in idle_flags(settings):
+        log.warning("%s", message)
     if settings.secure_serving and settings.tls_cipher_suites:  # gRPC reads it when it loads
         os.environ[GRPC_CIPHERS_ENV] = openssl_ciphers(settings.tls_cipher_suites)
     if settings.workers > 1:

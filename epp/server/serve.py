@@ -10,6 +10,7 @@ two workers can never answer for each other.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import grpc
@@ -58,6 +59,9 @@ class ServeSettings(Protocol):
     def tls_cipher_suites(self) -> tuple[str, ...]: ...
 
     @property
+    def grpc_client_ca_file(self) -> str: ...
+
+    @property
     def group_member(self) -> bool: ...
 
 
@@ -93,11 +97,15 @@ async def start_grpc(
     except ValueError as exc:
         raise ConfigError(f"--cert-path: {exc}") from None
     try:
+        client_ca = Path(s.grpc_client_ca_file).read_bytes() if s.grpc_client_ca_file else None
+    except OSError as exc:
+        raise ConfigError(f"--grpc-client-ca-file: {exc}") from None
+    try:
         check_grpc_ciphers(s.tls_cipher_suites if s.secure_serving else ())
     except RuntimeError as exc:
         raise ConfigError(str(exc)) from None
     if s.secure_serving:
-        creds = grpc_credentials(files, reload=s.enable_cert_reload)
+        creds = grpc_credentials(files, reload=s.enable_cert_reload, client_ca=client_ca)
         grpc_port = ext.add_secure_port(addr, creds)
     else:
         grpc_port = ext.add_insecure_port(addr)

@@ -129,14 +129,19 @@ def _digest(pair: tuple[bytes, bytes]) -> bytes:
     return hashlib.sha256(pair[0] + b"\0" + pair[1]).digest()
 
 
-def grpc_credentials(files: CertFiles | None, *, reload: bool) -> grpc.ServerCredentials:
+def grpc_credentials(
+    files: CertFiles | None, *, reload: bool, client_ca: bytes | None = None
+) -> grpc.ServerCredentials:
     """The ext_proc server's credentials: ``files``' pair (following its changes when
-    ``reload``), or a self-signed certificate without ``files``."""
+    ``reload``), or a self-signed certificate without ``files``; with ``client_ca``, clients
+    must present a certificate it signed (mTLS)."""
+    mtls = client_ca is not None
     if files is None:
         cert, key = self_signed()
-        return grpc.ssl_server_credentials([(key, cert)])
+        return grpc.ssl_server_credentials([(key, cert)], client_ca, require_client_auth=mtls)
     if not reload:
-        return grpc.ssl_server_credentials([(files.key, files.cert)])
+        pairs = [(files.key, files.cert)]
+        return grpc.ssl_server_credentials(pairs, client_ca, require_client_auth=mtls)
     served = [files.generation]
 
     def fetch() -> grpc.ServerCertificateConfiguration | None:
@@ -145,10 +150,10 @@ def grpc_credentials(files: CertFiles | None, *, reload: bool) -> grpc.ServerCre
         if generation == served[0]:
             return None
         served[0] = generation
-        return grpc.ssl_server_certificate_configuration([(key, cert)])
+        return grpc.ssl_server_certificate_configuration([(key, cert)], client_ca)
 
-    initial = grpc.ssl_server_certificate_configuration([(files.key, files.cert)])
-    return grpc.dynamic_ssl_server_credentials(initial, fetch)
+    initial = grpc.ssl_server_certificate_configuration([(files.key, files.cert)], client_ca)
+    return grpc.dynamic_ssl_server_credentials(initial, fetch, require_client_authentication=mtls)
 
 
 def metrics_ssl_context(

@@ -115,6 +115,9 @@ class TlsSettings(Protocol):
     @property
     def metrics_endpoint_auth(self) -> bool: ...
 
+    @property
+    def grpc_client_ca_file(self) -> str: ...
+
 
 def tls_problem(s: TlsSettings) -> str:
     """Why the TLS options do not fit together (upstream's rules and messages, spec §2, plus
@@ -136,7 +139,9 @@ def tls_problem(s: TlsSettings) -> str:
             '"metrics-cert-dir" enables metrics TLS without authentication; set '
             '"metrics-client-ca-file" or "metrics-endpoint-auth"'
         )
-    files = [s.metrics_client_ca_file] if s.metrics_client_ca_file else []
+    if s.grpc_client_ca_file and not s.secure_serving:
+        return "--grpc-client-ca-file needs --secure-serving"
+    files = [f for f in (s.metrics_client_ca_file, s.grpc_client_ca_file) if f]
     if s.metrics_cert_dir:
         files += [os.path.join(s.metrics_cert_dir, n) for n in ("tls.crt", "tls.key")]
     for path in files:

@@ -140,6 +140,10 @@ class Settings:
         "reload the --cert-path and --metrics-cert-dir certificates when their files change",
         BOOL,
     )
+    grpc_client_ca_file: str = flag(
+        "", "PEM CA for ext_proc mTLS: require client certificates signed by it"
+    )
+    """Our addition (upstream has no ext_proc mTLS)."""
     tls_min_version: str = flag(
         "", "minimum TLS version for secure serving (VersionTLS12, VersionTLS13)"
     )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.cli import compat_flags_given, settings_from_args, warn_compat
+from epp.cli import compat_flags_given, idle_flags, settings_from_args, warn_compat
 from epp.settings import COMPAT_ONLY, METRICS_TOKEN_ENV, flags
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,6 +72,8 @@ def test_working_flags_do_not_warn(caplog: pytest.LogCaptureFixture) -> None:
             "enables metrics TLS without authentication",
         ),
         (["--metrics-cert-dir=/nonexistent-dir"], "metrics TLS cert file unreadable"),
+        (["--grpc-client-ca-file=/etc/ca.crt", "--secure-serving=false"], "needs --secure-serving"),
+        (["--grpc-client-ca-file=/nonexistent/ca.crt"], "cert file unreadable"),
     ],
 )
 def test_tls_flags_are_checked(
@@ -102,3 +104,14 @@ def test_tls_flags_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     )
     assert s.metrics_token == "tok" and "tok" not in repr(s)
     assert settings_from_args(["--tls-min-version=VersionTLS13", "--secure-serving=false"])
+
+
+def test_working_flags_with_nothing_to_act_on_are_named() -> None:
+    assert idle_flags(settings_from_args(["--enable-cert-reload"])) == [
+        "--enable-cert-reload has no effect without --cert-path or --metrics-cert-dir "
+        "(a generated certificate never changes)"
+    ]
+    plain = settings_from_args(["--secure-serving=false", "--tls-min-version=VersionTLS12"])
+    assert idle_flags(plain) == ["--tls-min-version has no effect without TLS"]
+    assert idle_flags(settings_from_args(["--enable-cert-reload", "--cert-path=/c"])) == []
+    assert idle_flags(settings_from_args([])) == []

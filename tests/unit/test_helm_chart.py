@@ -402,4 +402,4 @@ def test_metrics_auth_lets_the_epp_review_tokens_and_a_scraper_read(
     sa = epp["spec"]["template"]["spec"]["serviceAccountName"]
     assert (subject["name"], subject["namespace"]) == (sa, "llm")
     reader = [d for (k, n), d in by_key.items() if k == "ClusterRole" and "metrics-reader" in n]
-    assert reader[0]["rules"] == [{"nonResourceURLs": ["/metrics", "/debug/*"], "verbs": ["get"]}]
+    assert reader[0]["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
