@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="epp",
         description="Endpoint Picker for LLM inference (Envoy ext_proc). Subcommands: "
-        "'epp plugins list', 'epp sim --help', 'epp stack --help', 'epp bench --help'.",
+        "'epp plugins list', 'epp sim --help', 'epp stack --help', 'epp bench --help', "
+        "'epp envoy-config --help'.",
     )
     for field, spec in flags():
         _add_flag(p, field.name, field.default, spec)
@@ -222,6 +223,12 @@ def _bench(args: list[str]) -> int:
     return bench_main(args)
 
 
+def _envoy_config(args: list[str]) -> int:
+    from epp.envoyconfig.cli import main as envoy_config_main
+
+    return envoy_config_main(args)
+
+
 def _worker(args: list[str]) -> int:
     """Internal: one worker of ``--workers N``, started by the supervisor (``epp.workers``)."""
     from epp.workers.worker import main as worker_main
@@ -237,5 +244,6 @@ _SUBCOMMANDS = {
     "sim": _sim,
     "stack": _stack,
     "bench": _bench,
+    "envoy-config": _envoy_config,
     "_worker": _worker,
 }
