@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="epp",
         description="Endpoint Picker for LLM inference (Envoy ext_proc). Subcommands: "
         "'epp plugins list', 'epp sim --help', 'epp stack --help', 'epp bench --help', "
-        "'epp envoy-config --help'.",
+        "'epp envoy-config --help', 'epp explain|endpoints|state --help'.",
     )
     for field, spec in flags():
         _add_flag(p, field.name, field.default, spec)
@@ -229,6 +229,24 @@ def _envoy_config(args: list[str]) -> int:
     return envoy_config_main(args)
 
 
+def _explain(args: list[str]) -> int:
+    from epp.adminclient.cli import explain_main
+
+    return explain_main(args)
+
+
+def _endpoints(args: list[str]) -> int:
+    from epp.adminclient.cli import endpoints_main
+
+    return endpoints_main(args)
+
+
+def _state(args: list[str]) -> int:
+    from epp.adminclient.cli import state_main
+
+    return state_main(args)
+
+
 def _worker(args: list[str]) -> int:
     """Internal: one worker of ``--workers N``, started by the supervisor (``epp.workers``)."""
     from epp.workers.worker import main as worker_main
@@ -245,5 +263,8 @@ _SUBCOMMANDS = {
     "stack": _stack,
     "bench": _bench,
     "envoy-config": _envoy_config,
+    "explain": _explain,
+    "endpoints": _endpoints,
+    "state": _state,
     "_worker": _worker,
 }

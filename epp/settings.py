@@ -205,6 +205,9 @@ class Settings:
         True, "serve ext_proc over TLS (self-signed without --cert-path)", BOOL
     )
     cert_path: str = flag("", "directory with tls.crt and tls.key")
+    admin_token_file: str = flag(
+        "", "file holding the bearer token the admin gRPC API requires (empty: none)"
+    )
     enable_cert_reload: bool = flag(False, "reload the certificate when it changes (not yet)", BOOL)
     health_checking: bool = flag(False, "also serve grpc.health.v1 on the ext_proc port", BOOL)
     tracing: bool = flag(

@@ -6,8 +6,8 @@ pre-request hooks. Every failure is an ``InferenceError`` carrying its wire stat
 
 Response side: the response headers run the ``ResponseHeaders`` hooks; body chunks feed the
 parser's usage extraction and get the client's model name back; completion (end of stream,
-trailers, client disconnect or error, exactly once) runs the ``ResponseComplete`` hooks, frees
-the flow-control accounting and records the request's metrics.
+trailers, client disconnect or error, exactly once) runs the ``ResponseComplete`` hooks, frees the
+flow-control accounting and records the request's metrics.
 
 Target model (spec §1.7): the ``x-llm-d-model-name-rewrite`` header if present, else the body's
 model; then an InferenceModelRewrite rule matching the *incoming* (body) model overrides it (a
@@ -45,7 +45,6 @@ from epp.plugin import (
     ErrorCode,
     InferenceError,
     InferenceRequest,
-    ParsedResponse,
     Parser,
     ParseResult,
     ResponseInfo,
@@ -53,7 +52,7 @@ from epp.plugin import (
     agent_identity,
     wire,
 )
-from epp.requestcontrol.exchange import Decision, Exchange, Forward, restore_model
+from epp.requestcontrol.exchange import Decision, Exchange, Forward, learn, restore_model
 from epp.requestcontrol.objectives import ObjectiveStore
 from epp.requestcontrol.parsers import ParserRouter
 from epp.requestcontrol.rewrites import RewriteStore
@@ -192,8 +191,14 @@ class Director:
             self._stats.on_protocol_error(reason)
 
     async def decide(
-        self, request: InferenceRequest, body: bytes, metadata: Mapping[str, Any]
+        self,
+        request: InferenceRequest,
+        body: bytes,
+        metadata: Mapping[str, Any],
+        *,
+        dry_run: bool = False,
     ) -> Decision:
+        """``dry_run``: no admission, admitters or pre-request hooks (the admin API's Explain)."""
         path, parser = self._router.resolve(request.headers)
         request.path = path
         parsed = parser.parse_request(path, body, request.headers)
@@ -201,6 +206,8 @@ class Director:
         request.size_bytes = len(body)
         request.incoming_model = parsed.model
         out_body = self._target_model(request, parser, parsed, body)
+        if dry_run:
+            return await self._schedule(request, parser, parsed, out_body, metadata, dry_run)
         await self._admit(request)
         try:
             return await self._schedule(request, parser, parsed, out_body, metadata)
@@ -246,6 +253,7 @@ class Director:
         parsed: ParseResult,
         out_body: bytes,
         metadata: Mapping[str, Any],
+        dry_run: bool = False,
     ) -> Decision:
         pool = self.candidates(metadata)
         if not pool:
@@ -253,14 +261,14 @@ class Director:
         if self._producers:
             await self._produce(request, pool)
         cycle = CycleState(now=self._clock(), rng=self._rng)
-        for admitter in self._pipeline.admitters:
+        for admitter in () if dry_run else self._pipeline.admitters:
             denial = admitter.admit(cycle, request, pool)
             if denial is not None:
                 raise denial
         t0 = time.perf_counter()
         result = self._scheduler.schedule(cycle, request, pool)
         self._on_scheduled(time.perf_counter() - t0)
-        for hook in self._pipeline.pre_request:
+        for hook in () if dry_run else self._pipeline.pre_request:
             try:
                 hook.pre_request(request, result)
             except Exception:
@@ -333,7 +341,7 @@ class Director:
             data = bytes(held) + data
         ex.buffer = None
         if ex.state is not None:
-            _learn(ex.response, ex.state.feed(data, end_of_stream))
+            learn(ex.response, ex.state.feed(data, end_of_stream))
         out = restore_model(ex.decision, data)
         if end_of_stream:
             self.complete(ex, TerminationCause.NATURAL)
@@ -355,7 +363,7 @@ class Director:
             parsed = decision.parser.parse_response(
                 body, ex.response.headers, streaming=False, end_of_stream=True
             )
-            _learn(ex.response, parsed)
+            learn(ex.response, parsed)
         out = restore_model(decision, body)
         self.complete(ex, TerminationCause.NATURAL)
         return Forward(out, whole=True, changed=out != body)
@@ -378,14 +386,6 @@ class Director:
             self._flow.done(request, output_tokens=info.usage.completion_tokens)
         if self._stats is not None:
             self._stats.on_complete(request, info, time.monotonic() - ex.started, ex.size)
-
-
-def _learn(info: ResponseInfo, parsed: ParsedResponse) -> None:
-    """Fold what the parser read from a response chunk or body into the response info."""
-    if parsed.usage is not None:
-        info.usage.merge(parsed.usage)
-    if parsed.response_id and not info.response_id:
-        info.response_id = parsed.response_id
 
 
 def _no_candidates() -> InferenceError:

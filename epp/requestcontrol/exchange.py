@@ -14,6 +14,7 @@ from typing import NamedTuple
 from epp.plugin import (
     Endpoint,
     InferenceRequest,
+    ParsedResponse,
     Parser,
     ParseResult,
     ResponseInfo,
@@ -70,3 +71,11 @@ def restore_model(decision: Decision | None, data: bytes) -> bytes:
     incoming = decision.request.incoming_model.encode()
     data = data.replace(b'"model":"' + target + b'"', b'"model":"' + incoming + b'"')
     return data.replace(b'"model": "' + target + b'"', b'"model": "' + incoming + b'"')
+
+
+def learn(info: ResponseInfo, parsed: ParsedResponse) -> None:
+    """Fold what the parser read from a response chunk or body into the response info."""
+    if parsed.usage is not None:
+        info.usage.merge(parsed.usage)
+    if parsed.response_id and not info.response_id:
+        info.response_id = parsed.response_id
