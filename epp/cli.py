@@ -180,16 +180,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _plugins(args: list[str]) -> int:
     from epp.plugin import PluginError
-    from epp.plugin.registry import PluginRegistry
+    from epp.plugin.registry import PluginRegistry, clash_message
 
     if args[:1] != ["list"] or args[1:] not in ([], ["--markdown"]):
         print("usage: epp plugins list [--markdown]", file=sys.stderr)
         return 2
     try:
-        reg = PluginRegistry.from_entry_points()
+        reg = PluginRegistry.from_entry_points(strict=False)
     except PluginError as exc:
         print(f"epp: {exc}", file=sys.stderr)
         return 2
+    for type_name, claims in reg.clashes().items():
+        print(f"epp: {clash_message(type_name, claims)}; the EPP refuses to start until one of "
+              "them is uninstalled", file=sys.stderr)  # fmt: skip
     if args[1:] == ["--markdown"]:
         from epp.config.catalog import render_markdown
 
@@ -198,9 +201,11 @@ def _plugins(args: list[str]) -> int:
     rows = [
         (t, reg.info(t).distribution, reg.info(t).version, reg.info(t).target) for t in reg.types()
     ]
+    rows += [(t, c.distribution, c.version, f"{c.target} CLASH")
+             for t, claims in reg.clashes().items() for c in claims]  # fmt: skip
     width = max((len(r[0]) for r in rows), default=4)
     print(f"{'TYPE':<{width}}  DISTRIBUTION VERSION TARGET")
-    for t, dist, ver, target in rows:
+    for t, dist, ver, target in sorted(rows):
         print(f"{t:<{width}}  {dist} {ver} {target}")
     return 0
 
