@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import signal
@@ -49,6 +50,7 @@ from epp.requestcontrol.objectives import ObjectiveStore
 from epp.requestcontrol.rewrites import RewriteStore
 from epp.scheduling.scheduler import Scheduler
 from epp.server import health
+from epp.server.admin import AdminServicer, AdminSources, read_token
 from epp.server.context import ServerContext
 from epp.server.serve import private_host, start_grpc
 from epp.server.tls import CertFiles, metrics_tls
@@ -312,7 +314,7 @@ class App:
         except ValueError as exc:
             raise ConfigError(f"--metrics-cert-dir: {exc}") from None
         reviewer = metrics_reviewer(s)  # before any server starts: a ConfigError stops nothing
-        grpc_servers = await start_grpc(s, self.context, self.health)
+        grpc_servers = await start_grpc(s, self.context, self.health, self._admin())
         self.grpc_port, self.health_port = grpc_servers.grpc_port, grpc_servers.health_port
         self._certs = [c for c in (grpc_servers.cert_files, metrics_certs) if c is not None]
         ms = MetricsServer(
@@ -330,6 +332,12 @@ class App:
         ports |= {"metricsPort": self.metrics_port, "tls": s.secure_serving}
         log.info("serving", extra=ports)
         return [grpc_servers.ext, grpc_servers.health, ms]
+
+    def _admin(self) -> AdminServicer:
+        """The admin gRPC API (``epp.server.admin``) over this App's state."""
+        p, token = self.pipeline, read_token(self.settings.admin_token_file)
+        sources = AdminSources(self.director, self.store.snapshot, p.dumpers, self.flow, self.sync)
+        return AdminServicer(dataclasses.replace(sources, token=token))
 
     async def _drain(self, servers: list[Any]) -> None:
         self.draining = True

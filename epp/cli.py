@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="epp",
         description="Endpoint Picker for LLM inference (Envoy ext_proc). Subcommands: "
-        "'epp plugins list', 'epp sim --help', 'epp stack --help', 'epp bench --help'.",
+        "'epp plugins list', 'epp sim --help', 'epp stack --help', 'epp bench --help', "
+        "'epp envoy-config --help', 'epp explain|endpoints|state --help'.",
     )
     p.add_argument("--version", action="version", version=f"epp {package_version()}")
     for field, spec in flags():
@@ -251,16 +252,19 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
 
 def _plugins(args: list[str]) -> int:
     from epp.plugin import PluginError
-    from epp.plugin.registry import PluginRegistry
+    from epp.plugin.registry import PluginRegistry, clash_message
 
     if args[:1] != ["list"] or args[1:] not in ([], ["--markdown"]):
         print("usage: epp plugins list [--markdown]", file=sys.stderr)
         return 2
     try:
-        reg = PluginRegistry.from_entry_points()
+        reg = PluginRegistry.from_entry_points(strict=False)
     except PluginError as exc:
         print(f"epp: {exc}", file=sys.stderr)
         return 2
+    for type_name, claims in reg.clashes().items():
+        print(f"epp: {clash_message(type_name, claims)}; the EPP refuses to start until one of "
+              "them is uninstalled", file=sys.stderr)  # fmt: skip
     if args[1:] == ["--markdown"]:
         from epp.config.catalog import render_markdown
 
@@ -269,9 +273,11 @@ def _plugins(args: list[str]) -> int:
     rows = [
         (t, reg.info(t).distribution, reg.info(t).version, reg.info(t).target) for t in reg.types()
     ]
+    rows += [(t, c.distribution, c.version, f"{c.target} CLASH")
+             for t, claims in reg.clashes().items() for c in claims]  # fmt: skip
     width = max((len(r[0]) for r in rows), default=4)
     print(f"{'TYPE':<{width}}  DISTRIBUTION VERSION TARGET")
-    for t, dist, ver, target in rows:
+    for t, dist, ver, target in sorted(rows):
         print(f"{t:<{width}}  {dist} {ver} {target}")
     return 0
 
@@ -294,6 +300,30 @@ def _bench(args: list[str]) -> int:
     return bench_main(args)
 
 
+def _envoy_config(args: list[str]) -> int:
+    from epp.envoyconfig.cli import main as envoy_config_main
+
+    return envoy_config_main(args)
+
+
+def _explain(args: list[str]) -> int:
+    from epp.adminclient.cli import explain_main
+
+    return explain_main(args)
+
+
+def _endpoints(args: list[str]) -> int:
+    from epp.adminclient.cli import endpoints_main
+
+    return endpoints_main(args)
+
+
+def _state(args: list[str]) -> int:
+    from epp.adminclient.cli import state_main
+
+    return state_main(args)
+
+
 def _worker(args: list[str]) -> int:
     """Internal: one worker of ``--workers N``, started by the supervisor (``epp.workers``)."""
     from epp.workers.worker import main as worker_main
@@ -309,5 +339,9 @@ _SUBCOMMANDS = {
     "sim": _sim,
     "stack": _stack,
     "bench": _bench,
+    "envoy-config": _envoy_config,
+    "explain": _explain,
+    "endpoints": _endpoints,
+    "state": _state,
     "_worker": _worker,
 }

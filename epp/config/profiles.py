@@ -23,6 +23,7 @@ from epp.config.schema import (
     SchedulingProfileSpec,
 )
 from epp.plugin import Filter, Picker, Profile, ProfileHandler, Scorer
+from epp.plugin.conformance import explain_refusal, scheduling_roles
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +53,7 @@ def build_profiles(
     return profiles
 
 
-def _default_scheduling(
-    b: Builder, default: EndpointPickerConfig
-) -> tuple[ProfilePluginRef, ...]:
+def _default_scheduling(b: Builder, default: EndpointPickerConfig) -> tuple[ProfilePluginRef, ...]:
     """Add the built-in default's scheduling plugins (those its first profile names) under their
     default names, and return that profile's references."""
     specs = {spec.name or spec.type: spec for spec in default.plugins}
@@ -89,19 +88,21 @@ def _profiles(b: Builder, specs: tuple[SchedulingProfileSpec, ...]) -> dict[str,
         pickers: list[Picker] = []
         for j, ref in enumerate(spec.plugins):
             inst = b.ref(ref.plugin_ref, f"{where}.plugins[{j}]")
-            if not isinstance(inst, (Filter, Scorer, Picker)):
+            roles = scheduling_roles(inst)
+            if not roles:
+                why = explain_refusal(inst)
                 raise ConfigError(
                     f"config: {where}.plugins[{j}]: {ref.plugin_ref!r} is not a filter, "
-                    "scorer or picker"
+                    "scorer or picker" + (f" ({why})" if why else "")
                 )
-            if isinstance(inst, Filter):
+            if "filter" in roles:
                 filters.append(inst)
-            if isinstance(inst, Scorer):
+            if "scorer" in roles:
                 weight = 1.0 if ref.weight is None else float(ref.weight)
                 if weight < 0:
                     raise ConfigError(f"config: {where}.plugins[{j}].weight: must be >= 0")
                 scorers.append((inst, weight))
-            if isinstance(inst, Picker):
+            if "picker" in roles:
                 pickers.append(inst)
         if len(pickers) > 1:
             raise ConfigError(f"config: {where}: more than one picker in profile {spec.name!r}")

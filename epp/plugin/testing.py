@@ -20,6 +20,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from epp.plugin.conformance import problems
 from epp.plugin.params import ParamError, decode
 from epp.plugin.protocols import Filter, Picker, Scorer
 from epp.plugin.types import (
@@ -73,6 +74,15 @@ def _cycle(seed: int = 0) -> CycleState:
     return CycleState(now=1000.0, rng=random.Random(seed))
 
 
+def check_role(plugin: Any, role: str) -> None:
+    """``plugin`` declares everything start-up requires of a ``role`` (``filter``, ``scorer``,
+    ``picker``; ``epp.plugin.conformance``, the one definition both use): for a scorer that
+    includes ``category``, a ``ScorerCategory``."""
+    missing = problems(plugin, role)
+    name = str(getattr(plugin, "typed_name", type(plugin).__name__))
+    assert not missing, f"{name}: start-up refuses it as a {role}: {'; '.join(missing)}"
+
+
 def check_plugin_class(cls: type[Any], type_name: str) -> None:
     """``TYPE`` matches the registered name; ``Params`` is a frozen dataclass decoded strictly."""
     assert getattr(cls, "TYPE", None) == type_name, f"{cls.__name__}.TYPE != {type_name!r}"
@@ -92,8 +102,10 @@ def check_plugin_class(cls: type[Any], type_name: str) -> None:
 def check_scorer(
     scorer: Scorer, endpoints: Sequence[Endpoint], request: InferenceRequest | None = None
 ) -> None:
-    """Scores cover the given endpoints only, lie in [0, 1], are deterministic and synchronous;
-    the endpoints are not mutated; an empty list is accepted."""
+    """A scorer as start-up requires (``check_role``); scores cover the given endpoints only, lie
+    in [0, 1], are deterministic and synchronous; the endpoints are not mutated; an empty list is
+    accepted."""
+    check_role(scorer, "scorer")
     request = request or sample_request()
     name = str(scorer.typed_name)
     before = copy.deepcopy(list(endpoints))
@@ -113,7 +125,9 @@ def check_scorer(
 def check_filter(
     flt: Filter, endpoints: Sequence[Endpoint], request: InferenceRequest | None = None
 ) -> None:
-    """The result is a subset of the input, deterministic, and the input is not mutated."""
+    """A filter as start-up requires (``check_role``); the result is a subset of the input,
+    deterministic, and the input is not mutated."""
+    check_role(flt, "filter")
     request = request or sample_request()
     name = str(flt.typed_name)
     before = list(endpoints)
@@ -130,6 +144,7 @@ def check_filter(
 
 def check_picker(picker: Picker, endpoints: Sequence[Endpoint]) -> None:
     """Targets come from the scored candidates; a non-empty candidate list yields a target."""
+    check_role(picker, "picker")
     name = str(picker.typed_name)
     scored = [ScoredEndpoint(e, (i % 7) / 7) for i, e in enumerate(endpoints)]
     result = picker.pick(_cycle(), scored)

@@ -63,7 +63,7 @@ from epp.requestcontrol.exchange import (
 )
 from epp.requestcontrol.objectives import ObjectiveStore
 from epp.requestcontrol.parsers import ParserRouter
-from epp.requestcontrol.rewrites import RewriteStore, target_model
+from epp.requestcontrol.rewrites import RewriteStore, served_models, target_model
 from epp.scheduling.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -113,18 +113,8 @@ class Director:
             stats.serve_models_from(self.pool_models)
 
     def pool_models(self) -> list[str]:
-        """Model names the pool serves by its own account: LoRA adapters the endpoints' metrics
-        list as running or waiting, and every model an InferenceModelRewrite names."""
-        names: list[str] = []
-        for endpoint in self._endpoints():
-            if endpoint.metrics is not None:
-                names += endpoint.metrics.active_models
-                names += endpoint.metrics.waiting_models
-        for rewrite in self._rewrites.rewrites():
-            for rule in rewrite.rules:
-                names += rule.models
-                names += (target.model for target in rule.targets)
-        return names
+        """Model names the pool serves by its own account (``rewrites.served_models``)."""
+        return served_models(self._endpoints(), self._rewrites)
 
     # ---- request side -------------------------------------------------------------------------
 
@@ -211,7 +201,10 @@ class Director:
         body: bytes,
         metadata: Mapping[str, Any],
         trace: RequestTrace | None = None,
+        *,
+        dry_run: bool = False,
     ) -> Decision:
+        """``dry_run``: no admission, admitters or pre-request hooks (the admin API's Explain)."""
         t0 = time.time_ns()
         path, parser = self._router.resolve(request.headers)
         request.path = path
@@ -223,6 +216,8 @@ class Director:
         t1 = time.time_ns()
         if trace is not None:
             trace.phase("llm_d.epp.parse", t0, t1, **{"llm_d.epp.parser": str(parser.typed_name)})
+        if dry_run:
+            return await self._schedule(request, parser, parsed, out_body, metadata, trace, True)
         try:
             await self._admit(request)
         finally:
@@ -255,6 +250,7 @@ class Director:
         out_body: bytes,
         metadata: Mapping[str, Any],
         trace: RequestTrace | None,
+        dry_run: bool = False,
     ) -> Decision:
         pool = self.candidates(metadata)
         if not pool:
@@ -264,14 +260,14 @@ class Director:
         cycle = CycleState(now=self._clock(), rng=self._rng)
         if trace is not None:
             cycle.data[TRACE_KEY] = trace
-        for admitter in self._pipeline.admitters:
+        for admitter in () if dry_run else self._pipeline.admitters:
             denial = admitter.admit(cycle, request, pool)
             if denial is not None:
                 raise denial
         t0 = time.perf_counter()
         result = self._scheduler.schedule(cycle, request, pool)
         self._on_scheduled(time.perf_counter() - t0)
-        for hook in self._pipeline.pre_request:
+        for hook in () if dry_run else self._pipeline.pre_request:
             try:
                 hook.pre_request(request, result)
             except Exception:

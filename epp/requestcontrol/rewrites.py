@@ -32,10 +32,18 @@ from __future__ import annotations
 
 import datetime
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from epp.plugin import ErrorCode, InferenceError, InferenceRequest, Parser, ParseResult, wire
+from epp.plugin import (
+    Endpoint,
+    ErrorCode,
+    InferenceError,
+    InferenceRequest,
+    Parser,
+    ParseResult,
+    wire,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,3 +172,18 @@ def target_model(
         if request.target_model != parsed.model:
             return parser.rewrite_model(parsed.body, request.target_model)
     return body
+
+
+def served_models(endpoints: Sequence[Endpoint], rewrites: RewriteStore) -> list[str]:
+    """Model names the pool serves by its own account: LoRA adapters the endpoints' metrics
+    list as running or waiting, and every model an InferenceModelRewrite names."""
+    names: list[str] = []
+    for endpoint in endpoints:
+        if endpoint.metrics is not None:
+            names += endpoint.metrics.active_models
+            names += endpoint.metrics.waiting_models
+    for rewrite in rewrites.rewrites():
+        for rule in rewrite.rules:
+            names += rule.models
+            names += (target.model for target in rule.targets)
+    return names

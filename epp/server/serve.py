@@ -18,6 +18,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from epp.config.loader import ConfigError
+from epp.server.admin import AdminServicer
 from epp.server.context import ServerContext
 from epp.server.extproc import ExtProcServicer
 from epp.server.health import HealthServicer
@@ -76,10 +77,13 @@ class GrpcServers:
 
 
 async def start_grpc(
-    s: ServeSettings, context: ServerContext, health: HealthServicer
+    s: ServeSettings,
+    context: ServerContext,
+    health: HealthServicer,
+    admin: AdminServicer | None = None,
 ) -> GrpcServers:
     """Bind and start both servers; the returned ports are the ones actually bound (``0`` in the
-    settings means "pick a free one")."""
+    settings means "pick a free one"). ``admin``: the admin API, on the ext_proc port."""
     opts = [
         ("grpc.max_receive_message_length", s.grpc_max_recv_msg_size),
         ("grpc.max_send_message_length", s.grpc_max_send_msg_size),
@@ -91,6 +95,8 @@ async def start_grpc(
     )
     if s.health_checking:
         health_pb2_grpc.add_HealthServicer_to_server(health, ext)
+    if admin is not None:
+        ext.add_generic_rpc_handlers((admin.handler(),))
     addr = f"{s.bind_address}:{s.grpc_port}"
     try:
         files = CertFiles(s.cert_path) if s.secure_serving and s.cert_path else None

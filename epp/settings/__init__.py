@@ -135,6 +135,9 @@ class Settings:
         True, "serve ext_proc over TLS (self-signed without --cert-path)", BOOL
     )
     cert_path: str = flag("", "directory with tls.crt and tls.key")
+    admin_token_file: str = flag(
+        "", "file holding the bearer token the admin gRPC API requires (empty: none)"
+    )
     enable_cert_reload: bool = flag(
         False,
         "reload the --cert-path and --metrics-cert-dir certificates when their files change",

@@ -1,4 +1,4 @@
-"""Through a real Envoy in BUFFERED mode with fail-open (deploy/envoy/buffered-failopen.yaml)."""
+"""Through a real Envoy in BUFFERED mode with fail-open (`epp envoy-config --body buffered`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Through a real Envoy (FULL_DUPLEX_STREAMED, deploy/envoy/full-duplex.yaml) to simulated vLLM
+"""Through a real Envoy (FULL_DUPLEX_STREAMED, as `epp envoy-config` generates) to simulated vLLM
 pods: the EPP's decision is what Envoy routes on."""
 
 from __future__ import annotations

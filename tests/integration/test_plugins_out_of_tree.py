@@ -94,11 +94,20 @@ def test_bad_third_party_params_fail_with_plugin_type_and_path(testplugins: Path
     )
 
 
-def test_duplicate_type_across_distributions_is_a_startup_error(
+def test_duplicate_type_across_distributions_is_a_startup_error_that_the_list_reports(
     tmp_path: Path, testplugins: Path
 ) -> None:
     pip_install(tmp_path, "epp-dupplugin")
-    out = run(tmp_path, str(BIN / "epp"), "plugins", "list")
-    assert out.returncode != 0
+    out = run(tmp_path, str(BIN / "epp"), "--grpc-port", "0")
+    assert out.returncode == 2
     assert "plugin type 'queue-scorer' is registered twice" in out.stderr
     assert "epp-dupplugin 0.2.0" in out.stderr and "inference-epp" in out.stderr
+
+    listed = run(tmp_path, str(BIN / "epp"), "plugins", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert "plugin type 'queue-scorer' is registered twice" in listed.stderr
+    rows = [line.split() for line in listed.stdout.splitlines()[1:]]
+    claims = sorted(r[1] for r in rows if r[0] == "queue-scorer")
+    assert claims == ["epp-dupplugin", "inference-epp"]
+    assert all(r[-1] == "CLASH" for r in rows if r[0] == "queue-scorer")
+    assert any(r[0] == "prefix-cache-scorer" and r[-1] != "CLASH" for r in rows)

@@ -27,7 +27,6 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-import epp.localstack.envoy as envoy_module
 from epp.localstack.envoy import free_port
 from tests.conftest import COMPLETION, endpoints_yaml, epp_config, post
 
@@ -36,24 +35,6 @@ pytestmark = [pytest.mark.envoy]
 EPP = str(Path(sys.executable).parent / "epp")
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-ONE_REQUEST_PER_CONNECTION = (
-    "        common_http_protocol_options: {max_requests_per_connection: 1}\n"
-    "        explicit_http_config:\n"
-)
-
-
-@pytest.fixture
-def fresh_connections(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Envoy configs whose EPP cluster opens a new connection per ext_proc stream."""
-    src = envoy_module.config_dir() / "full-duplex.yaml"
-    text = src.read_text()
-    assert "        explicit_http_config:\n" in text, "the EPP cluster's options moved"
-    out = tmp_path / "envoy-configs"
-    out.mkdir()
-    (out / "full-duplex.yaml").write_text(
-        text.replace("        explicit_http_config:\n", ONE_REQUEST_PER_CONNECTION, 1)
-    )
-    monkeypatch.setattr(envoy_module, "config_dir", lambda: out)
 
 
 async def _status(port: int, service: str) -> int:
@@ -117,7 +98,6 @@ async def test_two_workers_share_the_port_answer_as_a_group_and_drain_on_sigterm
     sim_pods: Any,
     envoy: Any,
     redis_server: Any,
-    fresh_connections: None,
     epp_process: Any,
 ) -> None:
     redis = redis_server()
@@ -167,7 +147,9 @@ async def test_two_workers_share_the_port_answer_as_a_group_and_drain_on_sigterm
     assert all(w["ready"] and w["running"] for w in workers)
     assert all(w["ports"]["grpc_port"] == grpc_port for w in workers)
 
-    e = envoy(SimpleNamespace(grpc_port=grpc_port, settings=SimpleNamespace(secure_serving=True)))
+    # A new connection per ext_proc stream: the kernel spreads connections over the workers.
+    app = SimpleNamespace(grpc_port=grpc_port, settings=SimpleNamespace(secure_serving=True))
+    e = envoy(app, epp_max_requests_per_connection=1)
     for i in range(24):
         request = {**COMPLETION, "prompt": f"request {i} " + "shared prefix " * 20}
         status, _, text = await post(f"{e.url}/v1/completions", request)

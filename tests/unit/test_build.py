@@ -52,7 +52,9 @@ def test_linters_are_dev_tools_and_tests_need_none_of_them() -> None:
 
 
 def test_dockerfile_and_ci_install_under_the_constraints() -> None:
-    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    # the build's own instructions; comments show plugin authors a recipe for their own image
+    dockerfile = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     # Every pip command that reaches the package index is constrained.
     commands = re.findall(r"pip (?:install|wheel)[^\n]*", dockerfile)
     assert commands

@@ -88,7 +88,7 @@ def test_tls_flags_are_checked(
 def test_tls_flags_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "tls.crt").write_text("x")
     (tmp_path / "tls.key").write_text("x")
-    monkeypatch.setenv(METRICS_TOKEN_ENV, "tok")
+    monkeypatch.setenv(METRICS_TOKEN_ENV, "s3cr3t-7d1f")
     s = settings_from_args(
         [
             "--tls-min-version=VersionTLS12",
@@ -102,7 +102,7 @@ def test_tls_flags_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
         "TLS_AES_128_GCM_SHA256",
     )
-    assert s.metrics_token == "tok" and "tok" not in repr(s)
+    assert s.metrics_token == "s3cr3t-7d1f" and "s3cr3t" not in repr(s)
     assert settings_from_args(["--tls-min-version=VersionTLS13", "--secure-serving=false"])
 
 

@@ -13,7 +13,6 @@ from epp.cli import settings_from_args
 from epp.config.loader import LoadOptions, load_config
 from epp.k8s.files import parse_objects
 from epp.k8s.pool import decode_pool
-from epp.localstack.envoy import render
 from epp.plugin.registry import PluginRegistry
 from tests.builders import handle
 
@@ -25,19 +24,8 @@ KUSTOMIZATIONS = sorted(p.parent.name for p in KUBE.glob("*/kustomization.yaml")
 
 
 def documents(path: Path) -> list[Any]:
-    """The YAML documents of a file; Envoy templates (``${VAR}``) are rendered first."""
-    if path.parent == DEPLOY / "envoy":
-        text = render(
-            path.stem,
-            listen_port=8081,
-            admin_port=19000,
-            epp_port=9002,
-            epp_tls=True,
-            fallback=[("10.0.0.1", 8000)],
-        )
-    else:
-        text = path.read_text()
-    return [d for d in yaml.safe_load_all(text) if d is not None]
+    """The YAML documents of a file."""
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
 
 
 def kind(folder: str, wanted: str) -> list[dict[str, Any]]:
@@ -196,22 +184,19 @@ def _hcm(config: dict[str, Any]) -> dict[str, Any]:
 
 def test_standalone_envoy_keeps_the_failopen_config_when_rendered_for_a_pod() -> None:
     ours = yaml.safe_load((KUBE / "standalone" / "envoy.yaml").read_text())
-    reference = yaml.safe_load(
-        render(
-            "buffered-failopen",
-            listen_port=8081,
-            admin_port=19000,
-            epp_port=9002,
-            epp_tls=True,
-            fallback=[("vllm-models", 8000)],
-        )
-    )
+    reference = yaml.safe_load((DEPLOY / "envoy" / "buffered-failopen.yaml").read_text())
     assert _hcm(ours) == _hcm(reference)
     clusters = {c["name"]: c for c in ours["static_resources"]["clusters"]}
     expected = {c["name"]: c for c in reference["static_resources"]["clusters"]}
     assert clusters["pool"] == expected["pool"]
-    assert clusters["epp"] == expected["epp"]
+    assert clusters["fallback"] == expected["fallback"]
     assert clusters["fallback"]["type"] == "STRICT_DNS"
+    epp = clusters["epp"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+    assert epp["endpoint"]["address"]["socket_address"] == {
+        "address": "127.0.0.1",
+        "port_value": 9002,
+    }
+    assert "transport_socket" in clusters["epp"]
     listener = ours["static_resources"]["listeners"][0]
     assert listener["address"]["socket_address"] == {"address": "0.0.0.0", "port_value": 8081}
     filters = _hcm(ours)["http_filters"]

@@ -1,0 +1,1 @@
+"""An out-of-tree plugin package for the inference EPP: a scorer and a filter."""

@@ -1,0 +1,1 @@
+"""Generated protocol buffer modules (``proto/generate.py``; do not edit)."""

@@ -1,0 +1,140 @@
+"""The listener (HTTP connection manager, routes, filters) and the whole bootstrap."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from envoy_data_plane.envoy.config.bootstrap.v3 import Admin, Bootstrap, BootstrapStaticResources
+from envoy_data_plane.envoy.config.common.mutation_rules.v3 import HeaderMutation as Mutation
+from envoy_data_plane.envoy.config.core.v3 import TypedExtensionConfig
+from envoy_data_plane.envoy.config.listener.v3 import Filter, FilterChain, Listener
+from envoy_data_plane.envoy.config.route.v3 import (
+    HeaderMatcher,
+    Route,
+    RouteAction,
+    RouteConfiguration,
+    RouteMatch,
+    VirtualHost,
+)
+from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
+    HttpConnectionManager,
+    HttpFilter,
+)
+from envoy_data_plane.envoy.extensions.http.early_header_mutation.header_mutation.v3 import (
+    HeaderMutation,
+)
+from envoy_data_plane.google.protobuf import Any
+
+from epp.envoyconfig.clusters import (
+    FALLBACK_CLUSTER,
+    POOL_CLUSTER,
+    clusters,
+    socket,
+    static_cluster,
+)
+from epp.envoyconfig.filters import http_filters, router_filter, seconds
+from epp.envoyconfig.options import DESTINATION_HEADER, EnvoyOptions, HostPort
+
+BUFFER_LIMIT = 16 * 1024 * 1024
+"""Buffered mode: the largest request body Envoy holds for the EPP (per connection)."""
+
+
+def _routes(opts: EnvoyOptions) -> list[Route]:
+    timeout = seconds(opts.route_timeout)
+    if not opts.fail_open:
+        return [
+            Route(
+                match=RouteMatch(prefix="/"),
+                route=RouteAction(cluster=POOL_CLUSTER, timeout=timeout),
+            )
+        ]
+    # Fail-open: a request the EPP decided carries the destination header; any other goes to
+    # the fallback cluster.
+    decided = RouteMatch(
+        prefix="/", headers=[HeaderMatcher(name=DESTINATION_HEADER, present_match=True)]
+    )
+    return [
+        Route(match=decided, route=RouteAction(cluster=POOL_CLUSTER, timeout=timeout)),
+        Route(
+            match=RouteMatch(prefix="/"),
+            route=RouteAction(cluster=FALLBACK_CLUSTER, timeout=timeout),
+        ),
+    ]
+
+
+def _strip_client_destination() -> TypedExtensionConfig:
+    """Removes a client-sent destination header before routing: a client cannot pick the pod
+    (even when the EPP is bypassed by fail-open)."""
+    mutation = HeaderMutation(mutations=[Mutation(remove=DESTINATION_HEADER)])
+    return TypedExtensionConfig(
+        name="envoy.http.early_header_mutation.header_mutation", typed_config=Any.pack(mutation)
+    )
+
+
+def connection_manager(
+    opts: EnvoyOptions | None, filters: Sequence[HttpFilter], routes: list[Route]
+) -> HttpConnectionManager:
+    hcm = HttpConnectionManager(
+        stat_prefix="ingress",
+        route_config=RouteConfiguration(
+            virtual_hosts=[VirtualHost(name="all", domains=["*"], routes=routes)]
+        ),
+        http_filters=list(filters),
+    )
+    if opts is not None:
+        hcm.early_header_mutation_extensions = [_strip_client_destination()]
+        hcm.stream_idle_timeout = seconds(opts.route_timeout)
+    return hcm
+
+
+def listener(opts: EnvoyOptions) -> Listener:
+    hcm = connection_manager(opts, http_filters(opts), _routes(opts))
+    return _listener(opts.listen, hcm, BUFFER_LIMIT if opts.body == "buffered" else 0)
+
+
+def _listener(listen: HostPort, hcm: HttpConnectionManager, buffer_limit: int) -> Listener:
+    out = Listener(
+        name="main",
+        address=socket(*listen),
+        filter_chains=[
+            FilterChain(
+                filters=[
+                    Filter(
+                        name="envoy.filters.network.http_connection_manager",
+                        typed_config=Any.pack(hcm),
+                    )
+                ]
+            )
+        ],
+    )
+    if buffer_limit:
+        out.per_connection_buffer_limit_bytes = buffer_limit
+    return out
+
+
+def bootstrap(opts: EnvoyOptions) -> Bootstrap:
+    """A complete Envoy config: admin, the listener, the clusters."""
+    return Bootstrap(
+        admin=Admin(address=socket(*opts.admin)),
+        static_resources=BootstrapStaticResources(
+            listeners=[listener(opts)], clusters=clusters(opts)
+        ),
+    )
+
+
+def baseline_bootstrap(
+    listen: HostPort, admin: HostPort, endpoints: Sequence[HostPort], lb_policy: str = "ROUND_ROBIN"
+) -> Bootstrap:
+    """Envoy alone, balancing over ``endpoints`` with its own ``lb_policy``: the baseline the
+    benchmarks compare the EPP with."""
+    route = Route(
+        match=RouteMatch(prefix="/"), route=RouteAction(cluster=POOL_CLUSTER, timeout=seconds(300))
+    )
+    hcm = connection_manager(None, [router_filter()], [route])
+    return Bootstrap(
+        admin=Admin(address=socket(*admin)),
+        static_resources=BootstrapStaticResources(
+            listeners=[_listener(listen, hcm, 0)],
+            clusters=[static_cluster(POOL_CLUSTER, endpoints, lb_policy)],
+        ),
+    )

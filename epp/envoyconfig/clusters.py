@@ -1,0 +1,156 @@
+"""The clusters: the EPP (HTTP/2, plaintext/TLS/mTLS, health-checked replicas), the model
+servers (ORIGINAL_DST on the destination header the EPP sets) and the fail-open fallback."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from envoy_data_plane.envoy.config.cluster.v3 import (
+    Cluster,
+    ClusterCommonLbConfig,
+    ClusterDiscoveryType,
+    ClusterLbPolicy,
+    ClusterOriginalDstLbConfig,
+)
+from envoy_data_plane.envoy.config.core.v3 import (
+    Address,
+    DataSource,
+    HealthCheck,
+    HealthCheckGrpcHealthCheck,
+    Http2ProtocolOptions,
+    SocketAddress,
+    TransportSocket,
+)
+from envoy_data_plane.envoy.config.core.v3 import HttpProtocolOptions as CommonHttpOptions
+from envoy_data_plane.envoy.config.endpoint.v3 import (
+    ClusterLoadAssignment,
+    Endpoint,
+    LbEndpoint,
+    LocalityLbEndpoints,
+)
+from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
+    CertificateValidationContext,
+    CommonTlsContext,
+    TlsCertificate,
+    UpstreamTlsContext,
+)
+from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
+    HttpProtocolOptions,
+    HttpProtocolOptionsExplicitHttpConfig,
+)
+from envoy_data_plane.envoy.type.v3 import Percent
+from envoy_data_plane.google.protobuf import Any
+
+from epp.envoyconfig.filters import EPP_CLUSTER, seconds
+from epp.envoyconfig.options import DESTINATION_HEADER, EnvoyOptions, HostPort, is_ip
+
+POOL_CLUSTER = "pool"
+FALLBACK_CLUSTER = "fallback"
+_HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+def socket(host: str, port: int) -> Address:
+    return Address(socket_address=SocketAddress(address=host, port_value=port))
+
+
+def load_assignment(name: str, endpoints: Sequence[HostPort]) -> ClusterLoadAssignment:
+    lb = [LbEndpoint(endpoint=Endpoint(address=socket(h, p))) for h, p in endpoints]
+    return ClusterLoadAssignment(
+        cluster_name=name, endpoints=[LocalityLbEndpoints(lb_endpoints=lb)]
+    )
+
+
+def _tls(opts: EnvoyOptions) -> TransportSocket:
+    common = CommonTlsContext(alpn_protocols=["h2"])
+    if opts.ca_file:
+        common.validation_context = CertificateValidationContext(
+            trusted_ca=DataSource(filename=opts.ca_file)
+        )
+    if opts.tls == "mtls":
+        common.tls_certificates = [
+            TlsCertificate(
+                certificate_chain=DataSource(filename=opts.cert_file),
+                private_key=DataSource(filename=opts.key_file),
+            )
+        ]
+    context = UpstreamTlsContext(common_tls_context=common, sni=opts.sni)
+    return TransportSocket(name="envoy.transport_sockets.tls", typed_config=Any.pack(context))
+
+
+def _health_check(opts: EnvoyOptions) -> HealthCheck:
+    """A replica that is not SERVING (starting, replaying shared state, draining) gets no stream."""
+    return HealthCheck(
+        timeout=seconds(1.0),
+        interval=seconds(opts.health_interval),
+        no_traffic_interval=seconds(opts.health_interval),
+        unhealthy_threshold=1,
+        healthy_threshold=1,
+        grpc_health_check=HealthCheckGrpcHealthCheck(),
+    )
+
+
+def _addresses_type(endpoints: Sequence[HostPort]) -> ClusterDiscoveryType:
+    if all(is_ip(h) for h, _ in endpoints):
+        return ClusterDiscoveryType.STATIC
+    return ClusterDiscoveryType.STRICT_DNS
+
+
+def epp_cluster(opts: EnvoyOptions) -> Cluster:
+    """The EPP: HTTP/2 (gRPC), over TLS unless plaintext; with health checks no panic routing,
+    so with every replica unhealthy Envoy answers 503 rather than pick a dead one."""
+    h2 = Http2ProtocolOptions()
+    if opts.max_streams_per_connection > 0:
+        h2.max_concurrent_streams = opts.max_streams_per_connection
+    options = HttpProtocolOptions(
+        explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(http2_protocol_options=h2)
+    )
+    if opts.max_requests_per_connection > 0:
+        options.common_http_protocol_options = CommonHttpOptions(
+            max_requests_per_connection=opts.max_requests_per_connection
+        )
+    cluster = Cluster(
+        name=EPP_CLUSTER,
+        type=_addresses_type(opts.epp),
+        connect_timeout=seconds(2.0),
+        typed_extension_protocol_options={_HTTP_OPTIONS: Any.pack(options)},
+        load_assignment=load_assignment(EPP_CLUSTER, opts.epp),
+    )
+    if opts.tls != "plaintext":
+        cluster.transport_socket = _tls(opts)
+    if opts.effective_health_checks:
+        cluster.health_checks = [_health_check(opts)]
+        cluster.common_lb_config = ClusterCommonLbConfig(healthy_panic_threshold=Percent(value=0))
+    return cluster
+
+
+def pool_cluster() -> Cluster:
+    """The model servers: Envoy connects to the address in the header the EPP set."""
+    return Cluster(
+        name=POOL_CLUSTER,
+        type=ClusterDiscoveryType.ORIGINAL_DST,
+        lb_policy=ClusterLbPolicy.CLUSTER_PROVIDED,
+        connect_timeout=seconds(2.0),
+        original_dst_lb_config=ClusterOriginalDstLbConfig(
+            use_http_header=True, http_header_name=DESTINATION_HEADER
+        ),
+    )
+
+
+def static_cluster(
+    name: str, endpoints: Sequence[HostPort], lb_policy: str = "ROUND_ROBIN"
+) -> Cluster:
+    """A plain cluster over fixed endpoints (the fail-open fallback; Envoy alone, as a baseline)."""
+    return Cluster(
+        name=name,
+        type=_addresses_type(endpoints),
+        lb_policy=ClusterLbPolicy[lb_policy],
+        connect_timeout=seconds(2.0),
+        load_assignment=load_assignment(name, endpoints),
+    )
+
+
+def clusters(opts: EnvoyOptions) -> list[Cluster]:
+    out = [pool_cluster(), epp_cluster(opts)]
+    if opts.fail_open:
+        out.insert(0, static_cluster(FALLBACK_CLUSTER, opts.fallback))
+    return out

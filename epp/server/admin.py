@@ -1,0 +1,222 @@
+"""The admin gRPC API (``proto/epp/admin/v1/admin.proto``), served on the ext_proc port.
+
+- ``Explain``: the request is parsed, its target model and candidates resolved, the data
+  producers run and the scheduler scores every candidate with every scorer, as for a routed
+  request (``Director.decide(dry_run=True)``), but nothing is admitted, no pre-request hook runs
+  and nothing is recorded: explaining a request changes no routing state. The answer is the
+  entry ``/debug/decisions`` would show (``decision_entry``), with every candidate.
+- ``ListEndpoints``: the endpoints with their last scraped metrics, the metrics' age, extractor
+  attributes, role and rank.
+- ``DumpState``: what each ``StateDumper`` plugin reports (prefix index, sessions, ...), the
+  flow-control queues and the cross-replica sharing lag.
+
+With a bearer token configured (``--admin-token-file``) every call must carry
+``authorization: Bearer <token>``; others get UNAUTHENTICATED.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from epp._proto import epp_admin_v1_pb2 as pb
+from epp.config.loader import ConfigError
+from epp.flowcontrol.controller import FlowController
+from epp.observability.decisions import EXPLAIN_HEADER, clip, decision_entry
+from epp.plugin import Endpoint, InferenceError, StateDumper, wire
+from epp.plugin.roles import role_of
+from epp.requestcontrol.director import Director
+from epp.state.sync import StateSync
+
+SERVICE = "epp.admin.v1.Admin"
+DEFAULT_PATH = "/v1/completions"
+
+
+@dataclass(frozen=True)
+class AdminSources:
+    """What the admin API reads, each when asked."""
+
+    director: Director
+    endpoints: Callable[[], Sequence[Endpoint]]
+    dumpers: Sequence[StateDumper]
+    flow: FlowController | None = None
+    sync: StateSync | None = None
+    token: str = ""
+    """Bearer token every call must carry; empty: none required."""
+
+
+def read_token(path: str) -> str:
+    """The bearer token in the file at ``path`` (``""`` for no path); a file that cannot be read
+    or holds no token stops the EPP at startup."""
+    if not path:
+        return ""
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"--admin-token-file: {exc}") from None
+    if not token:
+        raise ConfigError(f"--admin-token-file: {path} holds no token")
+    return token
+
+
+class AdminServicer:
+    def __init__(self, sources: AdminSources) -> None:
+        self._src = sources
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        def unary(fn: Any, request: Any, response: Any) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(
+                fn,
+                request_deserializer=request.FromString,
+                response_serializer=response.SerializeToString,
+            )
+
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "Explain": unary(self.explain, pb.ExplainRequest, pb.ExplainResponse),
+                "ListEndpoints": unary(
+                    self.list_endpoints, pb.ListEndpointsRequest, pb.ListEndpointsResponse
+                ),
+                "DumpState": unary(self.dump_state, pb.DumpStateRequest, pb.DumpStateResponse),
+            },
+        )
+
+    async def _authorize(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        if not self._src.token:
+            return
+        sent = dict(context.invocation_metadata() or ()).get("authorization", "")
+        scheme, _, token = str(sent).partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token, self._src.token):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is required")
+
+    async def explain(
+        self, req: pb.ExplainRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ExplainResponse:
+        await self._authorize(context)
+        headers = {k.lower(): v for k, v in req.headers.items()}
+        headers.setdefault(":path", DEFAULT_PATH)
+        headers[EXPLAIN_HEADER] = "true"  # every scorer's score, whatever the pool size
+        metadata: dict[str, Any] = {}
+        if req.has_subset_hint:
+            metadata[wire.SUBSET_NAMESPACE] = {wire.SUBSET_KEY: list(req.subset_hint)}
+        director = self._src.director
+        request = director.new_request(headers)
+        t0 = time.perf_counter()
+        try:
+            decision = await director.decide(request, req.body, metadata, dry_run=True)
+        except InferenceError as err:
+            return pb.ExplainResponse(
+                outcome="rejected",
+                request_id=clip(request.request_id),
+                path=clip(request.path),
+                model=clip(request.incoming_model),
+                status=err.code.http_status,
+                error=clip(err.body),
+            )
+        entry = decision_entry(
+            decision.request,
+            decision.result,
+            decision.candidates,
+            time.perf_counter() - t0,
+            top=len(decision.candidates),
+        )
+        return _explain_response(entry, decision.destination)
+
+    async def list_endpoints(
+        self, _: pb.ListEndpointsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ListEndpointsResponse:
+        await self._authorize(context)
+        now = time.monotonic()
+        return pb.ListEndpointsResponse(
+            endpoints=[_endpoint(e, now) for e in self._src.endpoints()]
+        )
+
+    async def dump_state(
+        self, _: pb.DumpStateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.DumpStateResponse:
+        await self._authorize(context)
+        plugins = [
+            pb.PluginState(
+                type=p.typed_name.type,
+                name=p.typed_name.name,
+                json=json.dumps(dict(p.dump_state()), default=str, sort_keys=True),
+            )
+            for p in self._src.dumpers
+        ]
+        flow, sync = self._src.flow, self._src.sync
+        flow_state = pb.FlowControlState(enabled=flow is not None)
+        if flow is not None:
+            flow_state.in_flight = flow.in_flight()
+            for priority in flow.priorities():
+                flow_state.queued_by_priority[priority] = flow.queued(priority)
+        sharing = pb.SharingState(enabled=sync is not None)
+        if sync is not None:
+            sharing.lag_seconds = sync.lag()
+            sharing.bootstrapped = sync.bootstrapped
+            sharing.outbox_facts = sync.outbox_size
+        return pb.DumpStateResponse(plugins=plugins, flow_control=flow_state, sharing=sharing)
+
+
+def _explain_response(entry: Mapping[str, Any], destination: str) -> pb.ExplainResponse:
+    profiles = [
+        pb.ProfileExplain(
+            name=name,
+            targets=profile["targets"],
+            scores=[
+                pb.CandidateScore(
+                    endpoint=s["endpoint"],
+                    id=s["id"],
+                    total=s["total"],
+                    scorers=s.get("scorers", {}),
+                )
+                for s in profile["scores"]
+            ],
+        )
+        for name, profile in entry["profiles"].items()
+    ]
+    return pb.ExplainResponse(
+        outcome=entry["outcome"],
+        request_id=entry["requestId"],
+        path=entry["path"],
+        model=entry["model"],
+        target_model=entry["targetModel"],
+        objective=entry["objective"],
+        priority=entry["priority"],
+        fairness_id=entry["fairnessId"],
+        candidates=entry["candidates"],
+        primary_profile=entry["primaryProfile"],
+        profiles=profiles,
+        destination=destination,
+        scheduling_seconds=entry["schedulingSeconds"],
+    )
+
+
+def _endpoint(e: Endpoint, now: float) -> pb.EndpointInfo:
+    info = pb.EndpointInfo(
+        id=e.id, address=e.hostport, rank=e.rank, role=role_of(e), labels=dict(e.labels)
+    )
+    m = e.metrics
+    if m is None:
+        return info
+    info.scraped = bool(m.update_time)
+    info.age_seconds = now - m.update_time if m.update_time else 0.0
+    info.waiting_queue_size = m.waiting_queue_size
+    info.running_requests_size = m.running_requests_size
+    info.kv_cache_usage_percent = m.kv_cache_usage_percent
+    info.active_models.extend(sorted(m.active_models))
+    info.waiting_models.extend(sorted(m.waiting_models))
+    info.max_active_models = m.max_active_models
+    info.cache_block_size = m.cache_block_size
+    info.cache_num_blocks = m.cache_num_blocks
+    info.custom.update(m.custom)
+    for key, value in m.attributes.items():
+        info.attributes[str(key)] = clip(str(value))
+    return info

@@ -1,0 +1,110 @@
+"""``epp envoy-config`` refuses combinations that cannot work, with the reason, and builds the
+ext_proc filter and clusters the options ask for."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from epp.envoyconfig.cli import main
+from epp.envoyconfig.options import EnvoyOptions, parse_hostport
+
+EPP = ["--epp-address", "127.0.0.1:9002"]
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["--fail-open", "--fallback", "10.0.0.1:8000"], "does not fail open in FULL_DUPLEX"),
+        (["--body", "buffered", "--fail-open"], "--fail-open needs --fallback"),
+        (["--fallback", "10.0.0.1:8000"], "only used with --fail-open"),
+        (["--tls", "mtls"], "mTLS needs a client certificate"),
+        (["--tls", "plaintext", "--ca-file", "/ca.pem"], "need --tls tls or mtls"),
+        (["--cert-file", "/c", "--key-file", "/k"], "needs --tls mtls"),
+        (
+            [
+                "--body",
+                "buffered",
+                "--fail-open",
+                "--fallback",
+                "m:80",
+                "--istio",
+                "--istio-route",
+                "r",
+            ],
+            "cannot fail open",
+        ),
+    ],
+)
+def test_impossible_combinations_exit_2_with_the_reason(
+    args: list[str], reason: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*EPP, *args]) == 2
+    captured = capsys.readouterr()
+    assert reason in captured.err
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize("text", ["epp", "epp:0", "epp:x", ":9002", "epp:70000"])
+def test_bad_addresses_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        parse_hostport(text)
+
+
+def test_ipv6_addresses_parse() -> None:
+    assert parse_hostport("[::1]:9002") == ("::1", 9002)
+
+
+def _ext_proc(text: str) -> dict:  # type: ignore[type-arg]
+    hcm = yaml.safe_load(text)["static_resources"]["listeners"][0]["filter_chains"][0]
+    filters = hcm["filters"][0]["typed_config"]["http_filters"]
+    return next(f for f in filters if f["name"] == "envoy.filters.http.ext_proc")["typed_config"]
+
+
+def test_full_duplex_streams_both_bodies_and_trailers_and_does_not_fail_open(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(EPP) == 0
+    ext = _ext_proc(capsys.readouterr().out)
+    mode = ext["processing_mode"]
+    assert mode["request_body_mode"] == mode["response_body_mode"] == "FULL_DUPLEX_STREAMED"
+    assert mode["request_trailer_mode"] == mode["response_trailer_mode"] == "SEND"
+    assert "failure_mode_allow" not in ext
+    assert ext["metadata_options"]["receiving_namespaces"]["untyped"] == ["envoy.lb"]
+
+
+def test_buffered_fail_open_routes_undecided_requests_to_the_fallback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main([*EPP, "--body", "buffered", "--fail-open", "--fallback", "models:8000"]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    listener = doc["static_resources"]["listeners"][0]
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    assert [r["route"]["cluster"] for r in routes] == ["pool", "fallback"]
+    assert routes[0]["match"]["headers"][0]["name"] == "x-gateway-destination-endpoint"
+    ext = _ext_proc(yaml.safe_dump(doc))
+    assert ext["failure_mode_allow"] is True
+    assert ext["processing_mode"]["request_body_mode"] == "BUFFERED"
+    fallback = doc["static_resources"]["clusters"][0]
+    assert (fallback["name"], fallback["type"]) == ("fallback", "STRICT_DNS")
+
+
+def test_replicas_are_health_checked_without_panic_routing() -> None:
+    from epp.envoyconfig.clusters import epp_cluster
+    from epp.envoyconfig.render import as_dict
+
+    one = as_dict(epp_cluster(EnvoyOptions(epp=[("10.0.0.1", 9002)])))
+    two = as_dict(epp_cluster(EnvoyOptions(epp=[("10.0.0.1", 9002), ("10.0.0.2", 9002)])))
+    assert "health_checks" not in one
+    assert two["health_checks"][0]["grpc_health_check"] == {}
+    assert two["common_lb_config"]["healthy_panic_threshold"] in ({}, {"value": 0.0})
+
+
+def test_output_file(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "envoy.yaml"
+    assert main([*EPP, "-o", str(out)]) == 0
+    assert capsys.readouterr().out == ""
+    assert (
+        yaml.safe_load(out.read_text())["admin"]["address"]["socket_address"]["port_value"] == 19000
+    )
