@@ -3,7 +3,7 @@
 The EPP command is taken from the README's code block verbatim and run as a process from a
 directory laid out like the repository (``deploy/configs/default.yaml`` as shipped), with only
 its three ports moved to free ones. The two simulated pods the README starts with ``epp sim
---pods 2`` run in-process on free ports, and ``deploy/configs/endpoints.yaml`` names them there,
+--pods 2`` run in-process on free ports, and ``deploy/endpoints.yaml`` names them there,
 since 8000 and 8001 may be taken on a shared machine. A request through a real Envoy is routed.
 """
 
@@ -19,12 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.localstack.envoy import Envoy, free_port
 from tests.conftest import COMPLETION, endpoints_yaml, post
 
 ROOT = Path(__file__).resolve().parents[2]
+DISCOVERED = next(
+    p["parameters"]["path"]
+    for p in yaml.safe_load((ROOT / "deploy/configs/default.yaml").read_text())["plugins"]
+    if p["type"] == "file-discovery"
+)
+"""The endpoints file ``deploy/configs/default.yaml`` names (relative to the working directory)."""
 BIN = Path(sys.executable).parent
 
 
@@ -63,7 +70,7 @@ async def test_readme_command_routes_a_request_when_run_from_the_repository(
     configs = tmp_path / "deploy" / "configs"
     configs.mkdir(parents=True)
     shutil.copy(ROOT / "deploy/configs/default.yaml", configs / "default.yaml")
-    (configs / "endpoints.yaml").write_text(endpoints_yaml(fleet.ports))
+    (tmp_path / DISCOVERED).write_text(endpoints_yaml(fleet.ports))
     grpc_port, health = free_port(), free_port()
     assert epp[0] == ".venv/bin/epp"
     argv = [str(BIN / "epp"), *epp[1:]]
@@ -87,6 +94,6 @@ async def test_readme_command_routes_a_request_when_run_from_the_repository(
 def test_readme_endpoints_file_names_the_pods_the_sim_command_serves() -> None:
     sim, _ = readme_commands()
     pods = int(sim[sim.index("--pods") + 1])
-    text = (ROOT / "deploy/configs/endpoints.yaml").read_text()
+    text = (ROOT / DISCOVERED).read_text()
     ports = sorted(int(p) for p in re.findall(r'port: "(\d+)"', text))
     assert ports == [8000 + i for i in range(pods)]  # epp sim: pod i on port 8000 + i
