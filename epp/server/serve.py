@@ -1,6 +1,9 @@
 """The two gRPC servers an EPP listens on: ext_proc (plus gRPC health when enabled) on
 ``--grpc-port``, and the standalone health server on ``--grpc-health-port``.
 
+The ext_proc port is served by ``epp.server.h2`` (``--ext-proc-server h2``, the default) or by
+grpc.aio (``--ext-proc-server grpc``); the health port always by grpc.aio.
+
 A worker of an ``epp --workers N`` group shares the ext_proc port with its siblings through
 ``SO_REUSEPORT`` (the kernel spreads connections across them); its health server stays private
 on 127.0.0.1 so the supervisor can ask each worker separately, and never takes the reuse flag so
@@ -18,6 +21,7 @@ from grpc_health.v1 import health_pb2_grpc
 
 from epp.server.context import ServerContext
 from epp.server.extproc import ExtProcServicer
+from epp.server.h2 import H2Server, tls_context
 from epp.server.health import HealthServicer
 from epp.server.tls import server_credentials
 
@@ -52,10 +56,13 @@ class ServeSettings(Protocol):
     @property
     def group_member(self) -> bool: ...
 
+    @property
+    def ext_proc_server(self) -> str: ...
+
 
 @dataclass
 class GrpcServers:
-    ext: grpc.aio.Server
+    ext: grpc.aio.Server | H2Server
     health: grpc.aio.Server
     grpc_port: int
     health_port: int
@@ -66,6 +73,24 @@ async def start_grpc(
 ) -> GrpcServers:
     """Bind and start both servers; the returned ports are the ones actually bound (``0`` in the
     settings means "pick a free one")."""
+    if s.ext_proc_server == "h2":
+        ext: grpc.aio.Server | H2Server = H2Server(
+            context, health if s.health_checking else None, max_message=s.grpc_max_recv_msg_size
+        )
+        tls = tls_context(s.cert_path) if s.secure_serving else None
+        grpc_port = await ext.start(s.bind_address, s.grpc_port, tls=tls, reuse_port=s.group_member)
+    else:
+        ext, grpc_port = await _grpc_aio(s, context, health)
+    hs = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(health, hs)
+    health_port = hs.add_insecure_port(f"{private_host(s)}:{s.grpc_health_port}")
+    await hs.start()
+    return GrpcServers(ext, hs, grpc_port, health_port)
+
+
+async def _grpc_aio(
+    s: ServeSettings, context: ServerContext, health: HealthServicer
+) -> tuple[grpc.aio.Server, int]:
     opts = [
         ("grpc.max_receive_message_length", s.grpc_max_recv_msg_size),
         ("grpc.max_send_message_length", s.grpc_max_send_msg_size),
@@ -82,12 +107,8 @@ async def start_grpc(
         grpc_port = ext.add_secure_port(addr, server_credentials(s.cert_path))
     else:
         grpc_port = ext.add_insecure_port(addr)
-    hs = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    health_pb2_grpc.add_HealthServicer_to_server(health, hs)
-    health_port = hs.add_insecure_port(f"{private_host(s)}:{s.grpc_health_port}")
     await ext.start()
-    await hs.start()
-    return GrpcServers(ext, hs, grpc_port, health_port)
+    return ext, grpc_port
 
 
 def private_host(s: ServeSettings) -> str:

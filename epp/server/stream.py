@@ -57,7 +57,7 @@ Everything a request means (routing, usage, hooks, completion, metrics) is the D
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -99,6 +99,13 @@ class RequestStream:
     # ---- dispatch ---------------------------------------------------------------------------
 
     async def on_message(self, msg: pb.ProcessingRequest) -> Replies:
+        out = self.dispatch(msg)
+        return out if isinstance(out, list) else await out
+
+    def dispatch(self, msg: pb.ProcessingRequest) -> Replies | Coroutine[Any, Any, Replies]:
+        """The replies to ``msg``, or, for the messages that may route (request body and
+        trailers), a coroutine that returns them. Every other message is answered at once,
+        without a task switch."""
         if self.first:
             self.first = False
             if msg.HasField("protocol_config"):
@@ -108,9 +115,9 @@ class RequestStream:
         if kind == "request_headers":
             return self._on_request_headers(msg)
         if kind == "request_body":
-            return await self._on_request_body(msg)
+            return self._on_request_body(msg)
         if kind == "request_trailers":
-            return await self._on_request_trailers()
+            return self._on_request_trailers()
         if kind == "response_headers":
             return self._on_response_headers(msg)
         if kind == "response_body":
@@ -163,7 +170,7 @@ class RequestStream:
             )
         ]
 
-    async def _on_request_body(self, msg: pb.ProcessingRequest) -> Replies:
+    def _on_request_body(self, msg: pb.ProcessingRequest) -> Replies | Coroutine[Any, Any, Replies]:
         chunk = msg.request_body
         ex = self.exchange
         if ex is None:
@@ -181,10 +188,10 @@ class RequestStream:
         if self.request_mode in _PER_CHUNK and not chunk.end_of_stream:
             return [messages.EMPTY_REQUEST_BODY]
         if chunk.end_of_stream or self.request_mode != _FULL_DUPLEX:
-            return await self._decide(ex, trailers=False)
+            return self._decide(ex, trailers=False)
         return []
 
-    async def _on_request_trailers(self) -> Replies:
+    def _on_request_trailers(self) -> Replies | Coroutine[Any, Any, Replies]:
         # Upstream never answers request trailers, which stalls such requests until Envoy's
         # message timeout. Trailers end the body: decide now, then answer them.
         ex = self.exchange
@@ -197,7 +204,7 @@ class RequestStream:
         self.request_ended = True
         if ex.decision is not None:
             return [messages.EMPTY_REQUEST_TRAILERS]
-        return await self._decide(ex, trailers=True)
+        return self._decide(ex, trailers=True)
 
     async def _decide(self, ex: Exchange, *, trailers: bool) -> Replies:
         """The body is complete: route, and answer in the form the body mode needs."""
