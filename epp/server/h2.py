@@ -237,13 +237,14 @@ class H2Server:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self, grace: float | None) -> None:
-        """GOAWAY to every connection; after ``grace`` seconds (none: at once) close them."""
+        """GOAWAY to every connection; the clients close them once their streams have ended (a
+        client that reads its last trailers and an EOF together may fail that stream, so the
+        server does not close first); after ``grace`` seconds (none: at once) the server closes
+        what is left."""
         if self._server is not None:
             self._server.close()
         for conn in list(self._conns):
             conn.goaway()
-            if not conn.streams:
-                conn.close()
         if self._conns and grace:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), grace)

@@ -176,6 +176,8 @@ class Connection(asyncio.Protocol):
         while end - pos >= 9:
             hi, lo, ftype, flags, sid = w.FRAME_HEADER.unpack_from(buf, pos)
             length = (hi << 16) | lo
+            if length > w.DEFAULT_MAX_FRAME:  # the largest frame we allow (SETTINGS default)
+                raise w.H2Error(w.FRAME_SIZE_ERROR, f"a {length}-byte frame")
             if end - pos - 9 < length:
                 break
             payload = bytes(buf[pos + 9 : pos + 9 + length])
@@ -284,11 +286,12 @@ class Connection(asyncio.Protocol):
             return
         self.streams[sid] = st
         path = next((str(v, "latin-1") for k, v in headers if k == b":path"), "")
+        st.ended = end
         st.call = self._route(path, st)
         if st.call is None:
             st.finish(w.GRPC_UNIMPLEMENTED, f"unknown method {path}")
-        if end:
-            self._half_close(st)
+        elif end:
+            st.call.on_half_close()
 
     def _on_window_update(self, sid: int, payload: bytes) -> None:
         increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
@@ -358,8 +361,6 @@ class Connection(asyncio.Protocol):
         if not st.ended:  # the client is still sending: tell it to stop
             self._write(w.rst_stream(st.sid, w.NO_ERROR))
         self.streams.pop(st.sid, None)
-        if self.goaway_sent and not self.streams:
-            self.close()
 
     def _abort(self, st: _Stream, code: int, message: str) -> None:
         """End a call the connection cannot carry on (the call hears a reset)."""
