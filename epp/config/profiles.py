@@ -52,9 +52,7 @@ def build_profiles(
     return profiles
 
 
-def _default_scheduling(
-    b: Builder, default: EndpointPickerConfig
-) -> tuple[ProfilePluginRef, ...]:
+def _default_scheduling(b: Builder, default: EndpointPickerConfig) -> tuple[ProfilePluginRef, ...]:
     """Add the built-in default's scheduling plugins (those its first profile names) under their
     default names, and return that profile's references."""
     specs = {spec.name or spec.type: spec for spec in default.plugins}

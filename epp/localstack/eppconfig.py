@@ -65,9 +65,7 @@ def with_syncer(config_text: str, redis_url: str, interval: str = "200ms") -> st
     """``config_text`` with a ``redis-syncer`` on ``redis_url`` as its cross-replica syncer
     (active-active replicas share what they learn through it)."""
     doc = yaml.safe_load(config_text) or {}
-    doc.setdefault("plugins", []).append(
-        {"type": "redis-syncer", "parameters": {"url": redis_url}}
-    )
+    doc.setdefault("plugins", []).append({"type": "redis-syncer", "parameters": {"url": redis_url}})
     data_layer = doc.setdefault("dataLayer", {})
     data_layer["crossReplicaSyncerPluginRef"] = "redis-syncer"
     data_layer["crossReplicaSyncInterval"] = interval

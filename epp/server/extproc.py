@@ -42,7 +42,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[pb.ProcessingResponse]:
+    ) -> AsyncIterator[messages.Reply]:
         stream = RequestStream(self._ctx)
         error = False
         try:
@@ -74,6 +74,19 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             context.set_details(err.message)
         finally:
             stream.close(error=error)
+
+
+def add_to_server(servicer: ExtProcServicer, server: grpc.aio.Server) -> None:
+    """Register ``Process`` with a serializer that passes already-serialized replies on."""
+    handler = grpc.stream_stream_rpc_method_handler(
+        servicer.Process,
+        request_deserializer=pb.ProcessingRequest.FromString,
+        response_serializer=messages.encode,
+    )
+    service = "envoy.service.ext_proc.v3.ExternalProcessor"
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service, {"Process": handler}),)
+    )
 
 
 async def _decoded(

@@ -134,7 +134,7 @@ class ExtProcCall:
 
     def _reply(self, replies: Replies) -> None:
         for reply in replies:
-            self.io.send(reply.SerializeToString())
+            self.io.send(messages.encode(reply))
         if self.stream.done:
             self._end(w.GRPC_OK)
 

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from epp.server.context import ServerContext
-from epp.server.extproc import ExtProcServicer
+from epp.server.extproc import ExtProcServicer, add_to_server
 from epp.server.h2 import H2Server, tls_context
 from epp.server.health import HealthServicer
 from epp.server.tls import server_credentials
@@ -97,9 +96,7 @@ async def _grpc_aio(
         ("grpc.so_reuseport", 1 if s.group_member else 0),
     ]
     ext = grpc.aio.server(options=opts)
-    external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
-        ExtProcServicer(context), ext
-    )
+    add_to_server(ExtProcServicer(context), ext)
     if s.health_checking:
         health_pb2_grpc.add_HealthServicer_to_server(health, ext)
     addr = f"{s.bind_address}:{s.grpc_port}"

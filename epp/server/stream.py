@@ -75,7 +75,7 @@ log = logging.getLogger(__name__)
 _MODE = processing_mode_pb2.ProcessingMode
 _FULL_DUPLEX = _MODE.FULL_DUPLEX_STREAMED
 _PER_CHUNK = (_MODE.STREAMED, _MODE.GRPC)  # every body chunk is answered
-Replies = list[pb.ProcessingResponse]
+Replies = list[messages.Reply]
 
 
 class RequestStream:
