@@ -216,8 +216,10 @@ class Connection(asyncio.Protocol):
         if flags & w.PADDED:
             payload = payload[1 : len(payload) - payload[0]]
         st = self.streams.get(sid)
-        if st is None or st.ended:
-            return  # a stream we already closed: its data is dropped
+        if st is None or st.ended or st.finished:
+            if st is not None and flags & w.END_STREAM:
+                self._half_close(st)
+            return  # a stream we already answered: its data is dropped
         inbox = st.inbox
         inbox += payload
         while len(inbox) >= 5 and not st.finished:
