@@ -15,7 +15,9 @@ numbers compare across sizes:
 * the ext_proc wire (``epp.bench.wire``): the server process's CPU per request and per streamed
   response chunk, through a real server (the whole EPP with ``--ext-proc-server`` h2 or grpc,
   asyncio or uvloop, with or without TLS; and an empty grpc.aio / synchronous grpcio servicer, the
-  floor of those servers) and a real gRPC client in this process. ``--no-wire`` skips them.
+  floor of those servers) and a real gRPC client in this process. ``--no-wire`` skips them;
+* idle CPU (``epp.bench.idle``): the EPP process with no traffic while it scrapes 4 and 100
+  simulated pods every 50 ms, as a share of one core (10 s each; also skipped by ``--no-wire``).
 
 The plugins are built from the built-in default configuration through the normal loader, so the
 numbers are those of the code the EPP runs. Nothing is asserted: this is a measuring tool.
@@ -291,6 +293,17 @@ def wire_rows() -> list[Row]:
     return rows
 
 
+def idle_rows() -> list[Row]:
+    from epp.bench.idle import POD_COUNTS, idle_share
+
+    rows = []
+    for pods in POD_COUNTS:
+        share = idle_share(pods)
+        label = "idle EPP, scraping every 50 ms"
+        rows.append(Row(label, f"{pods} pods", 0.0, share * 100.0, "% of a core"))
+    return rows
+
+
 def table(rows: Sequence[Row], runs: int) -> str:
     head = f"{'step':<48}{'size':>16}{'median µs':>12}{'ratio':>12}  unit"
     lines = [f"EPP hot path, median of {runs} runs", head, "-" * (len(head) + 4)]
@@ -314,5 +327,6 @@ def main(argv: list[str] | None = None) -> int:
     rows = asyncio.run(measure(args.runs))
     if not args.no_wire:
         rows += wire_rows()
+        rows += idle_rows()
     print(table(rows, args.runs))
     return 0

@@ -74,7 +74,8 @@ class WireCost:
     per_chunk_us: float
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU time so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICK
 
@@ -145,11 +146,11 @@ async def _measure(
 ) -> tuple[float, float]:
     async with _channel(port, cert) as ch:
         await _drive(ch, STREAMS, 2)  # warm up: connections, imports, caches
-        t0 = _cpu_seconds(pid)
+        t0 = cpu_seconds(pid)
         await _drive(ch, requests, 1)
-        t1 = _cpu_seconds(pid)
+        t1 = cpu_seconds(pid)
         await _drive(ch, requests, 1 + chunks)
-        t2 = _cpu_seconds(pid)
+        t2 = cpu_seconds(pid)
     per_request = (t1 - t0) / requests * 1e6
     per_chunk = max(0.0, (t2 - t1) - (t1 - t0)) / (requests * chunks) * 1e6
     return per_request, per_chunk
