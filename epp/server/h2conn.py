@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 _U32 = struct.Struct(">I")
 _WINDOW_REFILL = 1 << 30
+_DRAIN_PING = b"epp-gone"
 
 
 class Call(Protocol):
@@ -105,7 +106,8 @@ class Connection(asyncio.Protocol):
         self._peer_frame = w.DEFAULT_MAX_FRAME
         self._conn_window = w.DEFAULT_WINDOW
         self._received = 0
-        self.goaway_sent = False
+        self.goaway_sent = False  # draining: the first GOAWAY went out
+        self._refusing = False  # the final GOAWAY went out: new streams are refused
 
     # ---- transport events -------------------------------------------------------------------
 
@@ -151,10 +153,13 @@ class Connection(asyncio.Protocol):
             self._transport.write(data)
 
     def goaway(self) -> None:
-        """Graceful shutdown: no new streams; the open ones finish."""
+        """Graceful shutdown in two steps, as gRPC servers do: a GOAWAY naming the highest
+        stream id and a PING; once the PING is answered, every stream the peer opened before
+        it saw the GOAWAY has arrived, and a second GOAWAY names the last one. Streams opened
+        after that are refused; the open ones finish."""
         if not self.goaway_sent:
             self.goaway_sent = True
-            self._write(w.goaway(self._last_sid, w.NO_ERROR))
+            self._write(w.goaway(w.MAX_WINDOW, w.NO_ERROR) + w.frame(w.PING, 0, 0, _DRAIN_PING))
 
     def close(self) -> None:
         if self._transport is not None:
@@ -199,6 +204,9 @@ class Connection(asyncio.Protocol):
         elif ftype == w.PING:
             if not flags & w.ACK:
                 self._write(w.frame(w.PING, w.ACK, 0, payload))
+            elif payload == _DRAIN_PING and not self._refusing:
+                self._refusing = True
+                self._write(w.goaway(self._last_sid, w.NO_ERROR))
         elif ftype == w.RST_STREAM:
             st = self.streams.pop(sid, None)
             if st is not None and st.call is not None and not st.finished:
@@ -283,7 +291,7 @@ class Connection(asyncio.Protocol):
             return  # a stream already closed (or not the client's): its headers only kept HPACK
         self._last_sid = sid
         st = _Stream(self, sid, self._peer_window)
-        if self.goaway_sent:
+        if self._refusing:
             self._write(w.rst_stream(sid, w.REFUSED_STREAM))
             return
         self.streams[sid] = st

@@ -158,13 +158,19 @@ def test_a_bad_preface_ends_the_connection_with_goaway() -> None:
     assert t.closed
 
 
-def test_goaway_refuses_new_streams_and_lets_the_open_one_end() -> None:
+def test_goaway_refuses_new_streams_only_after_its_ping_and_lets_open_ones_end() -> None:
     conn, t, log = connect()
     conn.data_received(headers(1))
     conn.goaway()
-    t.frames()
-    conn.data_received(headers(3))
+    (first, ping) = t.frames()
+    assert first[0] == w.GOAWAY and struct.unpack(">I", first[3][:4])[0] == w.MAX_WINDOW
+    conn.data_received(headers(3))  # sent before the client saw the GOAWAY: still served
+    assert t.frames() == []
+    conn.data_received(w.frame(w.PING, w.ACK, 0, ping[3]))
+    ((ftype, _, _, payload),) = t.frames()
+    assert ftype == w.GOAWAY and struct.unpack(">I", payload[:4])[0] == 3
+    conn.data_received(headers(5))
     ((ftype, _, sid, _),) = t.frames()
-    assert (ftype, sid) == (w.RST_STREAM, 3)
-    conn.data_received(data(1, b"", end=True))
-    assert log == [("half_close",)] and not conn.streams
+    assert (ftype, sid) == (w.RST_STREAM, 5)
+    conn.data_received(data(1, b"", end=True) + data(3, b"", end=True))
+    assert log == [("half_close",), ("half_close",)] and not conn.streams
