@@ -208,11 +208,12 @@ class Settings:
     enable_cert_reload: bool = flag(False, "reload the certificate when it changes (not yet)", BOOL)
     health_checking: bool = flag(False, "also serve grpc.health.v1 on the ext_proc port", BOOL)
     ext_proc_server: str = flag(
-        "h2",
-        "what serves the ext_proc port: h2 (the EPP's own HTTP/2 server, about 6x less CPU per "
-        "message) or grpc (grpc.aio)",
+        "grpc",
+        "what serves the ext_proc port: grpc (grpc.aio) or h2 (the EPP's own HTTP/2 server: about "
+        "5x less CPU per message)",
     )
-    """Our addition (``epp.server.h2``): ``grpc`` keeps the grpc.aio server selectable."""
+    """Our addition (``epp.server.h2``). ``grpc`` stays the default until ``h2``'s latency in
+    ``epp bench`` workload a is understood (see README "Per-request cost")."""
     tracing: bool = flag(
         True, "OpenTelemetry tracing (accepted; tracing is not exported yet)", BOOL
     )

@@ -1,5 +1,5 @@
-"""The ext_proc server on asyncio's own transports (``--ext-proc-server h2``, the default): a
-minimal HTTP/2 + gRPC server for exactly the methods the ext_proc port serves.
+"""The ext_proc server on asyncio's own transports (``--ext-proc-server h2``; grpc.aio is the
+default): a minimal HTTP/2 + gRPC server for exactly the methods the ext_proc port serves.
 
 Why: grpc.aio spends about 100 µs of CPU per message pair on this machine, whatever the
 servicer does (``epp bench micro``, the empty-servicer row), and an ext_proc stream carries one
@@ -16,8 +16,12 @@ answered inline, without a task; a message that routes runs in a task, and the m
 arrive meanwhile wait in order behind it. TLS (``--secure-serving``) is asyncio's, offering ALPN
 ``h2``; ``epp --workers`` shares the port with ``SO_REUSEPORT``. ``stop(grace)`` sends GOAWAY,
 lets open streams finish for ``grace`` seconds, then closes the connections (the calls hear a
-reset, which completes their requests as client disconnects). grpc.aio stays selectable with
-``--ext-proc-server grpc``.
+reset, which completes their requests as client disconnects).
+
+Not the default yet: in ``epp bench`` workload a (16 concurrent streamed requests through Envoy,
+the EPP in its own process) time to first token was 10-20x grpc.aio's while the EPP's CPU stayed
+low, i.e. replies waited somewhere; the same traffic shape driven from a script or the tests did
+not show it. Until that is found, ``--ext-proc-server grpc`` (grpc.aio) is the default.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The two gRPC servers an EPP listens on: ext_proc (plus gRPC health when enabled) on
 ``--grpc-port``, and the standalone health server on ``--grpc-health-port``.
 
-The ext_proc port is served by ``epp.server.h2`` (``--ext-proc-server h2``, the default) or by
-grpc.aio (``--ext-proc-server grpc``); the health port always by grpc.aio.
+The ext_proc port is served by grpc.aio (``--ext-proc-server grpc``, the default) or by
+``epp.server.h2`` (``--ext-proc-server h2``); the health port always by grpc.aio.
 
 A worker of an ``epp --workers N`` group shares the ext_proc port with its siblings through
 ``SO_REUSEPORT`` (the kernel spreads connections across them); its health server stays private

@@ -1,5 +1,5 @@
-"""The ext_proc port served by ``epp.server.h2`` (the default) and by grpc.aio
-(``--ext-proc-server grpc``), through real gRPC clients: health on the ext_proc port, TLS,
+"""The ext_proc port served by ``epp.server.h2`` (``--ext-proc-server h2``) and by grpc.aio
+(the default), through real gRPC clients: health on the ext_proc port, TLS,
 unknown methods, a client's cancel, and stop."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ async def test_both_servers_route_a_request_when_selected(start_app, server: str
 
 
 async def test_health_is_served_on_the_ext_proc_port_when_health_checking(start_app) -> None:
-    app = await start_app(DEAD, health_checking=True)
+    app = await start_app(DEAD, health_checking=True, ext_proc_server="h2")
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         check = await stub.Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=5)
@@ -51,8 +51,11 @@ async def test_health_is_served_on_the_ext_proc_port_when_health_checking(start_
         assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-async def test_health_is_not_on_the_ext_proc_port_without_health_checking(start_app) -> None:
-    app = await start_app(DEAD)
+@pytest.mark.parametrize("server", ["h2", "grpc"])
+async def test_health_is_not_on_the_ext_proc_port_without_health_checking(
+    start_app, server
+) -> None:
+    app = await start_app(DEAD, ext_proc_server=server)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as ch:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
@@ -63,7 +66,7 @@ async def test_tls_with_the_certificate_of_cert_path(start_app, tmp_path: Path) 
     cert, key = self_signed()
     (tmp_path / "tls.crt").write_bytes(cert)
     (tmp_path / "tls.key").write_bytes(key)
-    app = await start_app(DEAD, secure_serving=True, cert_path=str(tmp_path))
+    app = await start_app(DEAD, secure_serving=True, cert_path=str(tmp_path), ext_proc_server="h2")
     creds = grpc.ssl_channel_credentials(root_certificates=cert)
     options = [("grpc.ssl_target_name_override", "epp")]
     target = f"127.0.0.1:{app.grpc_port}"
@@ -73,8 +76,9 @@ async def test_tls_with_the_certificate_of_cert_path(start_app, tmp_path: Path) 
     assert [r.WhichOneof("response") for r in replies] == ["request_headers", "request_body"]
 
 
-async def test_a_cancelled_stream_completes_its_request(start_app) -> None:
-    app = await start_app(DEAD)
+@pytest.mark.parametrize("server", ["h2", "grpc"])
+async def test_a_cancelled_stream_completes_its_request(start_app, server) -> None:
+    app = await start_app(DEAD, ext_proc_server=server)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as ch:
         call = pb_grpc.ExternalProcessorStub(ch).Process()
         await call.write(headers_msg(H))
