@@ -212,8 +212,8 @@ class Settings:
         "what serves the ext_proc port: grpc (grpc.aio) or h2 (the EPP's own HTTP/2 server: about "
         "5x less CPU per message)",
     )
-    """Our addition (``epp.server.h2``). ``grpc`` stays the default until ``h2``'s latency in
-    ``epp bench`` workload a is understood (see README "Per-request cost")."""
+    """Our addition (``epp.server.h2``). ``grpc`` stays the default until ``h2``'s latency on a
+    heavily loaded machine in ``epp bench`` is understood (see README "Per-request cost")."""
     tracing: bool = flag(
         True, "OpenTelemetry tracing (accepted; tracing is not exported yet)", BOOL
     )

@@ -18,10 +18,11 @@ arrive meanwhile wait in order behind it. TLS (``--secure-serving``) is asyncio'
 lets open streams finish for ``grace`` seconds, then closes the connections (the calls hear a
 reset, which completes their requests as client disconnects).
 
-Not the default yet: in ``epp bench`` workload a (16 concurrent streamed requests through Envoy,
-the EPP in its own process) time to first token was 10-20x grpc.aio's while the EPP's CPU stayed
-low, i.e. replies waited somewhere; the same traffic shape driven from a script or the tests did
-not show it. Until that is found, ``--ext-proc-server grpc`` (grpc.aio) is the default.
+Not the default yet: in three ``epp bench`` runs at a load average of about 30 on 2 cores, the
+time to first token through this server on workload a was 10-20x grpc.aio's while the EPP's CPU
+stayed low (replies waited; they were not computed slowly); at a load average of 7-14 and in
+scripted replays through Envoy it was on par or lower. Until that is explained,
+``--ext-proc-server grpc`` (grpc.aio) is the default.
 """
 
 from __future__ import annotations
