@@ -12,6 +12,13 @@ numbers compare across sizes:
   max-score picker) over 10, 100 and 1000 endpoints with scraped metrics and prefix match info
   (µs per endpoint).
 
+* the ext_proc wire (``epp.bench.wire``): the server process's CPU per request and per streamed
+  response chunk, through a real server (the whole EPP with ``--ext-proc-server`` h2 or grpc,
+  asyncio or uvloop, with or without TLS; and an empty grpc.aio / synchronous grpcio servicer, the
+  floor of those servers) and a real gRPC client in this process. ``--no-wire`` skips them;
+* idle CPU (``epp.bench.idle``): the EPP process with no traffic while it scrapes 4 and 100
+  simulated pods every 50 ms, as a share of one core (10 s each; also skipped by ``--no-wire``).
+
 The plugins are built from the built-in default configuration through the normal loader, so the
 numbers are those of the code the EPP runs. Nothing is asserted: this is a measuring tool.
 """
@@ -274,11 +281,37 @@ async def measure(runs: int) -> list[Row]:
     return rows
 
 
+def wire_rows() -> list[Row]:
+    """CPU per request and per streamed chunk of each ext_proc server (one run each: the
+    figures are totals over thousands of messages, not samples)."""
+    from epp.bench import wire
+
+    rows = []
+    for cost in wire.measure():
+        label = f"ext_proc {cost.variant.label}"
+        per = f"{wire.REQUESTS} req"
+        rows.append(Row(label, per, cost.per_request_us, cost.per_request_us, "µs CPU/request"))
+        per = f"{wire.REQUESTS * wire.CHUNKS} chunks"
+        rows.append(Row(label, per, cost.per_chunk_us, cost.per_chunk_us, "µs CPU/chunk"))
+    return rows
+
+
+def idle_rows() -> list[Row]:
+    from epp.bench.idle import POD_COUNTS, idle_share
+
+    rows = []
+    for pods in POD_COUNTS:
+        share = idle_share(pods)
+        label = "idle EPP, scraping every 50 ms"
+        rows.append(Row(label, f"{pods} pods", 0.0, share * 100.0, "% of a core"))
+    return rows
+
+
 def table(rows: Sequence[Row], runs: int) -> str:
-    head = f"{'step':<40}{'size':>16}{'median µs':>12}{'ratio':>12}  unit"
+    head = f"{'step':<48}{'size':>16}{'median µs':>12}{'ratio':>12}  unit"
     lines = [f"EPP hot path, median of {runs} runs", head, "-" * (len(head) + 4)]
     for r in rows:
-        lines.append(f"{r.step:<40}{r.size:>16}{r.median_us:>12.1f}{r.ratio:>12.3f}  {r.unit}")
+        lines.append(f"{r.step:<48}{r.size:>16}{r.median_us:>12.1f}{r.ratio:>12.3f}  {r.unit}")
     return "\n".join(lines)
 
 
@@ -289,10 +322,14 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--runs", type=int, default=30, help="runs per step (default 30)")
+    p.add_argument("--no-wire", action="store_true", help="skip the ext_proc wire rows")
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be >= 1")
     logging.basicConfig(level=logging.WARNING)
     rows = asyncio.run(measure(args.runs))
+    if not args.no_wire:
+        rows += wire_rows()
+        rows += idle_rows()
     print(table(rows, args.runs))
     return 0

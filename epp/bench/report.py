@@ -28,7 +28,7 @@ NOTES: tuple[str, ...] = (
     "(the delayed chunks arrive together) and inflates its keep-alive TTFT.",
     "imbalance = requests on the busiest pod / mean per pod. CPU ms/req = utime+stime of the "
     "target's processes (EPP + Envoy, Envoy alone, or the router) during the measured phase "
-    "per successful request; peak RSS = VmHWM.",
+    "per successful request, split by process when there are several; peak RSS = VmHWM.",
     "colocation = share of a session's turns (after the first, both served) answered by the "
     "same pod as its previous turn (x-sim-pod). follow-up ok = share of Responses API "
     "follow-ups (previous_response_id) answered 200 rather than 404 (a 404 is resent at once "
@@ -112,6 +112,16 @@ def session_columns(
     ]
 
 
+def _cpu_cell(r: Mapping[str, Any]) -> str:
+    """Total CPU per request and, for a target of several processes, each one's share."""
+    total = _num(r["cpu_ms_per_req"], 2)
+    cpu = r.get("cpu_s") or {}
+    if len(cpu) < 2 or not r.get("ok"):
+        return total
+    parts = " · ".join(f"{name} {_num(s * 1000.0 / r['ok'], 2)}" for name, s in cpu.items())
+    return f"{total} ({parts})"
+
+
 def _row(r: Mapping[str, Any], extra: Sequence[Callable[[Mapping[str, Any]], str]] = ()) -> str:
     rss = sum((r.get("peak_rss_mb") or {}).values())
     cells = [
@@ -127,7 +137,7 @@ def _row(r: Mapping[str, Any], extra: Sequence[Callable[[Mapping[str, Any]], str
         _num(r["req_per_s"]),
         _num(r["out_tok_per_s"], 0),
         f"{r['imbalance']:.2f}",
-        _num(r["cpu_ms_per_req"], 2),
+        _cpu_cell(r),
         _num(rss, 0),
         _ratios(r),
     ]

@@ -6,6 +6,8 @@ key         what runs
 ``epp``     Envoy (``full-duplex`` config) + this EPP as its own process (``epp --config-file
             ... --secure-serving=false``): the built-in default config (queue 2, kv-cache 2,
             prefix 3) with file discovery of the pods, plus the workload's extra scorers
+``epp-h2``  the ``epp`` target with ``--ext-proc-server h2`` (the EPP's own HTTP/2 server instead
+            of grpc.aio), to compare the two side by side
 ``rr``      Envoy alone, ``ROUND_ROBIN`` over the pods
 ``lr``      Envoy alone, ``LEAST_REQUEST`` over the pods
 ``sglang``  sglang-router ``cache_aware`` (see ``epp.bench.peers``)
@@ -56,6 +58,7 @@ from epp.plugins.sources.file_discovery import dump_endpoints
 
 TARGETS: dict[str, str] = {
     "epp": "EPP (default config) via Envoy",
+    "epp-h2": "EPP (h2 server) via Envoy",
     "rr": "Envoy round robin",
     "lr": "Envoy least request",
     "sglang": SGLANG.label,
@@ -162,7 +165,7 @@ def _start_epp(
     eps = workdir / "endpoints.yaml"
     eps.write_text(endpoints_yaml(fleet))
     config_text = epp_config_text(eps, workload.epp_extra_scorers, base)
-    args: list[str] = []
+    args: list[str] = ["--ext-proc-server", "h2"] if key == "epp-h2" else []
     if base is not None:  # a config given on the command line may use alpha plugins
         args.append("--allow-experimental-plugins")
     if workload.objectives:
@@ -223,7 +226,7 @@ def prepare(key: str) -> None:
 
 def start(key: str, fleet: SimProcess, workload: Workload, workdir: Path) -> Running:
     workdir.mkdir(parents=True, exist_ok=True)
-    if key == "epp" or REPLICA_KEY.fullmatch(key):
+    if key in ("epp", "epp-h2") or REPLICA_KEY.fullmatch(key):
         return _start_epp(fleet, workload, workdir, key=key)
     if key.startswith("epp:"):
         return _start_epp(fleet, workload, workdir, Path(key[4:]).read_text())

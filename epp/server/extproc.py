@@ -52,7 +52,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[pb.ProcessingResponse]:
+    ) -> AsyncIterator[messages.Reply]:
         metrics = self._ctx.streams
         if metrics is None:
             async for reply in self._process(request_iterator, context):
@@ -74,7 +74,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[pb.ProcessingResponse]:
+    ) -> AsyncIterator[messages.Reply]:
         stream = RequestStream(self._ctx)
         error = False
         incoming = _Incoming(_decoded(request_iterator))
@@ -146,6 +146,19 @@ class _Incoming:
         for task in (self._read, self._evicted):
             if task is not None:
                 task.cancel()
+
+
+def add_to_server(servicer: ExtProcServicer, server: grpc.aio.Server) -> None:
+    """Register ``Process`` with a serializer that passes already-serialized replies on."""
+    handler = grpc.stream_stream_rpc_method_handler(
+        servicer.Process,
+        request_deserializer=pb.ProcessingRequest.FromString,
+        response_serializer=messages.encode,
+    )
+    service = "envoy.service.ext_proc.v3.ExternalProcessor"
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service, {"Process": handler}),)
+    )
 
 
 async def _decoded(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -88,26 +88,77 @@ def buffered_body_reply(
     return resp
 
 
-def streamed_body(
-    body: bytes, *, response: bool, end_of_stream: bool = True
-) -> Iterator[pb.ProcessingResponse]:
-    """FULL_DUPLEX_STREAMED body replies in pieces of at most 62,000 bytes (EOS on the last)."""
-    pieces = [body[i : i + wire.MAX_BODY_CHUNK] for i in range(0, len(body), wire.MAX_BODY_CHUNK)]
-    if not pieces:
-        pieces = [b""]
-    last = len(pieces) - 1
-    for i, piece in enumerate(pieces):
-        common = pb.CommonResponse(
-            body_mutation=pb.BodyMutation(
-                streamed_response=pb.StreamedBodyResponse(
-                    body=piece, end_of_stream=end_of_stream and i == last
-                )
-            )
-        )
-        if response:
-            yield pb.ProcessingResponse(response_body=pb.BodyResponse(response=common))
-        else:
-            yield pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
+def streamed_body(body: bytes, *, response: bool, end_of_stream: bool = True) -> Iterator[bytes]:
+    """FULL_DUPLEX_STREAMED body replies in pieces of at most 62,000 bytes (EOS on the last),
+    already serialized: this is the reply to every streamed response chunk, and building it as
+    protobuf objects cost more than everything else the EPP does per chunk (``encoded_body``)."""
+    n = len(body)
+    if n <= wire.MAX_BODY_CHUNK:
+        yield encoded_body(body, response=response, end_of_stream=end_of_stream)
+        return
+    for i in range(0, n, wire.MAX_BODY_CHUNK):
+        last = i + wire.MAX_BODY_CHUNK >= n
+        piece = body[i : i + wire.MAX_BODY_CHUNK]
+        yield encoded_body(piece, response=response, end_of_stream=end_of_stream and last)
+
+
+_SMALL = tuple(bytes((i,)) for i in range(128))
+
+
+def _varint(value: int) -> bytes:
+    if value < 128:
+        return _SMALL[value]
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field_number(message: Any, name: str) -> int:
+    return int(message.DESCRIPTOR.fields_by_name[name].number)
+
+
+def _len_tag(number: int) -> bytes:
+    return _varint(number << 3 | 2)
+
+
+# The nesting of a streamed body reply, outermost first: ProcessingResponse.{request,response}_body
+# → BodyResponse.response → CommonResponse.body_mutation → BodyMutation.streamed_response, whose
+# StreamedBodyResponse holds ``body`` and ``end_of_stream``. Field numbers come from the
+# descriptors, so a schema change cannot go unnoticed.
+_REQUEST_TAG = _len_tag(_field_number(pb.ProcessingResponse, "request_body"))
+_RESPONSE_TAG = _len_tag(_field_number(pb.ProcessingResponse, "response_body"))
+_INNER_TAGS = (
+    _len_tag(_field_number(pb.BodyResponse, "response")),
+    _len_tag(_field_number(pb.CommonResponse, "body_mutation")),
+    _len_tag(_field_number(pb.BodyMutation, "streamed_response")),
+)
+_BODY_TAG = _len_tag(_field_number(pb.StreamedBodyResponse, "body"))
+_EOS = _varint(_field_number(pb.StreamedBodyResponse, "end_of_stream") << 3) + b"\x01"
+
+
+def encoded_body(body: bytes, *, response: bool, end_of_stream: bool) -> bytes:
+    """One serialized ``ProcessingResponse`` carrying ``body`` as a streamed body mutation; the
+    same bytes ``SerializeToString`` gives (proto3 omits an empty body and a false flag)."""
+    head = (_BODY_TAG + _varint(len(body))) if body else b""
+    tail = _EOS if end_of_stream else b""
+    size = len(head) + len(body) + len(tail)
+    for tag in reversed(_INNER_TAGS):  # only the length prefixes: the body is copied once
+        prefix = tag + _varint(size)
+        head = prefix + head
+        size += len(prefix)
+    outer = (_RESPONSE_TAG if response else _REQUEST_TAG) + _varint(size)
+    return b"".join((outer, head, body, tail))
+
+
+Reply: TypeAlias = "pb.ProcessingResponse | bytes"
+"""A reply as a message, or already serialized (``encode`` turns either into bytes)."""
+
+
+def encode(reply: Reply) -> bytes:
+    return reply if isinstance(reply, bytes) else reply.SerializeToString()
 
 
 def immediate(err: InferenceError) -> pb.ProcessingResponse:

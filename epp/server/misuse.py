@@ -5,7 +5,26 @@ when the data plane sends a message the Endpoint Picker Protocol does not allow 
 servicer ends the stream with gRPC status ``INVALID_ARGUMENT`` and ``message`` as the details,
 counts it in ``llm_d_epp_extproc_protocol_errors_total{reason}`` and logs it at WARNING, each
 reason at most once every 30 s (with the number of occurrences in between). ``reason`` is one of
-the fixed values of ``REASONS``, so the metric has a bounded label set.
+the fixed values of ``REASONS``, so the metric has a bounded label set:
+
+============================================  ==============================
+message                                       reason
+============================================  ==============================
+bytes that do not decode as ProcessingRequest ``undecodable``
+none of the six ``request`` fields set        ``no_request``
+``request_headers`` a second time             ``request_headers_repeated``
+``request_body`` before ``request_headers``   ``request_body_before_headers``
+``request_body`` after the body ended (EOS,   ``request_body_after_end``
+trailers, header-only, or decided)
+``request_trailers`` before headers           ``request_trailers_before_headers``
+``request_trailers`` after the request ended  ``request_trailers_after_end``
+a response message before the request was     ``response_before_request``
+answered
+``response_headers`` a second time, or after  ``response_headers_repeated``
+response body
+response body or trailers after the response  ``response_after_end``
+ended
+============================================  ==============================
 """
 
 from __future__ import annotations

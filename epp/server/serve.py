@@ -1,6 +1,9 @@
 """The two gRPC servers an EPP listens on: ext_proc (plus gRPC health when enabled) on
 ``--grpc-port``, and the standalone health server on ``--grpc-health-port``.
 
+The ext_proc port is served by grpc.aio (``--ext-proc-server grpc``, the default) or by
+``epp.server.h2`` (``--ext-proc-server h2``); the health port always by grpc.aio.
+
 A worker of an ``epp --workers N`` group shares the ext_proc port with its siblings through
 ``SO_REUSEPORT`` (the kernel spreads connections across them); its health server stays private
 on 127.0.0.1 so the supervisor can ask each worker separately, and never takes the reuse flag so
@@ -9,21 +12,24 @@ two workers can never answer for each other.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from epp.config.loader import ConfigError
 from epp.server.admin import AdminServicer
 from epp.server.context import ServerContext
-from epp.server.extproc import ExtProcServicer
+from epp.server.extproc import ExtProcServicer, add_to_server
+from epp.server.h2 import H2Server, tls_context
 from epp.server.health import HealthServicer
 from epp.server.tls import CertFiles, grpc_credentials
 from epp.server.tlsopts import check_grpc_ciphers
+
+log = logging.getLogger(__name__)
 
 
 class ServeSettings(Protocol):
@@ -65,10 +71,19 @@ class ServeSettings(Protocol):
     @property
     def group_member(self) -> bool: ...
 
+    @property
+    def ext_proc_server(self) -> str: ...
+
+    @property
+    def tls_min_version(self) -> str: ...
+
+    @property
+    def enable_grpc_stream_metrics(self) -> bool: ...
+
 
 @dataclass
 class GrpcServers:
-    ext: grpc.aio.Server
+    ext: grpc.aio.Server | H2Server
     health: grpc.aio.Server
     grpc_port: int
     health_port: int
@@ -84,24 +99,67 @@ async def start_grpc(
 ) -> GrpcServers:
     """Bind and start both servers; the returned ports are the ones actually bound (``0`` in the
     settings means "pick a free one"). ``admin``: the admin API, on the ext_proc port."""
+    try:
+        files = CertFiles(s.cert_path) if s.secure_serving and s.cert_path else None
+    except ValueError as exc:
+        raise ConfigError(f"--cert-path: {exc}") from None
+    if s.ext_proc_server == "h2":
+        h2_unsupported(s)
+        if admin is not None:
+            log.warning("--ext-proc-server=h2: the admin gRPC API is not served (use grpc)")
+        ext: grpc.aio.Server | H2Server = H2Server(
+            context, health if s.health_checking else None, max_message=s.grpc_max_recv_msg_size
+        )
+        tls = tls_context(s.cert_path) if s.secure_serving else None
+        grpc_port = await ext.start(s.bind_address, s.grpc_port, tls=tls, reuse_port=s.group_member)
+    else:
+        ext, grpc_port = await _grpc_aio(s, context, health, admin, files)
+    hs = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(health, hs)
+    health_port = hs.add_insecure_port(f"{private_host(s)}:{s.grpc_health_port}")
+    await hs.start()
+    return GrpcServers(ext, hs, grpc_port, health_port, files)
+
+
+def h2_unsupported(s: ServeSettings) -> None:
+    """``--ext-proc-server h2`` serves plain ext_proc and TLS from ``--cert-path``; the options it
+    does not implement yet are refused at start rather than ignored."""
+    given = [
+        name
+        for name, on in (
+            ("--enable-cert-reload", s.enable_cert_reload),
+            ("--grpc-client-ca-file", bool(s.grpc_client_ca_file)),
+            ("--tls-cipher-suites", bool(s.tls_cipher_suites)),
+            ("--tls-min-version", bool(s.tls_min_version)),
+            ("--enable-grpc-stream-metrics", s.enable_grpc_stream_metrics),
+        )
+        if on
+    ]
+    if given:
+        raise ConfigError(
+            f"--ext-proc-server=h2 does not support {', '.join(given)} yet; use the default grpc"
+        )
+
+
+async def _grpc_aio(
+    s: ServeSettings,
+    context: ServerContext,
+    health: HealthServicer,
+    admin: AdminServicer | None,
+    files: CertFiles | None,
+) -> tuple[grpc.aio.Server, int]:
     opts = [
         ("grpc.max_receive_message_length", s.grpc_max_recv_msg_size),
         ("grpc.max_send_message_length", s.grpc_max_send_msg_size),
         ("grpc.so_reuseport", 1 if s.group_member else 0),
     ]
     ext = grpc.aio.server(options=opts)
-    external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
-        ExtProcServicer(context), ext
-    )
+    add_to_server(ExtProcServicer(context), ext)
     if s.health_checking:
         health_pb2_grpc.add_HealthServicer_to_server(health, ext)
     if admin is not None:
         ext.add_generic_rpc_handlers((admin.handler(),))
     addr = f"{s.bind_address}:{s.grpc_port}"
-    try:
-        files = CertFiles(s.cert_path) if s.secure_serving and s.cert_path else None
-    except ValueError as exc:
-        raise ConfigError(f"--cert-path: {exc}") from None
     try:
         client_ca = Path(s.grpc_client_ca_file).read_bytes() if s.grpc_client_ca_file else None
     except OSError as exc:
@@ -115,12 +173,8 @@ async def start_grpc(
         grpc_port = ext.add_secure_port(addr, creds)
     else:
         grpc_port = ext.add_insecure_port(addr)
-    hs = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    health_pb2_grpc.add_HealthServicer_to_server(health, hs)
-    health_port = hs.add_insecure_port(f"{private_host(s)}:{s.grpc_health_port}")
     await ext.start()
-    await hs.start()
-    return GrpcServers(ext, hs, grpc_port, health_port, files)
+    return ext, grpc_port
 
 
 def private_host(s: ServeSettings) -> str:

@@ -20,26 +20,7 @@ a conforming data plane, and Envoy would wait for an answer to it until its mess
 (``message_timeout`` does not even fire in FULL_DUPLEX_STREAMED). Such a message ends the stream
 at once with gRPC status ``INVALID_ARGUMENT``, the details naming the case; it is counted in
 ``llm_d_epp_extproc_protocol_errors_total{reason}`` and logged (rate-limited, see
-``epp.server.misuse``):
-
-============================================  ==============================
-message                                       reason
-============================================  ==============================
-bytes that do not decode as ProcessingRequest ``undecodable``
-none of the six ``request`` fields set        ``no_request``
-``request_headers`` a second time             ``request_headers_repeated``
-``request_body`` before ``request_headers``   ``request_body_before_headers``
-``request_body`` after the body ended (EOS,   ``request_body_after_end``
-trailers, header-only, or decided)
-``request_trailers`` before headers           ``request_trailers_before_headers``
-``request_trailers`` after the request ended  ``request_trailers_after_end``
-a response message before the request was     ``response_before_request``
-answered
-``response_headers`` a second time, or after  ``response_headers_repeated``
-response body
-response body or trailers after the response  ``response_after_end``
-ended
-============================================  ==============================
+``epp.server.misuse``, which tables the cases).
 
 Why a gRPC error and not an ImmediateResponse: these are faults of the data plane (a
 misconfigured processing mode, a proxy bug, a foreign client), not of the HTTP client, and they
@@ -58,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any, Final
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -77,7 +58,7 @@ log = logging.getLogger(__name__)
 _MODE = processing_mode_pb2.ProcessingMode
 _FULL_DUPLEX = _MODE.FULL_DUPLEX_STREAMED
 _PER_CHUNK = (_MODE.STREAMED, _MODE.GRPC)  # every body chunk is answered
-Replies = list[pb.ProcessingResponse]
+Replies = list[messages.Reply]
 
 
 class RequestStream:
@@ -104,6 +85,12 @@ class RequestStream:
     # ---- dispatch ---------------------------------------------------------------------------
 
     async def on_message(self, msg: pb.ProcessingRequest) -> Replies:
+        out = self.dispatch(msg)
+        return out if isinstance(out, list) else await out
+
+    def dispatch(self, msg: pb.ProcessingRequest) -> Replies | Coroutine[Any, Any, Replies]:
+        """The replies to ``msg``, or for a message that may route (request body and trailers) a
+        coroutine returning them: every other message is answered without a task switch."""
         if self.first:
             self.first = False
             if msg.HasField("protocol_config"):
@@ -113,9 +100,9 @@ class RequestStream:
         if kind == "request_headers":
             return self._on_request_headers(msg)
         if kind == "request_body":
-            return await self._on_request_body(msg)
+            return self._on_request_body(msg)
         if kind == "request_trailers":
-            return await self._on_request_trailers()
+            return self._on_request_trailers()
         if kind in _RESPONSE_KINDS:
             return self._on_response(kind, msg)
         raise ProtocolError(
@@ -181,7 +168,7 @@ class RequestStream:
             )
         ]
 
-    async def _on_request_body(self, msg: pb.ProcessingRequest) -> Replies:
+    def _on_request_body(self, msg: pb.ProcessingRequest) -> Replies | Coroutine[Any, Any, Replies]:
         chunk = msg.request_body
         ex = self.exchange
         if ex is None:
@@ -199,10 +186,10 @@ class RequestStream:
         if self.request_mode in _PER_CHUNK and not chunk.end_of_stream:
             return [messages.EMPTY_REQUEST_BODY]
         if chunk.end_of_stream or self.request_mode != _FULL_DUPLEX:
-            return await self._decide(ex, trailers=False)
+            return self._decide(ex, trailers=False)
         return []
 
-    async def _on_request_trailers(self) -> Replies:
+    def _on_request_trailers(self) -> Replies | Coroutine[Any, Any, Replies]:
         # Upstream never answers request trailers, which stalls such requests until Envoy's
         # message timeout. Trailers end the body: decide now, then answer them.
         ex = self.exchange
@@ -215,7 +202,7 @@ class RequestStream:
         self.request_ended = True
         if ex.decision is not None:
             return [messages.EMPTY_REQUEST_TRAILERS]
-        return await self._decide(ex, trailers=True)
+        return self._decide(ex, trailers=True)
 
     async def _decide(self, ex: Exchange, *, trailers: bool) -> Replies:
         """The body is complete: route, and answer in the form the body mode needs."""
@@ -279,10 +266,13 @@ class RequestStream:
         """Answer the request with ``err``; the stream ends after this reply."""
         self.done = True
         self.director.fail(self.exchange, err)
-        if self.exchange is not None and self.exchange.trace is not None:
-            self.exchange.trace.error = f"{err.code.http_status} {err}"
-            self.exchange.trace.status = err.code.http_status
+        self._trace_error(err.code.http_status, str(err))
         return messages.immediate(err)
+
+    def _trace_error(self, status: int, text: str) -> None:
+        trace = self.exchange.trace if self.exchange is not None else None
+        if trace is not None:
+            trace.error, trace.status = f"{status} {text}", status
 
     @property
     def eviction(self) -> Eviction | None:
@@ -298,9 +288,7 @@ class RequestStream:
         """Flow control evicted the request: upstream's 429 reply ends the stream, and completion
         (``TerminationCause.EVICTED``) frees its flow-control slot."""
         self.done = self.was_evicted = True
-        if self.exchange is not None and self.exchange.trace is not None:
-            self.exchange.trace.error = f"{err.code.http_status} {err.message}"
-            self.exchange.trace.status = err.code.http_status
+        self._trace_error(err.code.http_status, err.message)
         return messages.evicted(err)
 
     # ---- response phase ---------------------------------------------------------------------

@@ -156,6 +156,14 @@ class Settings:
         NAMES,
     )
     health_checking: bool = flag(False, "also serve grpc.health.v1 on the ext_proc port", BOOL)
+    ext_proc_server: str = flag(
+        "grpc",
+        "what serves the ext_proc port: grpc (grpc.aio) or h2 (the EPP's own HTTP/2 server: about "
+        "5x less CPU per message; experimental: no admin API, eviction replies, stream metrics, "
+        "mTLS, TLS tuning or certificate reload)",
+    )
+    """Our addition (``epp.server.h2``). ``grpc`` stays the default until ``h2``'s latency on a
+    heavily loaded machine in ``epp bench`` is understood (see README "Per-request cost")."""
     tracing: bool = flag(
         True,
         "OpenTelemetry tracing of requests, exported as the OTEL_* variables say "
@@ -308,6 +316,8 @@ class Settings:
                 raise SettingsError("--endpoint-selector needs --endpoint-target-ports")
         elif self.endpoint_target_ports:
             raise SettingsError("--endpoint-target-ports is only used with --endpoint-selector")
+        if self.ext_proc_server not in ("h2", "grpc"):
+            raise SettingsError("--ext-proc-server must be h2 or grpc")
         if not 1 <= self.workers <= MAX_WORKERS:
             raise SettingsError(f"--workers must be 1..{MAX_WORKERS}")
         if self.workers > 1 and self.ha_enable_leader_election:

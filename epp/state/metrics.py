@@ -20,6 +20,7 @@ class MetricSpec(NamedTuple):
     doc: str
     labels: tuple[str, ...] = ()
 
+
 # Registration order is exposition order.
 STATE_SYNC_METRICS: Final = (
     MetricSpec(

@@ -34,3 +34,23 @@ def test_micro_inputs_have_the_requested_sizes_when_built() -> None:
     eps = endpoints(1000)
     assert len({e.id for e in eps}) == 1000
     assert all(e.metrics is not None and e.metrics.cache_block_size == 16 for e in eps)
+
+
+def test_wire_rows_measure_each_server_when_every_stream_is_answered() -> None:
+    from epp.bench import wire
+
+    variants = [
+        wire.Variant("h2", "h2"),
+        wire.Variant("grpc", "grpc"),
+        wire.Variant("tls", "h2", tls=True),
+    ]
+    costs = wire.measure(variants, chunks=3, requests=wire.STREAMS)
+    assert [c.variant.label for c in costs] == ["h2", "grpc", "tls"]
+    assert all(c.per_request_us >= 0 and c.per_chunk_us >= 0 for c in costs)
+
+
+def test_idle_share_reads_the_epp_process_cpu_when_scraping_a_small_fleet() -> None:
+    from epp.bench.idle import idle_share
+
+    share = idle_share(2, seconds=0.5, warmup=0.5)
+    assert 0.0 <= share < 2.0  # a share of one core; at most the machine's two

@@ -160,7 +160,7 @@ def test_markdown_shows_rows_skips_and_objectives_when_rendered_from_a_result() 
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[:8] == ["EPP (default config) via Envoy", "4 / 0", "75.0%", "93.8%", "20.0",
                          "20.0", "20.0", "3.0 / 4.0"]  # fmt: skip
-    assert cells[12] == "15.00"  # (0.04 + 0.02) s / 4 requests
+    assert cells[12] == "15.00 (epp 10.00 · envoy 5.00)"  # (0.04 + 0.02) s / 4 requests, split
     assert cells[13] == "130"
     assert "sglang-router cache_aware: skipped (pip failed)" in text
     assert "EPP process alone: 10.00 ms CPU per request, peak RSS 70 MB" in text
