@@ -1,6 +1,6 @@
 """``epp bench chaos``: faults under load, through Envoy to simulated pods, in numbers::
 
-    epp bench chaos                                    # every scenario, about 3 minutes
+    epp bench chaos                                    # every scenario, about 4 minutes
     epp bench chaos --scenarios pod-kill,epp-kill-open --out out/chaos
 
 Each scenario starts its own pods (one ``epp sim`` process each), one EPP process (the built-in
