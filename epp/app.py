@@ -36,6 +36,7 @@ from epp.flowcontrol.shared import CrossReplicaOptions
 from epp.k8s.files import ObjectFiles, ObjectsFileError
 from epp.k8s.review import metrics_reviewer
 from epp.k8s.sink import ObjectSink
+from epp.observability.auth import Reviewer
 from epp.observability.decisions import DecisionLog
 from epp.observability.http import DebugViews, MetricsServer, PortOptions
 from epp.observability.metrics import EppMetrics
@@ -314,7 +315,7 @@ class App:
         except ValueError as exc:
             raise ConfigError(f"--metrics-cert-dir: {exc}") from None
         reviewer = metrics_reviewer(s)  # before any server starts: a ConfigError stops nothing
-        grpc_servers = await start_grpc(s, self.context, self.health, self._admin())
+        grpc_servers = await start_grpc(s, self.context, self.health, self._admin(reviewer))
         self.grpc_port, self.health_port = grpc_servers.grpc_port, grpc_servers.health_port
         self._certs = [c for c in (grpc_servers.cert_files, metrics_certs) if c is not None]
         ms = MetricsServer(
@@ -333,11 +334,12 @@ class App:
         log.info("serving", extra=ports)
         return [grpc_servers.ext, grpc_servers.health, ms]
 
-    def _admin(self) -> AdminServicer:
-        """The admin gRPC API (``epp.server.admin``) over this App's state."""
+    def _admin(self, reviewer: Reviewer | None) -> AdminServicer:
+        """The admin gRPC API (``epp.server.admin``) over this App's state, behind the debug
+        views' auth."""
         p, token = self.pipeline, read_token(self.settings.admin_token_file)
         sources = AdminSources(self.director, self.store.snapshot, p.dumpers, self.flow, self.sync)
-        return AdminServicer(dataclasses.replace(sources, token=token))
+        return AdminServicer(dataclasses.replace(sources, token=token, reviewer=reviewer))
 
     async def _drain(self, servers: list[Any]) -> None:
         self.draining = True

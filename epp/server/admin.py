@@ -10,8 +10,12 @@
 - ``DumpState``: what each ``StateDumper`` plugin reports (prefix index, sessions, ...), the
   flow-control queues and the cross-replica sharing lag.
 
-With a bearer token configured (``--admin-token-file``) every call must carry
-``authorization: Bearer <token>``; others get UNAUTHENTICATED.
+Auth is the debug views' (``--metrics-endpoint-auth``): every call carries ``authorization:
+Bearer <token>``, judged as a ``get`` of the non-resource path ``/debug/admin`` (in Kubernetes
+mode a TokenReview and SubjectAccessReview, so a grant of ``/debug/*`` covers it; else
+``$EPP_METRICS_TOKEN``). ``--admin-token-file`` adds a token of its own that is always accepted.
+A missing or wrong token gets UNAUTHENTICATED, a refused one PERMISSION_DENIED, a review that
+fails UNAVAILABLE. With neither configured the API is open, as the debug views are.
 """
 
 from __future__ import annotations
@@ -29,12 +33,15 @@ import grpc
 from epp._proto import epp_admin_v1_pb2 as pb
 from epp.config.loader import ConfigError
 from epp.flowcontrol.controller import FlowController
+from epp.observability.auth import Reviewer
 from epp.observability.decisions import EXPLAIN_HEADER, clip, decision_entry
 from epp.plugin import Endpoint, InferenceError, StateDumper, wire
 from epp.plugin.roles import role_of
 from epp.requestcontrol.director import Director
 from epp.state.sync import StateSync
 
+ADMIN_PATH = "/debug/admin"
+"""The non-resource path an admin call is reviewed as (a grant of ``/debug/*`` covers it)."""
 SERVICE = "epp.admin.v1.Admin"
 DEFAULT_PATH = "/v1/completions"
 
@@ -49,7 +56,9 @@ class AdminSources:
     flow: FlowController | None = None
     sync: StateSync | None = None
     token: str = ""
-    """Bearer token every call must carry; empty: none required."""
+    """``--admin-token-file``'s token, always accepted; empty: none."""
+    reviewer: Reviewer | None = None
+    """The metrics port's reviewer (``epp.observability.auth``); ``None``: no auth there."""
 
 
 def read_token(path: str) -> str:
@@ -90,12 +99,27 @@ class AdminServicer:
         )
 
     async def _authorize(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        if not self._src.token:
+        own, reviewer = self._src.token, self._src.reviewer
+        if not own and reviewer is None:
             return
         sent = dict(context.invocation_metadata() or ()).get("authorization", "")
         scheme, _, token = str(sent).partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token, self._src.token):
+        if scheme.lower() != "bearer" or not token:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is required")
+        if own and hmac.compare_digest(token.encode(), own.encode()):
+            return
+        if reviewer is None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is required")
+            return
+        try:
+            verdict = await reviewer.review(token, ADMIN_PATH, "get")
+        except Exception as exc:  # the cluster could not be asked: refuse, never allow
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"token review failed: {exc!r}")
+            return
+        if verdict.status == 401:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is required")
+        if verdict.status != 200:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"may not get {ADMIN_PATH}")
 
     async def explain(
         self, req: pb.ExplainRequest, context: grpc.aio.ServicerContext[Any, Any]

@@ -144,3 +144,20 @@ async def test_a_configured_token_is_required(start_app, sim_pods, tmp_path: Pat
     assert (await _cli("endpoints", *target, "--token-file", str(wrong))).returncode == 1
     allowed = await _cli("endpoints", *target, "--token-file", str(token))
     assert allowed.returncode == 0, allowed.stderr
+
+
+async def test_the_debug_views_token_opens_the_admin_api_too(
+    start_app, sim_pods, tmp_path: Path
+) -> None:
+    """No --admin-token-file: the metrics port's auth ($EPP_METRICS_TOKEN here) guards it."""
+    app = await _stack(start_app, sim_pods, metrics_token="m3trics-7f")
+    target = ["--insecure", "--address", f"127.0.0.1:{app.grpc_port}"]
+    refused = await _cli("endpoints", *target)
+    assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stderr
+    wrong = tmp_path / "wrong"
+    wrong.write_text("guess")
+    assert (await _cli("endpoints", *target, "--token-file", str(wrong))).returncode == 1
+    good = tmp_path / "good"
+    good.write_text("m3trics-7f")
+    allowed = await _cli("endpoints", *target, "--token-file", str(good))
+    assert allowed.returncode == 0, allowed.stderr
