@@ -123,7 +123,13 @@ def exporter_from(environ: Mapping[str, str]) -> SpanExporter | None:
         return ConsoleSpanExporter()
     if kind != "otlp":
         raise ValueError(f"OTEL_TRACES_EXPORTER: {kind!r} is not one of otlp, console, none")
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    try:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    except ImportError as exc:  # e.g. xds-protos' older opentelemetry/proto installed over it
+        raise ValueError(
+            f"the OTLP exporter cannot be loaded ({exc}): reinstall opentelemetry-proto "
+            "(pip install --force-reinstall --no-deps opentelemetry-proto)"
+        ) from None
 
     if any(k in environ for k in _OTLP_TRANSPORT):
         return OTLPSpanExporter()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
@@ -65,3 +68,17 @@ def test_sampler_is_parent_based_ratio_when_not_overridden(
 
 def test_always_on_is_honoured_when_named() -> None:
     assert "AlwaysOn" in sampler_from({"OTEL_TRACES_SAMPLER": "always_on"}).get_description()
+
+
+def test_an_otlp_exporter_that_cannot_load_turns_tracing_off_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two wheels hold opentelemetry/proto (xds-protos bundles an older copy): when the wrong one
+    wins, the EPP still starts, with tracing off and a line saying how to fix it."""
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.grpc.trace_exporter", None)
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}
+    with pytest.raises(ValueError, match="reinstall opentelemetry-proto"):
+        exporter_from(env)
+    with caplog.at_level(logging.ERROR):
+        assert Tracing.from_environment(True, 0.001, env) is None
+    assert "tracing is off" in caplog.text
