@@ -65,6 +65,8 @@ def check_role(plugin: Any, role: str) -> None:
 
 
 def _sync(value: Any, plugin: Any, method: str) -> Any:
+    if inspect.iscoroutine(value):
+        value.close()
     assert not inspect.isawaitable(value), f"{name_of(plugin)}: {method}() must be synchronous"
     return value
 
@@ -72,6 +74,8 @@ def _sync(value: Any, plugin: Any, method: str) -> Any:
 def _call(method: Callable[..., Any], *args: Any) -> None:
     """Call a hook that returns nothing; it must not be a coroutine function."""
     out = method(*args)
+    if inspect.iscoroutine(out):
+        out.close()
     assert not inspect.isawaitable(out), f"{method.__qualname__} must be synchronous"
 
 
