@@ -16,7 +16,9 @@ its methods, and class attributes such as a scorer's ``category`` or a parser's
   ``<data type>/<producer>`` keys;
 - a ``ProducerTimeout`` is a positive number of seconds.
 
-``problems`` names what is missing or wrong, for the error message.
+``problems`` names what is missing or wrong, for the error message; ``refusals`` is what the
+loader applies to every configured plugin, for each role whose members it has (so a producer
+with a foreign key is refused at start-up, as the kit refuses it).
 """
 
 from __future__ import annotations
@@ -152,6 +154,18 @@ def _as_set(keys: Any) -> list[Any]:
 def _is_key(key: Any) -> bool:
     data_type, sep, producer = key.partition("/") if isinstance(key, str) else ("", "", "")
     return bool(data_type and sep and producer)
+
+
+def refusals(obj: Any) -> dict[str, list[str]]:
+    """For each role whose members ``obj`` has (so start-up would slot it there), what it declares
+    wrongly; empty when nothing. Start-up refuses a plugin with any."""
+    out = {}
+    for role, protocol in ROLES.items():
+        if all(hasattr(obj, m) for m in members(protocol)):
+            wrong = _declarations(obj, role)
+            if wrong:
+                out[role] = wrong
+    return out
 
 
 def roles_of(obj: Any) -> list[str]:
