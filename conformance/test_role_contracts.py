@@ -18,7 +18,7 @@ import pytest
 
 from conformance.test_plugin_contract import TYPES, build
 from epp.plugin import Endpoint, Lifecycle, ProfileResult, SchedulingResult
-from epp.plugin.conformance import roles_of
+from epp.plugin.conformance import ROLES, SCHEDULING_ROLES, refusals, slotted_roles
 from epp.plugin.protocols import Profile
 from epp.plugin.testing import (
     check_admitter,
@@ -105,8 +105,9 @@ def profiles_for(handler: Any) -> dict[str, Profile]:
 
 
 async def check_all_roles(type_name: str, plugin: Any, port: int, tmp_path: Path) -> set[str]:
-    """Run the kit's check of every role ``plugin`` fills; the roles checked."""
-    roles = set(roles_of(plugin))
+    """Run the kit's check of every role start-up would slot ``plugin`` into; those roles."""
+    roles = set(slotted_roles(plugin))
+    assert not refusals(plugin), f"{type_name}: start-up refuses it: {refusals(plugin)}"
     eps = sample_endpoints(5)
     dead = Endpoint(
         id="default/dead", name="dead", namespace="default", address="127.0.0.1", port=port
@@ -154,8 +155,15 @@ async def check_all_roles(type_name: str, plugin: Any, port: int, tmp_path: Path
     if "shared-state" in roles:
         check_shared_state(plugin, build(type_name))
     if "replica-syncer" in roles:
-        await check_replica_syncer(build_syncer(port))
+        syncer = build_syncer(port)
+        await check_replica_syncer(syncer)
+        assert syncer.dump_state()["lastError"], "the syncer does not say Redis is unreachable"
     return roles
+
+
+# Every role has a check: above, or for filters, scorers and pickers in test_plugin_contract;
+# "consumer" is a declaration only (``refusals`` checks its keys).
+CHECKED_ROLES = frozenset(ROLES) - {"consumer"}
 
 
 def build_discovery(tmp_path: Path) -> Any:
@@ -177,7 +185,18 @@ async def test_every_role_contract(type_name: str, dead_port: int, tmp_path: Pat
 
 def test_no_builtin_type_is_skipped() -> None:
     """Every installed type (the 70-odd built-in ones included) fills at least one role the kit
-    checks (``roles_of`` is empty only for a plugin start-up would slot nowhere)."""
-    unchecked = sorted(t for t in TYPES if not roles_of(build(t)))
+    checks: none is skipped."""
+    unchecked = sorted(t for t in TYPES if not set(slotted_roles(build(t))) & CHECKED_ROLES)
     assert not unchecked
     assert len(TYPES) >= 70
+
+
+def test_every_role_has_a_check() -> None:
+    """A role added to ``epp.plugin.conformance.ROLES`` without a branch in ``check_all_roles``
+    fails here: the branches are read from the source of ``check_all_roles``."""
+    import inspect
+
+    source = inspect.getsource(check_all_roles)
+    elsewhere = set(SCHEDULING_ROLES)  # test_plugin_contract.test_role_contract
+    missing = sorted(r for r in CHECKED_ROLES - elsewhere if f'"{r}"' not in source)
+    assert not missing

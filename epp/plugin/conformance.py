@@ -156,15 +156,20 @@ def _is_key(key: Any) -> bool:
     return bool(data_type and sep and producer)
 
 
+def slotted_roles(obj: Any) -> list[str]:
+    """The roles whose members ``obj`` has: where start-up would slot it (if it declares them
+    right; ``refusals`` says what it declares wrongly)."""
+    return [role for role, proto in ROLES.items() if all(hasattr(obj, m) for m in members(proto))]
+
+
 def refusals(obj: Any) -> dict[str, list[str]]:
     """For each role whose members ``obj`` has (so start-up would slot it there), what it declares
     wrongly; empty when nothing. Start-up refuses a plugin with any."""
     out = {}
-    for role, protocol in ROLES.items():
-        if all(hasattr(obj, m) for m in members(protocol)):
-            wrong = _declarations(obj, role)
-            if wrong:
-                out[role] = wrong
+    for role in slotted_roles(obj):
+        wrong = _declarations(obj, role)
+        if wrong:
+            out[role] = wrong
     return out
 
 
