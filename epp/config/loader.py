@@ -43,6 +43,7 @@ from epp.plugin import (
     ReplicaSyncer,
     SaturationDetector,
 )
+from epp.plugin.conformance import refusals
 from epp.plugin.params import ParamError, decode
 from epp.plugin.registry import PluginRegistry
 from epp.plugin.units import parse_duration
@@ -143,6 +144,7 @@ def load_config(
     sources, discovery = _data_layer(b, cfg)
     syncer, sync_interval = _cross_replica(b, cfg)
     _auto_producers(b)
+    _check_declarations(b)
     return Pipeline.assemble(
         instances=b.instances,
         profiles=profiles,
@@ -303,6 +305,14 @@ def _attach_unlisted_extractors(b: Builder, sources: list[DataPipeline]) -> None
             return
     source = b.ensure("endpoint-notification-source")
     sources.append(NotificationPipeline(source, tuple(unlisted)))
+
+
+def _check_declarations(b: Builder) -> None:
+    """Every plugin declares what its roles require (``epp.plugin.conformance``, the definition
+    the contract kit applies too): e.g. a producer's keys are ``<data type>/<its name>``."""
+    for name, inst in b.instances.items():
+        for role, wrong in refusals(inst).items():
+            raise ConfigError(f"config: plugin {name!r}: refused as a {role}: {'; '.join(wrong)}")
 
 
 def _auto_producers(b: Builder) -> None:

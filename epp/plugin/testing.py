@@ -1,4 +1,8 @@
-"""Contract checks plugin authors run in their own test suites.
+"""Contract checks plugin authors run in their own test suites, one per role: filters, scorers,
+pickers (here); parsers, producers, admitters, saturation detectors, profile handlers, deciders
+and hooks (``testing_request``); flow policies and the data layer (``testing_flow``). Each first
+applies the rules start-up enforces for the role (``epp.plugin.conformance``, the one definition
+both use), then exercises the role with a small realistic input.
 
 Each ``check_*`` function raises ``AssertionError`` with a message naming the plugin and the broken
 rule. Example::
@@ -20,9 +24,31 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from epp.plugin.conformance import problems
 from epp.plugin.params import ParamError, decode
 from epp.plugin.protocols import Filter, Picker, Scorer
+from epp.plugin.testing_flow import (
+    check_data_source,
+    check_discovery,
+    check_endpoint_listener,
+    check_extractor,
+    check_fairness_policy,
+    check_ordering_policy,
+    check_priority_adjuster,
+    check_replica_syncer,
+    check_shared_state,
+    check_usage_limit_policy,
+    sample_queue,
+)
+from epp.plugin.testing_request import (
+    check_admitter,
+    check_decider,
+    check_hooks,
+    check_parser,
+    check_producer,
+    check_profile_handler,
+    check_role,
+    check_saturation_detector,
+)
 from epp.plugin.types import (
     CycleState,
     Endpoint,
@@ -30,6 +56,34 @@ from epp.plugin.types import (
     Metrics,
     ScoredEndpoint,
 )
+
+__all__ = [
+    "check_admitter",
+    "check_data_source",
+    "check_decider",
+    "check_discovery",
+    "check_endpoint_listener",
+    "check_extractor",
+    "check_fairness_policy",
+    "check_filter",
+    "check_hooks",
+    "check_ordering_policy",
+    "check_parser",
+    "check_picker",
+    "check_plugin_class",
+    "check_priority_adjuster",
+    "check_producer",
+    "check_profile_handler",
+    "check_replica_syncer",
+    "check_role",
+    "check_saturation_detector",
+    "check_scorer",
+    "check_shared_state",
+    "check_usage_limit_policy",
+    "sample_endpoints",
+    "sample_queue",
+    "sample_request",
+]
 
 
 def sample_endpoints(n: int, *, seed: int = 0) -> list[Endpoint]:
@@ -74,15 +128,6 @@ def _cycle(seed: int = 0) -> CycleState:
     return CycleState(now=1000.0, rng=random.Random(seed))
 
 
-def check_role(plugin: Any, role: str) -> None:
-    """``plugin`` declares everything start-up requires of a ``role`` (``filter``, ``scorer``,
-    ``picker``; ``epp.plugin.conformance``, the one definition both use): for a scorer that
-    includes ``category``, a ``ScorerCategory``."""
-    missing = problems(plugin, role)
-    name = str(getattr(plugin, "typed_name", type(plugin).__name__))
-    assert not missing, f"{name}: start-up refuses it as a {role}: {'; '.join(missing)}"
-
-
 def check_plugin_class(cls: type[Any], type_name: str) -> None:
     """``TYPE`` matches the registered name; ``Params`` is a frozen dataclass decoded strictly."""
     assert getattr(cls, "TYPE", None) == type_name, f"{cls.__name__}.TYPE != {type_name!r}"
@@ -102,9 +147,9 @@ def check_plugin_class(cls: type[Any], type_name: str) -> None:
 def check_scorer(
     scorer: Scorer, endpoints: Sequence[Endpoint], request: InferenceRequest | None = None
 ) -> None:
-    """A scorer as start-up requires (``check_role``); scores cover the given endpoints only, lie
-    in [0, 1], are deterministic and synchronous; the endpoints are not mutated; an empty list is
-    accepted."""
+    """A scorer as start-up requires (``check_role``); it scores every given endpoint and no
+    other, each score a number in [0, 1]; deterministic and synchronous; the endpoints are not
+    mutated; an empty list is accepted."""
     check_role(scorer, "scorer")
     request = request or sample_request()
     name = str(scorer.typed_name)
@@ -113,8 +158,11 @@ def check_scorer(
     assert not inspect.isawaitable(first), f"{name}: score() must be synchronous"
     ids = {e.id for e in endpoints}
     assert set(first) <= ids, f"{name}: scored unknown endpoints {set(first) - ids}"
+    assert set(first) >= ids, f"{name}: did not score endpoints {sorted(ids - set(first))}"
     for eid, value in first.items():
-        assert isinstance(value, (int, float)), f"{name}: score of {eid} is not a number"
+        assert isinstance(value, (int, float)) and not isinstance(value, bool), (
+            f"{name}: score of {eid} is not a number"
+        )
         assert 0.0 <= value <= 1.0, f"{name}: score {value} of {eid} outside [0, 1]"
     again = scorer.score(_cycle(), request, endpoints)
     assert dict(first) == dict(again), f"{name}: scores differ between identical calls"

@@ -3,6 +3,7 @@ without ``category`` fails both, with the same reason."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -16,7 +17,7 @@ from epp.plugin import PluginBase, ScorerCategory
 from epp.plugin.conformance import SCHEDULING_ROLES, explain_refusal, members, problems
 from epp.plugin.protocols import Filter, Picker, Scorer
 from epp.plugin.registry import GROUP, PluginInfo, PluginRegistry
-from epp.plugin.testing import check_scorer, sample_endpoints
+from epp.plugin.testing import check_producer, check_scorer, sample_endpoints, sample_request
 from tests.builders import handle
 from tests.conftest import epp_config
 
@@ -96,3 +97,49 @@ def test_startup_refuses_what_the_kit_refuses(cls: str, tmp_path: Path) -> None:
         return
     with pytest.raises(ConfigError, match=r"is not a filter, scorer or picker \(as a scorer: "):
         build()
+
+
+class ForeignKeyProducer(PluginBase):
+    """Publishes under another producer's name: consumers of its keys would never find it."""
+
+    TYPE = "foreign-key-producer"
+
+    @dataclass(frozen=True)
+    class Params:
+        pass
+
+    def produces(self) -> frozenset[str]:
+        return frozenset({"Toy/someone-else"})
+
+    async def produce(self, request: Any, endpoints: Sequence[Any]) -> None:
+        request.attributes["Toy/someone-else"] = 1
+
+
+class OwnKeyProducer(ForeignKeyProducer):
+    def produces(self) -> frozenset[str]:
+        return frozenset({"Toy/foreign-key-producer"})
+
+    async def produce(self, request: Any, endpoints: Sequence[Any]) -> None:
+        request.attributes["Toy/foreign-key-producer"] = 1
+
+
+@pytest.mark.parametrize("cls", ["ForeignKeyProducer", "OwnKeyProducer"])
+async def test_startup_and_kit_agree_on_a_producer(cls: str, tmp_path: Path) -> None:
+    target = f"{__name__}:{cls}"
+    ep = metadata.EntryPoint("foreign-key-producer", target, GROUP)
+    info = PluginInfo("foreign-key-producer", target, "mine", "0", ep)
+    base = PluginRegistry.from_entry_points()
+    registry = PluginRegistry([base.info(t) for t in base.types()] + [info])
+    endpoints = tmp_path / "eps.yaml"
+    endpoints.write_text("[]\n")
+    text = epp_config(endpoints, "plugins:\n- type: foreign-key-producer\n")
+    plugin = globals()[cls](name="foreign-key-producer", params=None, handle=None)
+    reason = "produces() key 'Toy/someone-else' is not '<data type>/foreign-key-producer'"
+    if cls == "OwnKeyProducer":
+        load_config(text, registry=registry, handle_for=handle)
+        await check_producer(plugin, sample_request(), [])
+        return
+    with pytest.raises(ConfigError, match=re.escape(f"refused as a producer: {reason}")):
+        load_config(text, registry=registry, handle_for=handle)
+    with pytest.raises(AssertionError, match=re.escape(f"as a producer: {reason}")):
+        await check_producer(plugin, sample_request(), [])
