@@ -83,7 +83,13 @@ class KVCacheUtilizationScorer(PluginBase):
         self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Mapping[str, float]:
         now = self.handle.clock()
-        return {ep.id: 1.0 - self.usage(ep, now) for ep in endpoints}
+        tracked = self.tracker.endpoints()
+        if not tracked:  # nothing of this EPP's since any scrape: ``kv`` is the scraped value
+            return {ep.id: 1.0 - _clamped_kv(ep) for ep in endpoints}
+        return {
+            ep.id: 1.0 - (self.usage(ep, now) if ep.id in tracked else _clamped_kv(ep))
+            for ep in endpoints
+        }
 
     def usage(self, endpoint: Endpoint, now: float) -> float:
         """The endpoint's KV-cache usage now, in [0, 1]; 1 without metrics."""
@@ -110,3 +116,12 @@ class KVCacheUtilizationScorer(PluginBase):
         usage = response.usage
         held = usage.prompt_tokens + usage.completion_tokens if usage.prompt_tokens else 0
         self.tracker.complete(request.request_id, self.handle.clock(), held)
+
+
+def _clamped_kv(endpoint: Endpoint) -> float:
+    """``usage`` of an endpoint the tracker holds nothing for: the scraped value, clamped."""
+    m = endpoint.metrics
+    if m is None:
+        return 1.0
+    kv = m.kv_cache_usage_percent
+    return 1.0 if kv > 1.0 else kv if kv >= 0.0 else 0.0  # min(1, max(0, kv)); NaN → 0

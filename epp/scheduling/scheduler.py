@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from itertools import repeat
 
 from epp.observability.decisions import EXPLAIN_HEADER, EXPLAIN_KEY
 from epp.observability.tracing import TRACE_KEY, RequestTrace
@@ -29,6 +30,7 @@ from epp.plugin import (
     ProfileResult,
     SchedulingResult,
     ScoredEndpoint,
+    Scorer,
     TypedName,
 )
 
@@ -89,6 +91,61 @@ class Scheduler:
         if trace is not None:
             trace.plugin(point, name, seconds)
 
+    def _scores_of(
+        self,
+        cycle: CycleState,
+        request: InferenceRequest,
+        scorer: Scorer,
+        endpoints: Sequence[Endpoint],
+    ) -> Mapping[str, float]:
+        """One scorer's scores, timed; a scorer that raises contributes 0 (an empty mapping)."""
+        t0 = time.perf_counter()
+        try:
+            scores = scorer.score(cycle, request, endpoints)
+        except Exception:
+            self._count_error("Scorer", scorer.typed_name.type, scorer.typed_name.name)
+            log.exception("scorer %s failed; it contributes 0", scorer.typed_name)
+            scores = {}
+        self._timed(cycle, "Scorer", scorer.typed_name, time.perf_counter() - t0)
+        return scores
+
+    def _score(
+        self,
+        cycle: CycleState,
+        request: InferenceRequest,
+        profile: Profile,
+        endpoints: Sequence[Endpoint],
+    ) -> dict[str, float]:
+        """Each endpoint's weighted sum of clamped scores, keyed by id in candidate order."""
+        ids = [e.id for e in endpoints]
+        breakdown: dict[str, dict[str, float]] | None = cycle.data.get("explain")
+        if breakdown is None and len(set(ids)) == len(ids):
+            # Per scorer, one pass over a list in candidate order: the same additions, in the
+            # same order, as the per-id loop below, without its per-endpoint dict updates.
+            sums = [0.0] * len(ids)
+            for scorer, weight in profile.scorers:
+                scores = self._scores_of(cycle, request, scorer, endpoints)
+                sums = [
+                    t + (1.0 if s > 1.0 else s if s >= 0.0 else 0.0) * weight  # NaN → 0
+                    for t, s in zip(sums, map(scores.get, ids, repeat(0.0)), strict=True)
+                ]
+            return dict(zip(ids, sums, strict=True))
+        totals = dict.fromkeys(ids, 0.0)
+        for scorer, weight in profile.scorers:
+            scores = self._scores_of(cycle, request, scorer, endpoints)
+            get = scores.get
+            label = str(scorer.typed_name) if breakdown is not None else ""
+            for eid in ids:
+                s = get(eid, 0.0)
+                if s > 1.0:
+                    s = 1.0
+                elif not s >= 0.0:  # negative or NaN
+                    s = 0.0
+                totals[eid] += s * weight
+                if breakdown is not None:
+                    breakdown.setdefault(eid, {})[label] = s
+        return totals
+
     def run_profile(
         self,
         cycle: CycleState,
@@ -111,30 +168,11 @@ class Scheduler:
                 self._timed(cycle, "Filter", flt.typed_name, time.perf_counter() - t0)
             if not endpoints:
                 return None
-        ids = [e.id for e in endpoints]
-        totals = dict.fromkeys(ids, 0.0)
-        breakdown: dict[str, dict[str, float]] | None = cycle.data.get("explain")
-        for scorer, weight in profile.scorers:
-            t0 = time.perf_counter()
-            try:
-                scores = scorer.score(cycle, request, endpoints)
-            except Exception:
-                self._count_error("Scorer", scorer.typed_name.type, scorer.typed_name.name)
-                log.exception("scorer %s failed; it contributes 0", scorer.typed_name)
-                scores = {}
-            self._timed(cycle, "Scorer", scorer.typed_name, time.perf_counter() - t0)
-            get = scores.get
-            label = str(scorer.typed_name) if breakdown is not None else ""
-            for eid in ids:
-                s = get(eid, 0.0)
-                if s > 1.0:
-                    s = 1.0
-                elif not s >= 0.0:  # negative or NaN
-                    s = 0.0
-                totals[eid] += s * weight
-                if breakdown is not None:
-                    breakdown.setdefault(eid, {})[label] = s
-        scored = [ScoredEndpoint(e, totals[e.id]) for e in endpoints]
+        totals = self._score(cycle, request, profile, endpoints)
+        if len(totals) == len(endpoints):  # ids unique: totals are in candidate order
+            scored = list(map(ScoredEndpoint, endpoints, totals.values()))
+        else:
+            scored = [ScoredEndpoint(e, totals[e.id]) for e in endpoints]
         picker = profile.picker
         t0 = time.perf_counter()
         pick = picker.pick(cycle, scored)
