@@ -170,7 +170,14 @@ class Scheduler:
                 return None
         totals = self._score(cycle, request, profile, endpoints)
         if len(totals) == len(endpoints):  # ids unique: totals are in candidate order
-            scored = list(map(ScoredEndpoint, endpoints, totals.values()))
+            # ScoredEndpoint(e, total) for each candidate, built in C
+            scored = list(
+                map(
+                    tuple.__new__,
+                    repeat(ScoredEndpoint),
+                    zip(endpoints, totals.values(), strict=True),
+                )
+            )
         else:
             scored = [ScoredEndpoint(e, totals[e.id]) for e in endpoints]
         picker = profile.picker
