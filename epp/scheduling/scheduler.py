@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import repeat
 
 from epp.observability.decisions import EXPLAIN_HEADER, EXPLAIN_KEY
@@ -118,33 +118,16 @@ class Scheduler:
     ) -> dict[str, float]:
         """Each endpoint's weighted sum of clamped scores, keyed by id in candidate order."""
         ids = [e.id for e in endpoints]
+        results = [
+            (str(scorer.typed_name), weight, self._scores_of(cycle, request, scorer, endpoints))
+            for scorer, weight in profile.scorers
+        ]
         breakdown: dict[str, dict[str, float]] | None = cycle.data.get("explain")
-        if breakdown is None and len(set(ids)) == len(ids):
-            # Per scorer, one pass over a list in candidate order: the same additions, in the
-            # same order, as the per-id loop below, without its per-endpoint dict updates.
-            sums = [0.0] * len(ids)
-            for scorer, weight in profile.scorers:
-                scores = self._scores_of(cycle, request, scorer, endpoints)
-                sums = [
-                    t + (1.0 if s > 1.0 else s if s >= 0.0 else 0.0) * weight  # NaN → 0
-                    for t, s in zip(sums, map(scores.get, ids, repeat(0.0)), strict=True)
-                ]
-            return dict(zip(ids, sums, strict=True))
-        totals = dict.fromkeys(ids, 0.0)
-        for scorer, weight in profile.scorers:
-            scores = self._scores_of(cycle, request, scorer, endpoints)
-            get = scores.get
-            label = str(scorer.typed_name) if breakdown is not None else ""
-            for eid in ids:
-                s = get(eid, 0.0)
-                if s > 1.0:
-                    s = 1.0
-                elif not s >= 0.0:  # negative or NaN
-                    s = 0.0
-                totals[eid] += s * weight
-                if breakdown is not None:
-                    breakdown.setdefault(eid, {})[label] = s
-        return totals
+        if breakdown is None:
+            totals = dict(zip(ids, _weighted_sums(ids, results), strict=True))
+            if len(totals) == len(ids):  # ids unique (else: the per-id sums below)
+                return totals
+        return _sums_by_id(ids, results, breakdown)
 
     def run_profile(
         self,
@@ -188,3 +171,45 @@ class Scheduler:
         if not pick.targets:
             return None
         return ProfileResult(targets=pick.targets, scores=totals)
+
+
+ScorerResult = tuple[str, float, Mapping[str, float]]
+"""A scorer's label (``type/name``), its weight and its scores."""
+
+
+def _weighted_sums(ids: list[str], results: list[ScorerResult]) -> list[float]:
+    """Per candidate, in candidate order, the sum over scorers (in profile order) of the score
+    clamped to [0, 1] (NaN → 0, missing → 0) times the weight: the same additions, in the same
+    order, as ``_sums_by_id``, one list pass per scorer instead of a dict update per endpoint."""
+    n = len(ids)
+    sums = [0.0] * n
+    for _, weight, scores in results:
+        vals: Iterable[float]
+        if type(scores) is dict and len(scores) == n and list(scores) == ids:
+            vals = scores.values()  # keyed in candidate order (the usual case): no lookups
+        else:
+            vals = map(scores.get, ids, repeat(0.0))
+        sums = [
+            t + (1.0 if s > 1.0 else s if s >= 0.0 else 0.0) * weight
+            for t, s in zip(sums, vals, strict=True)
+        ]
+    return sums
+
+
+def _sums_by_id(
+    ids: list[str], results: list[ScorerResult], breakdown: dict[str, dict[str, float]] | None
+) -> dict[str, float]:
+    """The weighted sums keyed by id, recording each clamped score in the explain breakdown."""
+    totals = dict.fromkeys(ids, 0.0)
+    for label, weight, scores in results:
+        get = scores.get
+        for eid in ids:
+            s = get(eid, 0.0)
+            if s > 1.0:
+                s = 1.0
+            elif not s >= 0.0:  # negative or NaN
+                s = 0.0
+            totals[eid] += s * weight
+            if breakdown is not None:
+                breakdown.setdefault(eid, {})[label] = s
+    return totals
