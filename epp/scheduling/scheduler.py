@@ -180,20 +180,32 @@ ScorerResult = tuple[str, float, Mapping[str, float]]
 def _weighted_sums(ids: list[str], results: list[ScorerResult]) -> list[float]:
     """Per candidate, in candidate order, the sum over scorers (in profile order) of the score
     clamped to [0, 1] (NaN → 0, missing → 0) times the weight: the same additions, in the same
-    order, as ``_sums_by_id``, one list pass per scorer instead of a dict update per endpoint."""
+    order, as ``_sums_by_id``, in one list pass per two scorers instead of a dict update per
+    endpoint and scorer."""
     n = len(ids)
     sums = [0.0] * n
-    for _, weight, scores in results:
-        vals: Iterable[float]
-        if type(scores) is dict and len(scores) == n and list(scores) == ids:
-            vals = scores.values()  # keyed in candidate order (the usual case): no lookups
-        else:
-            vals = map(scores.get, ids, repeat(0.0))
+    columns = [(weight, _in_order(ids, scores)) for _, weight, scores in results]
+    for i in range(0, len(columns) - 1, 2):
+        (wa, va), (wb, vb) = columns[i], columns[i + 1]
         sums = [
-            t + (1.0 if s > 1.0 else s if s >= 0.0 else 0.0) * weight
-            for t, s in zip(sums, vals, strict=True)
+            (t + (1.0 if a > 1.0 else a if a >= 0.0 else 0.0) * wa)
+            + (1.0 if b > 1.0 else b if b >= 0.0 else 0.0) * wb
+            for t, a, b in zip(sums, va, vb, strict=True)
+        ]
+    if len(columns) % 2:
+        w, v = columns[-1]
+        sums = [
+            t + (1.0 if s > 1.0 else s if s >= 0.0 else 0.0) * w
+            for t, s in zip(sums, v, strict=True)
         ]
     return sums
+
+
+def _in_order(ids: list[str], scores: Mapping[str, float]) -> Iterable[float]:
+    """The scores in candidate order, 0 for a candidate the scorer left out."""
+    if type(scores) is dict and len(scores) == len(ids) and list(scores) == ids:
+        return scores.values()  # keyed in candidate order (the usual case): no lookups
+    return map(scores.get, ids, repeat(0.0))
 
 
 def _sums_by_id(
