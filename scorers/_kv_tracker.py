@@ -62,6 +62,12 @@ class KVTracker:
         if now - self._swept_at > self.horizon:
             self._sweep(now)
 
+    def endpoints(self) -> frozenset[str]:
+        """The endpoints ``change`` may be non-zero for (all others: 0, with nothing to drop)."""
+        if not self._done:
+            return frozenset(self._by_endpoint)
+        return frozenset(self._by_endpoint).union(self._done)
+
     def change(self, endpoint_id: str, scraped_at: float) -> int:
         """Tokens this EPP added minus released on ``endpoint_id`` since ``scraped_at``."""
         released = 0

@@ -103,7 +103,8 @@ class EstimatedLoadScorer(PluginBase):
         data counts 0)."""
         estimates = self._estimate_key.get(request)
         if estimates is not None:
-            get = estimates.get
+            # One copy into a plain dict (the producer's mapping is lazy), then dict-speed lookups.
+            get = dict(estimates.items()).get
             return [get(e.id, 0.0) for e in endpoints]
         inflight: Mapping[str, InFlightLoad] = self._load_key.get(request) or {}
         return [float(inflight[e.id].requests) if e.id in inflight else 0.0 for e in endpoints]

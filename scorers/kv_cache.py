@@ -83,7 +83,18 @@ class KVCacheUtilizationScorer(PluginBase):
         self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Mapping[str, float]:
         now = self.handle.clock()
-        return {ep.id: 1.0 - self.usage(ep, now) for ep in endpoints}
+        tracked = self.tracker.endpoints()  # any other endpoint: ``kv`` is the scraped value
+        scores: dict[str, float] = {}
+        for ep in endpoints:
+            eid, m = ep.id, ep.metrics
+            if eid in tracked:
+                scores[eid] = 1.0 - self.usage(ep, now)
+            elif m is None:
+                scores[eid] = 0.0  # 1 - usage, usage 1 without metrics
+            else:
+                kv = m.kv_cache_usage_percent  # usage(): min(1, max(0, kv)), NaN → 0
+                scores[eid] = 1.0 - (1.0 if kv > 1.0 else kv if kv >= 0.0 else 0.0)
+        return scores
 
     def usage(self, endpoint: Endpoint, now: float) -> float:
         """The endpoint's KV-cache usage now, in [0, 1]; 1 without metrics."""

@@ -95,7 +95,19 @@ class PrefixCacheScorer(PluginBase):
             if self._log.isEnabledFor(logging.DEBUG):
                 self._log.debug("request %s has no %s attribute", request.request_id, self._key)
             return dict.fromkeys((ep.id for ep in endpoints), 0.0)
-        return {ep.id: self._score_one(infos.get(ep.id)) for ep in endpoints}
+        # Endpoints without a match share one info object (the producer's): score each distinct
+        # object once, not once per endpoint.
+        get = infos.get
+        scores: dict[str, float] = {}
+        last: PrefixMatchInfo | None = None
+        score = 0.0  # the score of ``None``
+        for ep in endpoints:
+            eid = ep.id
+            info = get(eid)
+            if info is not last:
+                last, score = info, self._score_one(info)
+            scores[eid] = score
+        return scores
 
     def _score_one(self, info: PrefixMatchInfo | None) -> float:
         if info is None or info.total_blocks <= 0:

@@ -12,7 +12,7 @@ import enum
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +144,11 @@ class CycleState:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class ScoredEndpoint:
+class ScoredEndpoint(NamedTuple):
+    """A candidate and its weighted total score, as the picker gets it. Immutable. A named tuple
+    rather than a frozen dataclass: the engine builds one per candidate per profile, and a tuple
+    is built in C (``tuple.__new__``) at a third of a frozen dataclass's cost."""
+
     endpoint: Endpoint
     score: float
 

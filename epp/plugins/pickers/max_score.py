@@ -19,10 +19,14 @@ YAML::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import compress, repeat
+from operator import attrgetter, eq
 from typing import ClassVar
 
 from epp.plugin import CycleState, PickResult, ScoredEndpoint
 from epp.plugins.pickers.common import PickerBase, shuffled
+
+_score = attrgetter("score")
 
 
 class MaxScorePicker(PickerBase):
@@ -31,8 +35,9 @@ class MaxScorePicker(PickerBase):
     def pick(self, cycle: CycleState, scored: Sequence[ScoredEndpoint]) -> PickResult:
         if self.params.max_num_of_endpoints == 1 and scored:
             # One target: a uniform choice among the best, without shuffling and sorting all.
-            best = max(s.score for s in scored)
-            ties = [s for s in scored if s.score == best]
+            scores = list(map(_score, scored))
+            best = max(scores)
+            ties = list(compress(scored, map(eq, scores, repeat(best))))
             return PickResult((cycle.rng.choice(ties).endpoint,), tuple(scored))
         ordered = shuffled(cycle.rng, scored)
         ordered.sort(key=lambda s: s.score, reverse=True)  # stable: ties keep shuffled order

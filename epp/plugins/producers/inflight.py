@@ -258,11 +258,12 @@ class InflightLoadProducer(PluginBase):
         """``LoadEstimate`` of each endpoint now (see the module docstring)."""
         now = self.handle.clock()
         fresh_after = now - self._stale
-        tracked, done, peers = self._dispatched, self._completed, self._peers
+        # Endpoints with anything of this replica's or its peers' since a scrape (few), as one set.
+        ours = self._dispatched.keys() | self._completed.keys() | self._peers.history_ids()
         out: dict[str, float] = {}
         for e in endpoints:
             eid = e.id
-            if eid in tracked or eid in done or peers.has_history(eid):
+            if eid in ours:
                 out[eid] = self._estimate(e, now)
                 continue
             m = e.metrics  # nothing of ours there: the scrape alone, when fresh

@@ -24,7 +24,7 @@ import math
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, KeysView, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -167,6 +167,10 @@ class PeerLoads:
 
     def has_history(self, endpoint_id: str) -> bool:
         return endpoint_id in self._history
+
+    def history_ids(self) -> KeysView[str]:
+        """The endpoints ``has_history`` is true for (a live view)."""
+        return self._history.keys()
 
     def _apply_one(self, origin: str, parsed: _Fact, now: float, changed: set[str]) -> None:
         src, version, full, loads = parsed
