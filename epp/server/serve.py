@@ -74,11 +74,6 @@ class ServeSettings(Protocol):
     @property
     def ext_proc_server(self) -> str: ...
 
-    @property
-    def tls_min_version(self) -> str: ...
-
-    @property
-    def enable_grpc_stream_metrics(self) -> bool: ...
 
 
 @dataclass
@@ -104,7 +99,6 @@ async def start_grpc(
     except ValueError as exc:
         raise ConfigError(f"--cert-path: {exc}") from None
     if s.ext_proc_server == "h2":
-        h2_unsupported(s)
         if admin is not None:
             log.warning("--ext-proc-server=h2: the admin gRPC API is not served (use grpc)")
         ext: grpc.aio.Server | H2Server = H2Server(
@@ -119,26 +113,6 @@ async def start_grpc(
     health_port = hs.add_insecure_port(f"{private_host(s)}:{s.grpc_health_port}")
     await hs.start()
     return GrpcServers(ext, hs, grpc_port, health_port, files)
-
-
-def h2_unsupported(s: ServeSettings) -> None:
-    """``--ext-proc-server h2`` serves plain ext_proc and TLS from ``--cert-path``; the options it
-    does not implement yet are refused at start rather than ignored."""
-    given = [
-        name
-        for name, on in (
-            ("--enable-cert-reload", s.enable_cert_reload),
-            ("--grpc-client-ca-file", bool(s.grpc_client_ca_file)),
-            ("--tls-cipher-suites", bool(s.tls_cipher_suites)),
-            ("--tls-min-version", bool(s.tls_min_version)),
-            ("--enable-grpc-stream-metrics", s.enable_grpc_stream_metrics),
-        )
-        if on
-    ]
-    if given:
-        raise ConfigError(
-            f"--ext-proc-server=h2 does not support {', '.join(given)} yet; use the default grpc"
-        )
 
 
 async def _grpc_aio(

@@ -295,6 +295,24 @@ class Settings:
             log_json=(s.zap_encoder or ("console" if s.zap_devel else "json")) == "json",
         )
 
+    def _h2_supports(self) -> None:
+        """``--ext-proc-server h2`` does not implement these yet: refused, never ignored."""
+        given = [
+            name
+            for name, on in (
+                ("--enable-cert-reload", self.enable_cert_reload),
+                ("--grpc-client-ca-file", bool(self.grpc_client_ca_file)),
+                ("--tls-cipher-suites", bool(self.tls_cipher_suites)),
+                ("--tls-min-version", bool(self.tls_min_version)),
+                ("--enable-grpc-stream-metrics", self.enable_grpc_stream_metrics),
+            )
+            if on
+        ]
+        if given:
+            raise SettingsError(
+                f"--ext-proc-server=h2 does not support {', '.join(given)} yet; use grpc"
+            )
+
     def validate(self) -> None:
         """Raise :class:`SettingsError` unless the fields fit together (spec §2): one config
         source; at most one Kubernetes mode, standalone mode with a well-formed selector and its
@@ -318,6 +336,8 @@ class Settings:
             raise SettingsError("--endpoint-target-ports is only used with --endpoint-selector")
         if self.ext_proc_server not in ("h2", "grpc"):
             raise SettingsError("--ext-proc-server must be h2 or grpc")
+        if self.ext_proc_server == "h2":
+            self._h2_supports()
         if not 1 <= self.workers <= MAX_WORKERS:
             raise SettingsError(f"--workers must be 1..{MAX_WORKERS}")
         if self.workers > 1 and self.ha_enable_leader_election:

@@ -115,3 +115,22 @@ def test_working_flags_with_nothing_to_act_on_are_named() -> None:
     assert idle_flags(plain) == ["--tls-min-version has no effect without TLS"]
     assert idle_flags(settings_from_args(["--enable-cert-reload", "--cert-path=/c"])) == []
     assert idle_flags(settings_from_args([])) == []
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--enable-cert-reload",
+        "--enable-grpc-stream-metrics",
+        "--tls-min-version=VersionTLS12",
+        "--tls-cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+    ],
+)
+def test_options_the_h2_server_lacks_are_refused_with_it(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert settings_from_args(["--ext-proc-server=h2"]).ext_proc_server == "h2"
+    with pytest.raises(SystemExit):
+        settings_from_args(["--ext-proc-server=h2", flag])
+    name = flag.split("=", 1)[0]
+    assert f"--ext-proc-server=h2 does not support {name}" in capsys.readouterr().err
