@@ -8,7 +8,9 @@
   recent routing decisions (``epp.observability.decisions``).
 - ``/debug/pprof/profile`` with ``--enable-pprof`` (``epp.observability.profile``).
 - ``/debug/runtime``: the process's asyncio tasks (on the App's event loop), open file
-  descriptors, threads and RSS, for leak hunting (``epp bench soak`` samples it).
+  descriptors, threads and RSS, for leak hunting (``epp bench soak`` samples it); with
+  ``?heap=1`` the C allocator's view, and under ``PYTHONTRACEMALLOC`` traced bytes and
+  allocation-site diffs (``?tracemalloc=baseline|diff``; ``epp.observability.memory``).
 
 ``--enable-debug-endpoints=false`` serves ``/metrics`` alone. With ``--metrics-endpoint-auth``
 every path goes through the reviewer's middleware (``epp.observability.auth``); with
@@ -32,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from epp.observability.auth import Reviewer, auth_middleware
 from epp.observability.decisions import DecisionLog
+from epp.observability.memory import DEFAULT_TOP, MemoryDebug
 from epp.observability.profile import Profiler
 from epp.plugin import Endpoint, StateDumper
 
@@ -63,6 +66,7 @@ class MetricsServer:
         self._views = views
         self._options = options or PortOptions()
         self._runner: web.AppRunner | None = None
+        self._memory = MemoryDebug()
 
     async def start(self, host: str, port: int) -> int:
         o = self._options
@@ -131,9 +135,25 @@ class MetricsServer:
         state = {str(p.typed_name): dict(p.dump_state()) for p in self._views.dumpers}
         return web.json_response(state, dumps=_dumps)
 
-
-    async def _runtime(self, _: web.Request) -> web.Response:
-        return web.json_response(runtime_stats())
+    async def _runtime(self, request: web.Request) -> web.Response:
+        out: dict[str, Any] = dict(runtime_stats())
+        query = request.query
+        traced = self._memory.summary()
+        if traced is not None:
+            out["tracemalloc"] = traced
+        if "heap" in query:
+            heap = self._memory.heap(trim=query["heap"] == "trim")
+            if heap is not None:
+                out["heap"] = heap
+                out["rssBytes"] = runtime_stats()["rssBytes"]
+        if "tracemalloc" in query:
+            try:
+                top = int(query.get("top", DEFAULT_TOP))
+                found = await asyncio.to_thread(self._memory.command, query["tracemalloc"], top)
+            except ValueError as exc:
+                return web.json_response({"error": str(exc)}, status=400)
+            out["tracemalloc"] = {**out.get("tracemalloc", {}), **found}
+        return web.json_response(out)
 
 
 def runtime_stats() -> dict[str, int]:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
+from typing import Any
 
 import aiohttp
+import pytest
 from prometheus_client import CollectorRegistry
 
 from epp.observability.decisions import DecisionLog
 from epp.observability.http import DebugViews, MetricsServer, runtime_stats
+from epp.observability.memory import MemoryDebug
 
 
 async def test_runtime_counts_the_tasks_of_the_running_loop() -> None:
@@ -36,3 +40,61 @@ async def test_runtime_is_served_on_the_metrics_port() -> None:
         await server.stop()
     assert set(body) == {"asyncioTasks", "openFds", "threads", "rssBytes"}
     assert body["asyncioTasks"] >= 1
+
+
+async def _get(port: int, query: str) -> tuple[int, dict[str, Any]]:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(f"http://127.0.0.1:{port}/debug/runtime{query}") as r,
+    ):
+        return r.status, await r.json()
+
+
+async def _served() -> tuple[MetricsServer, int]:
+    server = MetricsServer(DebugViews(CollectorRegistry(), dict, list, DecisionLog(), []))
+    return server, await server.start("127.0.0.1", 0)
+
+
+async def test_tracemalloc_views_refuse_with_the_hint_when_tracing_is_off() -> None:
+    assert not tracemalloc.is_tracing()
+    server, port = await _served()
+    try:
+        status, body = await _get(port, "?tracemalloc=baseline")
+    finally:
+        await server.stop()
+    assert status == 400 and "PYTHONTRACEMALLOC" in body["error"]
+
+
+async def test_tracemalloc_diff_names_the_site_that_grew_since_the_baseline() -> None:
+    server, port = await _served()
+    tracemalloc.start()
+    try:
+        status, body = await _get(port, "?tracemalloc=diff")
+        assert status == 400 and "baseline" in body["error"]
+        status, body = await _get(port, "?tracemalloc=baseline")
+        assert status == 200 and body["tracemalloc"]["baseline"] is True
+        kept = [bytearray(4096) for _ in range(256)]  # 1 MiB held from this line
+        status, body = await _get(port, "?tracemalloc=diff&top=5")
+    finally:
+        tracemalloc.stop()
+        await server.stop()
+    assert status == 200 and len(kept) == 256
+    assert body["tracemalloc"]["tracedBytes"] > 0
+    top = body["tracemalloc"]["top"]
+    assert len(top) <= 5
+    here = [t for t in top if t["site"].startswith(__file__ + ":")]
+    assert here and here[0]["bytesDiff"] >= 256 * 4096 and here[0]["blocksDiff"] >= 256
+
+
+@pytest.mark.skipif(MemoryDebug().heap() is None, reason="needs glibc's mallinfo2")
+async def test_heap_view_reports_the_c_allocator_and_trims_on_request() -> None:
+    server, port = await _served()
+    try:
+        _, plain = await _get(port, "")
+        _, heap = await _get(port, "?heap=1")
+        _, trimmed = await _get(port, "?heap=trim")
+    finally:
+        await server.stop()
+    assert "heap" not in plain
+    assert heap["heap"]["inUseBytes"] > 0 and heap["heap"]["arenaBytes"] > 0
+    assert "trimmed" not in heap["heap"] and trimmed["heap"]["trimmed"] in (0, 1)

@@ -1,0 +1,118 @@
+"""Where memory goes, for leak hunting on the metrics port (``/debug/runtime`` query options).
+
+Python-level allocations: start the EPP with ``PYTHONTRACEMALLOC=<frames>`` (or
+``python -X tracemalloc=<frames>``); Python then records the allocation site of every block,
+which costs CPU and memory, so it is for a debugging run only. Without it nothing here runs and
+nothing is recorded: ``/debug/runtime`` costs what it did. With it:
+
+- ``/debug/runtime`` adds ``tracemalloc``: the bytes Python's allocators hold now and at peak
+  (``tracedBytes``, ``peakBytes``). RSS growing while ``tracedBytes`` stays flat is growth below
+  Python (the C allocator's fragmentation, or a C extension such as gRPC core);
+- ``/debug/runtime?tracemalloc=baseline`` takes a snapshot and keeps it as the baseline (one
+  snapshot: a new baseline replaces the old one);
+- ``/debug/runtime?tracemalloc=diff[&top=N]`` answers the ``N`` allocation sites (file:line,
+  default 25, at most 100) whose held bytes changed the most since the baseline, each with its
+  size and block count now and their change.
+
+C heap (glibc only; elsewhere ``heap`` is absent): ``/debug/runtime?heap=1`` adds ``heap``, from
+``mallinfo2()``: bytes the allocator has from the system (``arenaBytes`` from the main heap and
+the thread arenas, ``mmapBytes`` in large blocks), in use by the program (``inUseBytes``) and
+free inside its heaps (``freeBytes``: held but not returned, fragmentation when it grows).
+``?heap=trim`` first calls ``malloc_trim(0)``, which hands the free pages of every arena back to
+the system, and adds ``trimmed`` (whether it released any): RSS before and after tells how much
+of it was free memory the allocator held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import tracemalloc
+from typing import Any
+
+MAX_TOP = 100
+DEFAULT_TOP = 25
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+            "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+def _libc() -> Any:
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+        return libc
+    return None
+
+
+class MemoryDebug:
+    """One App's tracemalloc baseline and the ``/debug/runtime`` memory views."""
+
+    def __init__(self) -> None:
+        self._baseline: tracemalloc.Snapshot | None = None
+        self._libc: Any = None
+
+    def summary(self) -> dict[str, int] | None:
+        """Traced bytes now and at peak, ``None`` when tracemalloc is not tracing."""
+        if not tracemalloc.is_tracing():
+            return None
+        current, peak = tracemalloc.get_traced_memory()
+        return {"tracedBytes": current, "peakBytes": peak}
+
+    def heap(self, trim: bool = False) -> dict[str, int] | None:
+        """glibc's ``mallinfo2()`` (after ``malloc_trim(0)`` when ``trim``); ``None`` where there
+        is none."""
+        if self._libc is None:
+            self._libc = _libc() or False
+        if not self._libc:
+            return None
+        trimmed = {"trimmed": int(self._libc.malloc_trim(0))} if trim else {}
+        info = self._libc.mallinfo2()
+        return trimmed | {
+            "arenaBytes": int(info.arena),
+            "mmapBytes": int(info.hblkhd),
+            "inUseBytes": int(info.uordblks) + int(info.hblkhd),
+            "freeBytes": int(info.fordblks),
+        }
+
+    def command(self, action: str, top: int = DEFAULT_TOP) -> dict[str, Any]:
+        """``baseline`` or ``diff``; raises ValueError with what to do otherwise."""
+        if not tracemalloc.is_tracing():
+            raise ValueError("tracemalloc is off: start the EPP with PYTHONTRACEMALLOC=1")
+        if action == "baseline":
+            self._baseline = _snapshot()
+            return {"baseline": True, "traces": len(self._baseline.traces)}
+        if action != "diff":
+            raise ValueError("tracemalloc must be 'baseline' or 'diff'")
+        if self._baseline is None:
+            raise ValueError("no baseline: ask for ?tracemalloc=baseline first")
+        if not 1 <= top <= MAX_TOP:
+            raise ValueError(f"top must be within 1..{MAX_TOP}")
+        stats = _snapshot().compare_to(self._baseline, "lineno")
+        return {
+            "sizeDiffBytes": sum(s.size_diff for s in stats),
+            "top": [
+                {
+                    "site": f"{s.traceback[0].filename}:{s.traceback[0].lineno}",
+                    "bytes": s.size,
+                    "bytesDiff": s.size_diff,
+                    "blocks": s.count,
+                    "blocksDiff": s.count_diff,
+                }
+                for s in stats[:top]
+            ],
+        }
+
+
+def _snapshot() -> tracemalloc.Snapshot:
+    return tracemalloc.take_snapshot().filter_traces(
+        (tracemalloc.Filter(False, tracemalloc.__file__),)
+    )
