@@ -18,7 +18,10 @@ equal)::
 
 The highest score dispatches (ties: the earliest head, then the smallest id). Programs with no
 request in flight and no completion for ``evictionTtlSeconds`` are forgotten, checked every
-``evictionSweepSeconds``.
+``evictionSweepSeconds``. Fairness ids are chosen by clients, so the records are also bounded in
+count: a new program beyond ``maxPrograms`` makes room by forgetting the program idle longest
+(no request in flight, least recently dispatched or completed); programs with requests in
+flight are never forgotten, so the records exceed the bound by at most the requests in flight.
 
 Token counts come from the flow controller when a dispatched request is done: output tokens as
 reported, input tokens from the request's ``TokenizedPrompt`` (or its body size / 4).
@@ -29,8 +32,11 @@ Parameters:
 - ``lasWeightService`` (float, default 0.8, >= 0), ``lasWeightHeadWait`` (float, default 0.2,
   >= 0).
 - ``lasHalfLifeSeconds`` (float, default 60, >= 0; 0 disables decay).
-- ``evictionTtlSeconds`` (float, default 3600, >= 0), ``evictionSweepSeconds`` (float, default
-  300, > 0).
+- ``evictionTtlSeconds`` (float, default 3600, >= 0; 0 turns the TTL sweep off, as upstream),
+  ``evictionSweepSeconds`` (float, default 300, > 0).
+- ``maxPrograms`` (int, default 10000, >= 1): the count bound above. Not an upstream parameter
+  (upstream bounds the records by the TTL alone); its default leaves any deployment with fewer
+  programs per TTL as upstream.
 
 Metrics: ``llm_d_epp_program_aware_jains_fairness_index`` (Jain's index over the programs' mean
 queue wait), ``llm_d_epp_program_aware_avg_wait_time_milliseconds{program_id}``,
@@ -117,6 +123,7 @@ class ProgramAwareFairness(PluginBase):
         las_half_life_seconds: float = 60.0
         eviction_ttl_seconds: float = 3600.0
         eviction_sweep_seconds: float = 300.0
+        max_programs: int = 10_000
 
         def __post_init__(self) -> None:
             for name in (
@@ -131,6 +138,8 @@ class ProgramAwareFairness(PluginBase):
                 raise ValueError(
                     f"evictionSweepSeconds must be > 0, got {self.eviction_sweep_seconds}"
                 )
+            if self.max_programs < 1:
+                raise ValueError(f"maxPrograms must be >= 1, got {self.max_programs}")
 
     params: Params
 
@@ -245,11 +254,23 @@ class ProgramAwareFairness(PluginBase):
         }
 
     def _program(self, program_id: str, now: float) -> Program:
-        program = self.programs.get(program_id)
+        """The program's record, moved to the end of ``programs`` (kept in order of activity)."""
+        program = self.programs.pop(program_id, None)
         if program is None:
+            if len(self.programs) >= self.params.max_programs:
+                self._forget_idlest()
             # A program seen but never completing still becomes evictable after the TTL.
-            program = self.programs[program_id] = Program(last_completion=now)
+            program = Program(last_completion=now)
+        self.programs[program_id] = program
         return program
+
+    def _forget_idlest(self) -> None:
+        """Forget the least recently active program with nothing in flight (busy ones are
+        skipped: at most one per request in flight)."""
+        for pid, p in self.programs.items():
+            if p.in_flight == 0:
+                self._forget(pid)
+                return
 
     def _maybe_sweep(self, now: float) -> None:
         if self._next_sweep is None:
@@ -259,15 +280,20 @@ class ProgramAwareFairness(PluginBase):
             return
         self._next_sweep = now + self.params.eviction_sweep_seconds
         ttl = self.params.eviction_ttl_seconds
+        if ttl <= 0:
+            return
         idle = [
             pid
             for pid, p in self.programs.items()
             if p.in_flight == 0 and now - p.last_completion > ttl
         ]
         for pid in idle:
-            del self.programs[pid]
-            if self._label(pid) != pid:
-                continue  # folded into "other", which other programs still feed
-            for gauge in (self._avg_wait, self._service):
-                with contextlib.suppress(KeyError):
-                    gauge.remove(pid)
+            self._forget(pid)
+
+    def _forget(self, pid: str) -> None:
+        del self.programs[pid]
+        if self._label(pid) != pid:
+            return  # folded into "other", which other programs still feed
+        for gauge in (self._avg_wait, self._service):
+            with contextlib.suppress(KeyError):
+                gauge.remove(pid)

@@ -196,6 +196,32 @@ def test_las_forgets_idle_programs_when_ttl_passed() -> None:
     assert set(policy.programs) == {"busy"}
 
 
+def test_las_keeps_idle_programs_when_ttl_is_zero() -> None:
+    policy = _las(evictionTtlSeconds=0, evictionSweepSeconds=5)
+    policy.on_complete("old", 1, 0, 0.0)  # arms the sweep at t=5
+    policy.on_complete("new", 1, 0, 100.0)
+    assert set(policy.programs) == {"old", "new"}
+
+
+def test_las_forgets_the_idlest_program_when_over_max_programs() -> None:
+    h = handle()
+    policy: ProgramAwareFairness = build_plugin(h, "program-aware-fairness", maxPrograms=3)
+    band = _band(policy)
+    _push(band, "busy", 0, 0.0)
+    busy = band.flows["busy"]
+    policy.on_dispatch(band, busy, band.pop(busy, 0.0), 0.0)  # oldest, but in flight
+    for t, pid in enumerate(("a", "b", "a", "c"), start=1):
+        policy.on_complete(pid, 1, 0, float(t))
+    # "b" was idle longest ("a" completed again after it) and is forgotten with its series
+    assert set(policy.programs) == {"busy", "a", "c"}
+    name = "llm_d_epp_program_aware_attained_service_tokens"
+    assert h.registry.get_sample_value(name, {"program_id": "b"}) is None
+    assert h.registry.get_sample_value(name, {"program_id": "c"}) == 1.0
+    for i in range(100):  # a client cycling fairness ids
+        policy.on_complete(f"x{i}", 1, 0, 10.0 + i)
+    assert len(policy.programs) == 3 and "busy" in policy.programs
+
+
 def test_second_instance_loads_when_metrics_already_registered() -> None:
     h = handle()
     first = build_plugin(h, "program-aware-fairness", "a")
@@ -250,6 +276,7 @@ def test_jain_index_follows_formula_when_waits_given(values: list[float], expect
     [
         pytest.param({"lasWeightService": -1}, "las_weight_service", id="negative-weight"),
         pytest.param({"evictionSweepSeconds": 0}, "evictionSweepSeconds", id="zero-sweep"),
+        pytest.param({"maxPrograms": 0}, "maxPrograms", id="zero-max-programs"),
         pytest.param({"strategy": "drr"}, "must be one of", id="unknown-strategy"),
     ],
 )
