@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ from epp.bench.spec import MODEL, FleetSpec
 from epp.bench.targets import endpoints_yaml
 from epp.config.schema import DEFAULT_CONFIG_TEXT
 from epp.localstack.eppconfig import epp_config_text
+from epp.localstack.procs import Terminated, until_terminated
 
 LORAS = ("sql-lora", "chat-lora")
 FLEET = FleetSpec(
@@ -174,7 +176,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--minutes and --sample must be > 0, --agents >= 0, --streams >= 1")
     opts = SoakOptions(args.minutes, args.sample, args.agents, args.streams, args.pause,
                        Path(args.out), args.seed)  # fmt: skip
-    result = asyncio.run(run(opts))
+    try:
+        result = asyncio.run(until_terminated(run(opts)))
+    except Terminated:
+        print("bench soak: stopped by SIGTERM; the EPP, Envoy and the pods are stopped")
+        return 128 + signal.SIGTERM
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "results.json").write_text(json.dumps(result, indent=2))
     text = render(result)

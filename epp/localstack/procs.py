@@ -14,17 +14,49 @@ the kernel's accounting of that PID:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+T = TypeVar("T")
+
+
+class Terminated(Exception):
+    """The command got SIGTERM; what it started has been stopped."""
+
+
+async def until_terminated(main: Coroutine[object, object, T]) -> T:
+    """Await ``main`` in this task, SIGTERM cancelling it as Ctrl-C would, so that its
+    ``finally`` blocks stop the processes it started instead of leaving them orphaned; raises
+    ``Terminated`` then."""
+    task = asyncio.current_task()
+    assert task is not None
+    terminated: list[bool] = []
+
+    def on_sigterm() -> None:
+        terminated.append(True)
+        task.cancel()
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    try:
+        return await main
+    except asyncio.CancelledError:
+        if not terminated:
+            raise
+        raise Terminated from None
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def direct_opener() -> urllib.request.OpenerDirector:
