@@ -38,7 +38,7 @@ class Sample:
 
 def _get(epp: EppSet, path: str) -> bytes:
     url = f"http://127.0.0.1:{epp.ports[0].metrics}{path}"
-    with direct_opener().open(url, timeout=10) as r:
+    with direct_opener().open(url, timeout=60) as r:  # a debugging EPP may be slow
         return bytes(r.read())
 
 

@@ -141,6 +141,8 @@ class MetricsServer:
         traced = self._memory.summary()
         if traced is not None:
             out["tracemalloc"] = traced
+        if "gc" in query:
+            out["gc"] = self._memory.gc(collect=query["gc"] == "collect")
         if "heap" in query:
             heap = self._memory.heap(trim=query["heap"] == "trim")
             if heap is not None:

@@ -21,6 +21,11 @@ free inside its heaps (``freeBytes``: held but not returned, fragmentation when 
 ``?heap=trim`` first calls ``malloc_trim(0)``, which hands the free pages of every arena back to
 the system, and adds ``trimmed`` (whether it released any): RSS before and after tells how much
 of it was free memory the allocator held.
+
+Python's cyclic garbage collector: ``?gc=1`` adds ``gc`` (objects it tracks per generation, and
+the collections, collected and uncollectable objects so far per generation); ``?gc=collect``
+first runs a full collection and adds the objects it found unreachable (``collected``): garbage
+that only a full collection frees, which RSS carries until then.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import gc
 import tracemalloc
 from typing import Any
 
@@ -81,6 +87,14 @@ class MemoryDebug:
             "mmapBytes": int(info.hblkhd),
             "inUseBytes": int(info.uordblks) + int(info.hblkhd),
             "freeBytes": int(info.fordblks),
+        }
+
+    def gc(self, collect: bool = False) -> dict[str, Any]:
+        """The collector's generations and totals, after a full collection when ``collect``."""
+        out: dict[str, Any] = {"collected": gc.collect()} if collect else {}
+        return out | {
+            "tracked": [len(gc.get_objects(generation)) for generation in range(3)],
+            "stats": gc.get_stats(),
         }
 
     def command(self, action: str, top: int = DEFAULT_TOP) -> dict[str, Any]:

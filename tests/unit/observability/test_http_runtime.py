@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import tracemalloc
 from typing import Any
 
@@ -98,3 +99,26 @@ async def test_heap_view_reports_the_c_allocator_and_trims_on_request() -> None:
     assert "heap" not in plain
     assert heap["heap"]["inUseBytes"] > 0 and heap["heap"]["arenaBytes"] > 0
     assert "trimmed" not in heap["heap"] and trimmed["heap"]["trimmed"] in (0, 1)
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+async def test_gc_view_counts_the_generations_and_collects_on_request() -> None:
+    server, port = await _served()
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # the cycles below stay garbage until the view's collection
+    try:
+        _, counted = await _get(port, "?gc=1")
+        for _ in range(50):
+            _Cycle()
+        _, collected = await _get(port, "?gc=collect")
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+        await server.stop()
+    assert len(counted["gc"]["tracked"]) == 3 and "collected" not in counted["gc"]
+    assert len(counted["gc"]["stats"]) == 3
+    assert collected["gc"]["collected"] >= 50
