@@ -139,8 +139,9 @@ class ResponseAffinityFilter(PluginBase):
         self._bindings: dict[str, tuple[str, float, int]] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
-        # bindings learned here, not exported yet: response id -> (endpoint id, bound at)
-        self._pending: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        # bindings learned here, not exported yet: response id -> (endpoint id, bound at); None
+        # until the sync engine first asks (``export_facts``): without a syncer nothing is queued
+        self._pending: OrderedDict[str, tuple[str, float]] | None = None
         self._target_key = f"{self.TYPE}/{self.typed_name.name}/target"
         self._bound_key = f"{self.TYPE}/{self.typed_name.name}/bound"
         self._register_metrics(handle)
@@ -233,7 +234,10 @@ class ResponseAffinityFilter(PluginBase):
     # ---- SharedState --------------------------------------------------------------------------
 
     def export_facts(self) -> list[Any]:
-        """The bindings learned here since the last call (see the module docstring)."""
+        """The bindings learned here since the last call (see the module docstring); the first
+        call starts the queueing."""
+        if self._pending is None:
+            self._pending = OrderedDict()
         if not self._pending:
             return []
         now = self.handle.clock()
@@ -281,7 +285,7 @@ class ResponseAffinityFilter(PluginBase):
             "bindings": len(self._bindings),
             "maxEntries": self.params.max_entries,
             "ttlSeconds": self.params.ttl_seconds,
-            "pendingExport": len(self._pending),
+            "pendingExport": len(self._pending) if self._pending is not None else 0,
         }
 
     # ---- bindings -----------------------------------------------------------------------------
@@ -310,6 +314,8 @@ class ResponseAffinityFilter(PluginBase):
         self._trim()
         self._size.set(len(self._bindings))
         pending = self._pending
+        if pending is None:
+            return
         pending[response_id] = (endpoint_id, now)
         pending.move_to_end(response_id)
         if len(pending) > MAX_EXPORT:

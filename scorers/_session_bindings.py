@@ -43,7 +43,9 @@ class SessionBindings:
         self._entries: dict[str, _Binding] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
-        self._pending: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        # bindings to hand to other replicas; None until the sync engine first asks (``export``):
+        # without a cross-replica syncer nothing is queued
+        self._pending: OrderedDict[str, tuple[str, float]] | None = None
         self.export_dropped = 0
 
     def __len__(self) -> int:
@@ -58,7 +60,7 @@ class SessionBindings:
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        return len(self._pending) if self._pending is not None else 0
 
     def get(self, session: str, now: float) -> str:
         entry = self._entries.get(session)
@@ -93,7 +95,10 @@ class SessionBindings:
     # ---- sharing --------------------------------------------------------------------------
 
     def export(self, now: float) -> list[Any]:
-        """The bindings made or moved here since the last call, and refreshes due."""
+        """The bindings made or moved here since the last call, and refreshes due; the first
+        call starts the queueing."""
+        if self._pending is None:
+            self._pending = OrderedDict()
         facts = [
             {"session": session, "endpoint": eid, "age": max(0.0, now - seen)}
             for session, (eid, seen) in self._pending.items()
@@ -129,6 +134,8 @@ class SessionBindings:
 
     def _queue(self, session: str, endpoint_id: str, seen: float) -> None:
         pending = self._pending
+        if pending is None:
+            return
         pending[session] = (endpoint_id, seen)
         pending.move_to_end(session)
         if len(pending) > MAX_EXPORT:

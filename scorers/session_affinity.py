@@ -345,7 +345,7 @@ class SessionAffinityScorer(PluginBase):
     def export_facts(self) -> list[Any]:
         """``session_id``: the bindings made, moved or due for a refresh here since the last
         call (none under the stateless ``encoded_endpoint_header``)."""
-        if not self.stateful or not self._bindings.pending:
+        if not self.stateful:
             return []
         return self._bindings.export(self.handle.clock())
 

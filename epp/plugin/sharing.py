@@ -12,7 +12,9 @@ within milliseconds of the plugin calling ``Handle.share_soon()``:
 
 - ``export_facts()`` hands over what the plugin learned since the last call (and clears it). The
   facts are JSON values (dicts, lists, strings, numbers): compact, self-describing, and bounded by
-  the plugin (a burst of learning is capped, oldest first).
+  the plugin (a burst of learning is capped, oldest first). The engine calls it once when it is
+  created, before any traffic, and without a syncer never: a plugin queues facts for export only
+  from its first call on, so a lone replica keeps nothing for peers it does not have.
 - ``apply_facts(facts, origin)`` merges facts another replica (``origin``, a stable replica id)
   published into local state. It must tolerate loss, duplicates and reordering: the transport is
   at-least-once over a bounded log, and a replica that starts late replays the log's tail.

@@ -155,7 +155,9 @@ class StateSync:
             interval,
             names,
         )
-        return cls(syncer, plugins, interval=interval, metrics=SyncMetrics(registry))
+        sync = cls(syncer, plugins, interval=interval, metrics=SyncMetrics(registry))
+        sync.collect()  # a first export_facts: the plugins queue facts for export from now on
+        return sync
 
     # ---- state --------------------------------------------------------------------------------
 

@@ -107,6 +107,7 @@ def test_nothing_is_bound_when_response_failed_or_has_no_id(info: dict[str, Any]
 def test_a_streamed_response_is_bound_at_its_first_chunk_and_shared_at_once() -> None:
     h = PoolHandle()
     f = plugin(h)
+    assert f.export_facts() == []  # sharing on: the sync engine's first call
     request = follow_up(None)
     f.pre_request(request, SchedulingResult({"d": ProfileResult((POOL[2],))}, "d"))
     info = ResponseInfo(request_id="r", headers={}, streaming=True)

@@ -16,7 +16,22 @@ from tests.unit.filters.test_response_affinity import POOL, PoolHandle, follow_u
 
 
 def replicas(**params: Any) -> tuple[ResponseAffinityFilter, ResponseAffinityFilter]:
-    return plugin(PoolHandle(), **params), plugin(PoolHandle(), **params)
+    pair = plugin(PoolHandle(), **params), plugin(PoolHandle(), **params)
+    for f in pair:
+        assert f.export_facts() == []  # the sync engine's first call, made before any traffic
+    return pair
+
+
+def test_a_lone_replica_queues_nothing_for_export() -> None:
+    """No syncer, so no export_facts call: bindings are not held for peers that do not exist."""
+    f = plugin(PoolHandle())
+    for i in range(10):
+        serve(f, POOL[i % len(POOL)], f"resp_{i}")
+    assert f.dump_state()["bindings"] == 10
+    assert f.dump_state()["pendingExport"] == 0
+    assert f.export_facts() == []  # the first call starts the queueing
+    serve(f, POOL[0], "resp_x")
+    assert [fact["id"] for fact in f.export_facts()] == ["resp_x"]
 
 
 def sync(source: ResponseAffinityFilter, target: ResponseAffinityFilter) -> list[Any]:
@@ -131,6 +146,7 @@ def test_export_is_capped_oldest_dropped_first(monkeypatch: Any) -> None:
     monkeypatch.setattr(response_affinity, "MAX_EXPORT", 3)
     h = PoolHandle()
     a = plugin(h)
+    assert a.export_facts() == []  # sharing on
     for i in range(5):
         serve(a, POOL[i % 4], f"resp_{i}")
     assert [f["id"] for f in a.export_facts()] == ["resp_2", "resp_3", "resp_4"]

@@ -20,7 +20,22 @@ SESSION = {"sessionIdConfig": {"evictionTtlSeconds": 80}}
 
 def replicas(**params: Any) -> tuple[SessionAffinityScorer, SessionAffinityScorer]:
     params = {"strategy": "session_id", **SESSION, **params}
-    return _scorer(FakeHandle(), **params), _scorer(FakeHandle(), **params)
+    pair = _scorer(FakeHandle(), **params), _scorer(FakeHandle(), **params)
+    for s in pair:
+        assert s.export_facts() == []  # the sync engine's first call, made before any traffic
+    return pair
+
+
+def test_a_lone_replica_queues_nothing_for_export() -> None:
+    """No syncer, so no export_facts call: bindings are not held for peers that do not exist."""
+    a = _scorer(FakeHandle(), strategy="session_id", **SESSION)
+    for i in range(10):
+        _turn(a, {"x-session-id": f"s{i}"}, EPS[i % len(EPS)])
+    assert a.dump_state()["bindings"] == 10
+    assert a.dump_state()["pendingExport"] == 0 and a.dump_state()["exportDropped"] == 0
+    assert a.export_facts() == []  # the first call starts the queueing
+    _turn(a, {"x-session-id": "s-new"}, EPS[0])
+    assert [fact["session"] for fact in a.export_facts()] == ["s-new"]
 
 
 def sync(source: Any, target: Any) -> list[Any]:
@@ -183,6 +198,7 @@ def test_the_filter_shares_its_composed_scorers_bindings() -> None:
     a = SessionAffinityFilter(name="pin", params=params, handle=FakeHandle())
     b = SessionAffinityFilter(name="pin", params=params, handle=FakeHandle())
     assert isinstance(a, SharedState) and a.typed_name.name == "pin"
+    assert a.export_facts() == [] and b.export_facts() == []  # the sync engine's first calls
     request = make_request(headers={"x-session-id": "s"})
     a.filter(make_cycle(), request, EPS)
     a.pre_request(request, _result(EPS[3]))

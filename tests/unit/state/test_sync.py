@@ -233,6 +233,23 @@ def test_create_binds_the_pool_and_needs_a_syncer_and_something_to_share() -> No
     assert pool_scope("", "") == "default/default"
 
 
+def test_create_asks_every_plugin_once_so_that_they_queue_facts_from_then_on() -> None:
+    """Plugins queue facts for export only once asked (a lone replica keeps none): the engine
+    asks when it is created, before any traffic."""
+    asked: list[str] = []
+
+    class Lazy(Notes):
+        def export_facts(self) -> list[Any]:
+            asked.append(self.typed_name.name)
+            return super().export_facts()
+
+    sync = StateSync.create(
+        MemorySyncer(MemoryLog(), "a"), [Lazy("x"), Lazy("y")], interval=0.2,
+        registry=CollectorRegistry(),
+    )  # fmt: skip
+    assert sync is not None and asked == ["x", "y"]
+
+
 def runner(log: MemoryLog, rid: str, *, interval: float, gap: float) -> Replica:
     return Replica(log, rid, interval=interval, soon_gap=gap)
 
