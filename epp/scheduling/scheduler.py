@@ -154,9 +154,11 @@ class Scheduler:
             totals = dict(zip(ids, sums, strict=True))
             if len(totals) == len(ids):  # ids unique (else: the per-id sums below)
                 return totals, sums
+        if breakdown is not None and len(set(ids)) == len(ids):
+            sums = _sums_explained(ids, results, breakdown)
+            return dict(zip(ids, sums, strict=True)), sums
         by_id = [(label, weight, _by_id(ids, scores)) for label, weight, scores in results]
-        totals = _sums_by_id(ids, by_id, breakdown)
-        return totals, list(totals.values()) if len(totals) == len(ids) else None
+        return _sums_by_id(ids, by_id, breakdown), None  # duplicate ids
 
     def run_profile(
         self,
@@ -266,6 +268,8 @@ _PASSES: tuple[Callable[..., list[float]], ...] = (_pass1, _pass2, _pass3, _pass
 
 def _in_order(ids: list[str], scores: Scores) -> Iterable[float]:
     """The scores in candidate order, 0 for a candidate the scorer left out."""
+    if type(scores) is list:
+        return scores  # a ListScorer's list: in candidate order already
     if type(scores) is dict:
         if len(scores) == len(ids) and list(scores) == ids:
             return scores.values()  # keyed in candidate order: no lookups
@@ -273,6 +277,24 @@ def _in_order(ids: list[str], scores: Scores) -> Iterable[float]:
     if isinstance(scores, Mapping):
         return map(scores.get, ids, repeat(0.0))
     return scores  # a ListScorer's list: in candidate order already
+
+
+def _sums_explained(
+    ids: list[str], results: list[ScorerResult], breakdown: dict[str, dict[str, float]]
+) -> list[float]:
+    """``_sums_by_id`` by position, for unique ids: the same sums, in candidate order, and the
+    same explain breakdown (each candidate's clamped score per scorer label)."""
+    rows = [breakdown.setdefault(eid, {}) for eid in ids]
+    sums = [0.0] * len(ids)
+    for label, weight, scores in results:
+        for k, s in enumerate(_in_order(ids, scores)):
+            if s > 1.0:
+                s = 1.0
+            elif not s >= 0.0:  # negative or NaN
+                s = 0.0
+            sums[k] += s * weight
+            rows[k][label] = s
+    return sums
 
 
 def _by_id(ids: list[str], scores: Scores) -> Mapping[str, float]:
