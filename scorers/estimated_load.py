@@ -49,6 +49,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter
 from typing import Any, ClassVar
 
 from epp.plugin import (
@@ -61,6 +63,8 @@ from epp.plugin import (
     ScorerCategory,
 )
 from epp.plugin.inflight import INFLIGHT_LOAD, LOAD_ESTIMATE, InFlightLoad
+
+_id = attrgetter("id")
 
 
 class EstimatedLoadScorer(PluginBase):
@@ -88,23 +92,30 @@ class EstimatedLoadScorer(PluginBase):
     def score(
         self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Mapping[str, float]:
+        scores = self.score_list(cycle, request, endpoints)
+        return {e.id: s for e, s in zip(endpoints, scores, strict=True)}
+
+    def score_list(
+        self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> list[float]:
+        """``score`` in candidate order (``ListScorer``)."""
         loads = self._loads(request, endpoints)
         top = max(loads, default=0.0)
         if top <= 0.0:
-            return {e.id: 1.0 for e in endpoints}
+            return [1.0] * len(endpoints)
         # v < 0 (no producer of ours reports it) would score above 1: clamp
-        return {
-            e.id: (top - v) / top if v >= 0.0 else 1.0
-            for e, v in zip(endpoints, loads, strict=True)
-        }
+        return [(top - v) / top if v >= 0.0 else 1.0 for v in loads]
 
     def _loads(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         """Each endpoint's load, in the order of ``endpoints`` (an endpoint missing from the
         data counts 0)."""
         estimates = self._estimate_key.get(request)
         if estimates is not None:
+            ids = list(map(_id, endpoints))
+            if list(estimates.keys()) == ids:  # keyed in candidate order (the usual case)
+                return list(estimates.values())
             # One copy into a plain dict (the producer's mapping is lazy), then dict-speed lookups.
             get = dict(estimates.items()).get
-            return [get(e.id, 0.0) for e in endpoints]
+            return list(map(get, ids, repeat(0.0)))
         inflight: Mapping[str, InFlightLoad] = self._load_key.get(request) or {}
         return [float(inflight[e.id].requests) if e.id in inflight else 0.0 for e in endpoints]

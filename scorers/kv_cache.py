@@ -82,19 +82,24 @@ class KVCacheUtilizationScorer(PluginBase):
     def score(
         self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Mapping[str, float]:
-        now = self.handle.clock()
+        scores = self.score_list(cycle, request, endpoints)
+        return {e.id: s for e, s in zip(endpoints, scores, strict=True)}
+
+    def score_list(
+        self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> list[float]:
+        """``score`` in candidate order (``ListScorer``)."""
         tracked = self.tracker.endpoints()  # any other endpoint: ``kv`` is the scraped value
-        scores: dict[str, float] = {}
-        for ep in endpoints:
-            eid, m = ep.id, ep.metrics
-            if eid in tracked:
-                scores[eid] = 1.0 - self.usage(ep, now)
-            elif m is None:
-                scores[eid] = 0.0  # 1 - usage, usage 1 without metrics
-            else:
-                kv = m.kv_cache_usage_percent  # usage(): min(1, max(0, kv)), NaN → 0
-                scores[eid] = 1.0 - (1.0 if kv > 1.0 else kv if kv >= 0.0 else 0.0)
-        return scores
+        now, usage = self.handle.clock(), self.usage
+        # ``1 - usage()``: 0 without metrics, else from the scrape, min(1, max(0, kv)) with NaN → 0
+        return [
+            0.0
+            if (m := ep.metrics) is None
+            else 1.0 - usage(ep, now)
+            if ep.id in tracked
+            else 1.0 - (1.0 if (kv := m.kv_cache_usage_percent) > 1.0 else kv if kv >= 0.0 else 0.0)
+            for ep in endpoints
+        ]
 
     def usage(self, endpoint: Endpoint, now: float) -> float:
         """The endpoint's KV-cache usage now, in [0, 1]; 1 without metrics."""

@@ -100,18 +100,29 @@ class NoHitLRUScorer(PluginBase):
     def score(
         self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Mapping[str, float]:
-        if not self._is_cold(request, endpoints):
-            return dict.fromkeys((ep.id for ep in endpoints), WARM_SCORE)
+        scores = self.score_list(cycle, request, endpoints)
+        return {e.id: s for e, s in zip(endpoints, scores, strict=True)}
+
+    def score_list(
+        self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> list[float]:
+        """``score`` in candidate order (``ListScorer``)."""
         n = len(endpoints)
+        if not self._is_cold(request, endpoints):
+            return [WARM_SCORE] * n
         if n == 1:
-            return {endpoints[0].id: 1.0}
+            return [1.0]
         position = {ep: i for i, ep in enumerate(self._lru)}
-        never_used = [ep.id for ep in endpoints if ep.id not in position]
-        scores = {ep: 1.0 - i / (n - 1) for i, ep in enumerate(never_used)}
-        offset = len(never_used)
-        for ep in endpoints:
-            if ep.id in position:
-                scores[ep.id] = max(0.0, 1.0 - (offset + position[ep.id]) / (n - 1))
+        positions = [position.get(ep.id) for ep in endpoints]
+        offset = positions.count(None)  # never-used endpoints come first
+        scores: list[float] = []
+        rank = 0
+        for p in positions:
+            if p is None:
+                scores.append(1.0 - rank / (n - 1))
+                rank += 1
+            else:
+                scores.append(max(0.0, 1.0 - (offset + p) / (n - 1)))
         return scores
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, ClassVar
 
 from epp.plugin import (
@@ -52,6 +53,8 @@ from epp.plugin import (
     PrefixMatchInfo,
     ScorerCategory,
 )
+
+_id = attrgetter("id")
 
 
 class PrefixCacheScorer(PluginBase):
@@ -89,25 +92,28 @@ class PrefixCacheScorer(PluginBase):
     def score(
         self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Mapping[str, float]:
+        scores = self.score_list(cycle, request, endpoints)
+        return {e.id: s for e, s in zip(endpoints, scores, strict=True)}
+
+    def score_list(
+        self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> list[float]:
+        """``score`` in candidate order (``ListScorer``)."""
         # A plain dict probe (what DataKey.get does, without the call): this runs per request.
         infos: Mapping[str, PrefixMatchInfo] | None = request.attributes.get(self._key)
         if infos is None:
             if self._log.isEnabledFor(logging.DEBUG):
                 self._log.debug("request %s has no %s attribute", request.request_id, self._key)
-            return dict.fromkeys((ep.id for ep in endpoints), 0.0)
+            return [0.0] * len(endpoints)
         # Endpoints without a match share one info object (the producer's): score each distinct
         # object once, not once per endpoint.
-        get = infos.get
-        scores: dict[str, float] = {}
+        score_one = self._score_one
         last: PrefixMatchInfo | None = None
         score = 0.0  # the score of ``None``
-        for ep in endpoints:
-            eid = ep.id
-            info = get(eid)
-            if info is not last:
-                last, score = info, self._score_one(info)
-            scores[eid] = score
-        return scores
+        return [
+            score if info is last else (score := score_one(last := info))
+            for info in map(infos.get, map(_id, endpoints))
+        ]
 
     def _score_one(self, info: PrefixMatchInfo | None) -> float:
         if info is None or info.total_blocks <= 0:

@@ -15,6 +15,8 @@ built), with ``isinstance``; nothing on the request path asks a plugin what it c
 - ``AppProtocols`` (``Parser``): the InferencePool ``appProtocol`` values it can serve.
 - ``CandidateNarrower`` (``SaturationDetector``): removes endpoints from the candidates of every
   request (the utilization detector's ``stalenessPolicy: exclude``).
+- ``ListScorer`` (``Scorer``): its scores also as a list in candidate order, which the scheduler
+  sums without a lookup per endpoint.
 
 Typed data keys (``Consumer``, ``DataProducer``) are in ``epp.plugin.keys`` and
 ``epp.plugin.protocols``.
@@ -25,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from epp.plugin.types import Endpoint, InferenceRequest
+from epp.plugin.types import CycleState, Endpoint, InferenceRequest
 
 DEFAULT_PRODUCE_TIMEOUT = 0.4
 """Seconds a ``DataProducer`` without ``ProducerTimeout`` may take (upstream's default)."""
@@ -120,3 +122,20 @@ class CandidateNarrower(Protocol):
     empty list for a non-empty input."""
 
     def routable(self, now: float, endpoints: Sequence[Endpoint]) -> Sequence[Endpoint]: ...
+
+
+@runtime_checkable
+class ListScorer(Protocol):
+    """A ``Scorer`` that also returns its scores as a sequence aligned with the candidates:
+    ``score_list(...)[i]`` is the score of ``endpoints[i]``, exactly the value
+    ``score(...)[endpoints[i].id]`` returns for the same call (0 where ``score`` leaves an
+    endpoint out), one value per candidate. The scheduler then calls ``score_list`` instead of
+    ``score`` and treats the values as it treats ``score``'s (clamped to [0, 1], NaN as 0, times
+    the weight); a list of another length counts as the scorer failing (it contributes 0).
+    ``score`` stays the role's method (the explain view, tests and other callers read it), so a
+    scorer with this capability implements both; ``epp.plugin.testing.check_scorer`` checks
+    that they agree. A scorer without it is summed from its mapping, unchanged."""
+
+    def score_list(
+        self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Sequence[float]: ...

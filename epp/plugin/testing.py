@@ -24,6 +24,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from epp.plugin.capabilities import ListScorer
 from epp.plugin.params import ParamError, decode
 from epp.plugin.protocols import Filter, Picker, Scorer
 from epp.plugin.testing_flow import (
@@ -77,6 +78,7 @@ __all__ = [
     "check_replica_syncer",
     "check_role",
     "check_saturation_detector",
+    "check_score_list",
     "check_scorer",
     "check_shared_state",
     "check_usage_limit_policy",
@@ -149,7 +151,8 @@ def check_scorer(
 ) -> None:
     """A scorer as start-up requires (``check_role``); it scores every given endpoint and no
     other, each score a number in [0, 1]; deterministic and synchronous; the endpoints are not
-    mutated; an empty list is accepted."""
+    mutated; an empty list is accepted. A ``ListScorer``'s ``score_list`` returns one score per
+    endpoint, each exactly the one ``score`` gives it (``check_score_list``)."""
     check_role(scorer, "scorer")
     request = request or sample_request()
     name = str(scorer.typed_name)
@@ -168,6 +171,34 @@ def check_scorer(
     assert dict(first) == dict(again), f"{name}: scores differ between identical calls"
     assert list(endpoints) == before, f"{name}: score() mutated its input"
     scorer.score(_cycle(), request, [])
+    if isinstance(scorer, ListScorer):
+        check_score_list(scorer, endpoints, request)
+
+
+def check_score_list(
+    scorer: Scorer, endpoints: Sequence[Endpoint], request: InferenceRequest | None = None
+) -> None:
+    """A ``ListScorer``: ``score_list`` is synchronous, returns one value per endpoint, and
+    ``score_list(...)[i]`` equals ``score(...)[endpoints[i].id]`` (0 where ``score`` leaves the
+    endpoint out); for no endpoints, an empty list. Endpoint ids
+    must be unique here (with duplicates a mapping holds one score per id)."""
+    name = str(scorer.typed_name)
+    assert isinstance(scorer, ListScorer), f"{name}: has no score_list()"
+    request = request or sample_request()
+    by_id = scorer.score(_cycle(), request, endpoints)
+    listed = scorer.score_list(_cycle(), request, endpoints)
+    assert not inspect.isawaitable(listed), f"{name}: score_list() must be synchronous"
+    assert len(listed) == len(endpoints), (
+        f"{name}: score_list() returned {len(listed)} scores for {len(endpoints)} endpoints"
+    )
+    for e, value in zip(endpoints, listed, strict=True):
+        expected = by_id.get(e.id, 0.0)
+        assert isinstance(value, (int, float)) and value == expected, (
+            f"{name}: score_list() gives {e.id} {value!r}, score() gives it {expected!r}"
+        )
+    assert len(scorer.score_list(_cycle(), request, [])) == 0, (
+        f"{name}: score_list() of no endpoints is not empty"
+    )
 
 
 def check_filter(

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple
+from itertools import repeat
+from typing import Any, Final, NamedTuple, overload
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,12 +154,51 @@ class ScoredEndpoint(NamedTuple):
     score: float
 
 
+class ScoredCandidates(Sequence[ScoredEndpoint]):
+    """The scored candidates the scheduler hands a picker: a read-only sequence of
+    ``ScoredEndpoint`` kept as two aligned sequences, ``endpoints`` and their weighted totals
+    ``scores`` (``scores[i]`` is the total of ``endpoints[i]``). An item is built when it is read,
+    so a picker that needs only the scores (the best one, its ties) reads ``scores`` and builds
+    no ``ScoredEndpoint`` at all; any other picker indexes or iterates it as any sequence. Neither
+    sequence may be changed once it is given here."""
+
+    __slots__ = ("endpoints", "scores")
+
+    def __init__(self, endpoints: Sequence[Endpoint], scores: Sequence[float]) -> None:
+        if len(endpoints) != len(scores):
+            raise ValueError(f"{len(endpoints)} endpoints but {len(scores)} scores")
+        self.endpoints = endpoints
+        self.scores = scores
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    @overload
+    def __getitem__(self, index: int) -> ScoredEndpoint: ...
+    @overload
+    def __getitem__(self, index: slice) -> ScoredCandidates: ...
+    def __getitem__(self, index: int | slice) -> ScoredEndpoint | ScoredCandidates:
+        if isinstance(index, slice):
+            return ScoredCandidates(self.endpoints[index], self.scores[index])
+        return ScoredEndpoint(self.endpoints[index], self.scores[index])
+
+    def __iter__(self) -> Iterator[ScoredEndpoint]:
+        # ScoredEndpoint(e, s) for each pair, built in C
+        return map(
+            tuple.__new__, repeat(ScoredEndpoint), zip(self.endpoints, self.scores, strict=True)
+        )
+
+    def __repr__(self) -> str:
+        return f"ScoredCandidates({list(self)!r})"
+
+
 @dataclass(frozen=True, slots=True)
 class PickResult:
-    """The picker's answer: targets in preference order (first = primary, rest = fallbacks)."""
+    """The picker's answer: targets in preference order (first = primary, rest = fallbacks), and
+    the scored candidates it chose from (a tuple, or the ``ScoredCandidates`` it was given)."""
 
     targets: tuple[Endpoint, ...]
-    scored: tuple[ScoredEndpoint, ...] = ()
+    scored: Sequence[ScoredEndpoint] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,9 @@
 
 The framework, not the plugins, owns what applies to every plugin (spec §5.3 step 10):
 - each scorer's result is clamped to [0, 1] and multiplied by its configured weight; the weighted
-  scores are summed (not normalised, as upstream);
+  scores are summed (not normalised, as upstream); a scorer with the ``ListScorer`` capability
+  (found when the scheduler is built) is asked for its scores as a list in candidate order, any
+  other for its mapping by id, and both are summed the same way;
 - a scorer that raises contributes 0 for this request and is counted;
 - a filter that raises fails the request with a 500, a filter that empties the candidate list
   ends the profile with no result (the profile handler turns that into a 429);
@@ -16,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import repeat
+from operator import attrgetter
 
 from epp.observability.decisions import EXPLAIN_HEADER, EXPLAIN_KEY
 from epp.observability.tracing import TRACE_KEY, RequestTrace
@@ -25,10 +28,12 @@ from epp.plugin import (
     ErrorCode,
     InferenceError,
     InferenceRequest,
+    ListScorer,
     Profile,
     ProfileHandler,
     ProfileResult,
     SchedulingResult,
+    ScoredCandidates,
     ScoredEndpoint,
     Scorer,
     TypedName,
@@ -39,6 +44,8 @@ log = logging.getLogger(__name__)
 # (extension_point, plugin_type, plugin_name, seconds)
 Observer = Callable[[str, str, str, float], None]
 ErrorCounter = Callable[[str, str, str], None]
+ScoreList = Callable[[CycleState, InferenceRequest, Sequence[Endpoint]], Sequence[float]]
+_id = attrgetter("id")
 
 
 class Scheduler:
@@ -56,6 +63,13 @@ class Scheduler:
         self._handler = handler
         self._observe = observe
         self._count_error = count_error
+        # The scorers that also return their scores as a list in candidate order (found once).
+        self._listed: dict[int, ScoreList] = {
+            id(scorer): scorer.score_list
+            for profile in self._profiles.values()
+            for scorer, _ in profile.scorers
+            if isinstance(scorer, ListScorer)
+        }
 
     def schedule(
         self, cycle: CycleState, request: InferenceRequest, candidates: Sequence[Endpoint]
@@ -97,11 +111,22 @@ class Scheduler:
         request: InferenceRequest,
         scorer: Scorer,
         endpoints: Sequence[Endpoint],
-    ) -> Mapping[str, float]:
-        """One scorer's scores, timed; a scorer that raises contributes 0 (an empty mapping)."""
+    ) -> Scores:
+        """One scorer's scores, timed: a list in candidate order from a ``ListScorer``, else its
+        mapping by id. A scorer that raises, or whose list has another length than the
+        candidates, contributes 0 (an empty mapping)."""
+        listed = self._listed.get(id(scorer))
         t0 = time.perf_counter()
+        scores: Scores
         try:
-            scores = scorer.score(cycle, request, endpoints)
+            if listed is None:
+                scores = scorer.score(cycle, request, endpoints)
+            else:
+                scores = listed(cycle, request, endpoints)
+                if len(scores) != len(endpoints):
+                    raise ValueError(
+                        f"score_list returned {len(scores)} scores for {len(endpoints)} endpoints"
+                    )
         except Exception:
             self._count_error("Scorer", scorer.typed_name.type, scorer.typed_name.name)
             log.exception("scorer %s failed; it contributes 0", scorer.typed_name)
@@ -115,19 +140,25 @@ class Scheduler:
         request: InferenceRequest,
         profile: Profile,
         endpoints: Sequence[Endpoint],
-    ) -> dict[str, float]:
-        """Each endpoint's weighted sum of clamped scores, keyed by id in candidate order."""
-        ids = [e.id for e in endpoints]
+    ) -> tuple[dict[str, float], list[float] | None]:
+        """Each endpoint's weighted sum of clamped scores, keyed by id in candidate order; and
+        the same sums as a list in candidate order when the ids are unique (else ``None``)."""
+        ids: list[str] = list(map(_id, endpoints))
         results = [
             (str(scorer.typed_name), weight, self._scores_of(cycle, request, scorer, endpoints))
             for scorer, weight in profile.scorers
         ]
         breakdown: dict[str, dict[str, float]] | None = cycle.data.get("explain")
         if breakdown is None:
-            totals = dict(zip(ids, _weighted_sums(ids, results), strict=True))
+            sums = _weighted_sums(ids, results)
+            totals = dict(zip(ids, sums, strict=True))
             if len(totals) == len(ids):  # ids unique (else: the per-id sums below)
-                return totals
-        return _sums_by_id(ids, results, breakdown)
+                return totals, sums
+        if breakdown is not None and len(set(ids)) == len(ids):
+            sums = _sums_explained(ids, results, breakdown)
+            return dict(zip(ids, sums, strict=True)), sums
+        by_id = [(label, weight, _by_id(ids, scores)) for label, weight, scores in results]
+        return _sums_by_id(ids, by_id, breakdown), None  # duplicate ids
 
     def run_profile(
         self,
@@ -151,16 +182,10 @@ class Scheduler:
                 self._timed(cycle, "Filter", flt.typed_name, time.perf_counter() - t0)
             if not endpoints:
                 return None
-        totals = self._score(cycle, request, profile, endpoints)
-        if len(totals) == len(endpoints):  # ids unique: totals are in candidate order
-            # ScoredEndpoint(e, total) for each candidate, built in C
-            scored = list(
-                map(
-                    tuple.__new__,
-                    repeat(ScoredEndpoint),
-                    zip(endpoints, totals.values(), strict=True),
-                )
-            )
+        totals, sums = self._score(cycle, request, profile, endpoints)
+        scored: Sequence[ScoredEndpoint]
+        if sums is not None:  # ids unique: each ScoredEndpoint built only if the picker reads it
+            scored = ScoredCandidates(endpoints, sums)
         else:
             scored = [ScoredEndpoint(e, totals[e.id]) for e in endpoints]
         picker = profile.picker
@@ -173,43 +198,116 @@ class Scheduler:
         return ProfileResult(targets=pick.targets, scores=totals)
 
 
-ScorerResult = tuple[str, float, Mapping[str, float]]
+Scores = Mapping[str, float] | Sequence[float]
+"""A scorer's scores: its mapping by id, or a ``ListScorer``'s list in candidate order."""
+
+ScorerResult = tuple[str, float, Scores]
 """A scorer's label (``type/name``), its weight and its scores."""
 
 
 def _weighted_sums(ids: list[str], results: list[ScorerResult]) -> list[float]:
     """Per candidate, in candidate order, the sum over scorers (in profile order) of the score
     clamped to [0, 1] (NaN → 0, missing → 0) times the weight: the same additions, in the same
-    order, as ``_sums_by_id``, in one list pass per two scorers instead of a dict update per
+    order, as ``_sums_by_id``, in one list pass per four scorers instead of a dict update per
     endpoint and scorer."""
-    n = len(ids)
-    sums = [0.0] * n
+    sums = [0.0] * len(ids)
     columns = [(weight, _in_order(ids, scores)) for _, weight, scores in results]
-    for i in range(0, len(columns) - 1, 2):
-        (wa, va), (wb, vb) = columns[i], columns[i + 1]
-        sums = [
-            (t + (1.0 if a > 1.0 else a if a >= 0.0 else 0.0) * wa)
-            + (1.0 if b > 1.0 else b if b >= 0.0 else 0.0) * wb
-            for t, a, b in zip(sums, va, vb, strict=True)
-        ]
-    if len(columns) % 2:
-        w, v = columns[-1]
-        sums = [
-            t + (1.0 if s > 1.0 else s if s >= 0.0 else 0.0) * w
-            for t, s in zip(sums, v, strict=True)
-        ]
+    for i in range(0, len(columns), 4):
+        group = columns[i : i + 4]
+        sums = _PASSES[len(group) - 1](sums, *group)
     return sums
 
 
-def _in_order(ids: list[str], scores: Mapping[str, float]) -> Iterable[float]:
+Column = tuple[float, Iterable[float]]
+"""A scorer's weight and its scores in candidate order."""
+
+
+def _pass1(t: list[float], a: Column) -> list[float]:
+    wa, va = a
+    return [
+        s + (1.0 if x > 1.0 else x if x >= 0.0 else 0.0) * wa for s, x in zip(t, va, strict=True)
+    ]
+
+
+def _pass2(t: list[float], a: Column, b: Column) -> list[float]:
+    (wa, va), (wb, vb) = a, b
+    return [
+        s
+        + (1.0 if x > 1.0 else x if x >= 0.0 else 0.0) * wa
+        + (1.0 if y > 1.0 else y if y >= 0.0 else 0.0) * wb
+        for s, x, y in zip(t, va, vb, strict=True)
+    ]
+
+
+def _pass3(t: list[float], a: Column, b: Column, c: Column) -> list[float]:
+    (wa, va), (wb, vb), (wc, vc) = a, b, c
+    return [
+        s
+        + (1.0 if x > 1.0 else x if x >= 0.0 else 0.0) * wa
+        + (1.0 if y > 1.0 else y if y >= 0.0 else 0.0) * wb
+        + (1.0 if z > 1.0 else z if z >= 0.0 else 0.0) * wc
+        for s, x, y, z in zip(t, va, vb, vc, strict=True)
+    ]
+
+
+def _pass4(t: list[float], a: Column, b: Column, c: Column, d: Column) -> list[float]:
+    # ((((s + xa) + yb) + zc) + wd): the additions of four one-scorer passes, in one pass
+    (wa, va), (wb, vb), (wc, vc), (wd, vd) = a, b, c, d
+    return [
+        s
+        + (1.0 if x > 1.0 else x if x >= 0.0 else 0.0) * wa
+        + (1.0 if y > 1.0 else y if y >= 0.0 else 0.0) * wb
+        + (1.0 if z > 1.0 else z if z >= 0.0 else 0.0) * wc
+        + (1.0 if u > 1.0 else u if u >= 0.0 else 0.0) * wd
+        for s, x, y, z, u in zip(t, va, vb, vc, vd, strict=True)
+    ]
+
+
+_PASSES: tuple[Callable[..., list[float]], ...] = (_pass1, _pass2, _pass3, _pass4)
+
+
+def _in_order(ids: list[str], scores: Scores) -> Iterable[float]:
     """The scores in candidate order, 0 for a candidate the scorer left out."""
-    if type(scores) is dict and len(scores) == len(ids) and list(scores) == ids:
-        return scores.values()  # keyed in candidate order (the usual case): no lookups
-    return map(scores.get, ids, repeat(0.0))
+    if type(scores) is list:
+        return scores  # a ListScorer's list: in candidate order already
+    if type(scores) is dict:
+        if len(scores) == len(ids) and list(scores) == ids:
+            return scores.values()  # keyed in candidate order: no lookups
+        return map(scores.get, ids, repeat(0.0))
+    if isinstance(scores, Mapping):
+        return map(scores.get, ids, repeat(0.0))
+    return scores  # a ListScorer's list: in candidate order already
+
+
+def _sums_explained(
+    ids: list[str], results: list[ScorerResult], breakdown: dict[str, dict[str, float]]
+) -> list[float]:
+    """``_sums_by_id`` by position, for unique ids: the same sums, in candidate order, and the
+    same explain breakdown (each candidate's clamped score per scorer label)."""
+    rows = [breakdown.setdefault(eid, {}) for eid in ids]
+    sums = [0.0] * len(ids)
+    for label, weight, scores in results:
+        for k, s in enumerate(_in_order(ids, scores)):
+            if s > 1.0:
+                s = 1.0
+            elif not s >= 0.0:  # negative or NaN
+                s = 0.0
+            sums[k] += s * weight
+            rows[k][label] = s
+    return sums
+
+
+def _by_id(ids: list[str], scores: Scores) -> Mapping[str, float]:
+    """The scores keyed by id (a ``ListScorer``'s list zipped with the candidates' ids)."""
+    if isinstance(scores, Mapping):
+        return scores
+    return dict(zip(ids, scores, strict=True))
 
 
 def _sums_by_id(
-    ids: list[str], results: list[ScorerResult], breakdown: dict[str, dict[str, float]] | None
+    ids: list[str],
+    results: list[tuple[str, float, Mapping[str, float]]],
+    breakdown: dict[str, dict[str, float]] | None,
 ) -> dict[str, float]:
     """The weighted sums keyed by id, recording each clamped score in the explain breakdown."""
     totals = dict.fromkeys(ids, 0.0)

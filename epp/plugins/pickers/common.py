@@ -14,7 +14,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from epp.plugin import PickResult, PluginBase, ScoredEndpoint
+from epp.plugin import PickResult, PluginBase, ScoredCandidates, ScoredEndpoint
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,9 @@ class PickerBase(PluginBase):
         self, ordered: Sequence[ScoredEndpoint], scored: Sequence[ScoredEndpoint]
     ) -> PickResult:
         top = ordered[: self.params.max_num_of_endpoints]
-        return PickResult(targets=tuple(s.endpoint for s in top), scored=tuple(scored))
+        # the scheduler's ScoredCandidates is immutable: kept as it is, not copied item by item
+        kept = scored if isinstance(scored, ScoredCandidates) else tuple(scored)
+        return PickResult(targets=tuple(s.endpoint for s in top), scored=kept)
 
 
 def shuffled(rng: random.Random, scored: Sequence[ScoredEndpoint]) -> list[ScoredEndpoint]:

@@ -2,7 +2,9 @@
 
 With ``maxNumOfEndpoints`` N > 1: shuffle, then stable-sort by score descending and take the top
 N, so ties are broken at random rather than by candidate order. With N = 1 (the default) it picks
-uniformly among the best without sorting everything (O(n)). See ``common`` for the parameter.
+uniformly among the best without sorting everything (O(n)), reading the scheduler's
+``ScoredCandidates.scores`` directly (no ``ScoredEndpoint`` is built). See ``common`` for the
+parameter.
 
 YAML::
 
@@ -23,7 +25,7 @@ from itertools import compress, repeat
 from operator import attrgetter, eq
 from typing import ClassVar
 
-from epp.plugin import CycleState, PickResult, ScoredEndpoint
+from epp.plugin import CycleState, PickResult, ScoredCandidates, ScoredEndpoint
 from epp.plugins.pickers.common import PickerBase, shuffled
 
 _score = attrgetter("score")
@@ -35,10 +37,15 @@ class MaxScorePicker(PickerBase):
     def pick(self, cycle: CycleState, scored: Sequence[ScoredEndpoint]) -> PickResult:
         if self.params.max_num_of_endpoints == 1 and scored:
             # One target: a uniform choice among the best, without shuffling and sorting all.
+            if isinstance(scored, ScoredCandidates):
+                scores = scored.scores
+                best = max(scores)
+                ties = list(compress(scored.endpoints, map(eq, scores, repeat(best))))
+                return PickResult((cycle.rng.choice(ties),), scored)
             scores = list(map(_score, scored))
             best = max(scores)
-            ties = list(compress(scored, map(eq, scores, repeat(best))))
-            return PickResult((cycle.rng.choice(ties).endpoint,), tuple(scored))
+            tied = list(compress(scored, map(eq, scores, repeat(best))))
+            return PickResult((cycle.rng.choice(tied).endpoint,), tuple(scored))
         ordered = shuffled(cycle.rng, scored)
         ordered.sort(key=lambda s: s.score, reverse=True)  # stable: ties keep shuffled order
         return self._result(ordered, scored)
