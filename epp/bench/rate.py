@@ -21,8 +21,8 @@ Per step it reports what the step added, from ``/metrics`` read before and after
 * **EPP processing**: ``llm_d_epp_request_processing_duration_seconds``, request headers until
   the body is routed (parsing, producers, scheduling, and every wait for the event loop in
   between: where a busy EPP queues work, which ``schedule`` alone never sees);
-* through Envoy, client side: the achieved rate (answers per second of the step's wall time,
-  first send to last answer), latency percentiles to the last byte, errors, and the client's
+* through Envoy, client side: the achieved rate (answers per second of the step's ``--duration``),
+  latency percentiles to the last byte, errors, and the client's
   send lag (p99; when it is large the client, not the target, set the rate);
 * CPU seconds of the EPP, Envoy, the simulator and this client over the step (``/proc``), per
   answered request and as cores; the EPP's also net of its idle rate.
