@@ -25,7 +25,9 @@ Per step it reports what the step added, from ``/metrics`` read before and after
   latency percentiles to the last byte, errors, and the client's
   send lag (p99; when it is large the client, not the target, set the rate);
 * CPU seconds of the EPP, Envoy, the simulator and this client over the step (``/proc``), per
-  answered request and as cores; the EPP's also net of its idle rate.
+  answered request and as cores; the EPP's also net of its idle rate; and the share of the step
+  the EPP's threads spent runnable but waiting for their CPU (``schedstat``): on a shared
+  machine, what other processes took from the EPP's core.
 
 The step is marked ``reached`` when every request was answered 200, the achieved rate is at
 least 95% of the target and the client's p99 send lag is under 50 ms. ``results.json`` and
@@ -46,7 +48,7 @@ from typing import Any
 import aiohttp
 
 from epp.bench.fleet import SimProcess
-from epp.bench.rateload import bodies, open_loop, pin
+from epp.bench.rateload import bodies, open_loop, pin, runqueue_wait_seconds
 from epp.bench.ratestats import ARRIVAL_KINDS, arrivals
 from epp.bench.ratesummary import Reading, report_md, step_row
 from epp.bench.replicaset import EppSet
@@ -106,7 +108,8 @@ def _cpu(pids: dict[str, int]) -> dict[str, float]:
 
 
 async def _reading(http: aiohttp.ClientSession, url: str, pids: dict[str, int]) -> Reading:
-    return Reading(await _scrape(http, url), _cpu(pids), time.perf_counter())
+    text = await _scrape(http, url)
+    return Reading(text, _cpu(pids), time.perf_counter(), runqueue_wait_seconds(pids["epp"]))
 
 
 async def _idle_cores(http: aiohttp.ClientSession, url: str, pid: int, seconds: float) -> float:
@@ -140,6 +143,7 @@ async def _sweep(
             )
             after = await _reading(http, metrics, pids)
             row = step_row(server, rate, opts.duration, shots, wall, before, after, idle)
+            row["load_average_1m"] = round(os.getloadavg()[0], 1)
             log(_describe(row))
             rows.append(row)
     return rows

@@ -14,7 +14,8 @@ prompts plus a 100-word user message of its own (1 word = 1 token, ``epp.bench.t
 prefix scorer finds partial hits; ``stream`` makes the answer a token-per-chunk SSE stream.
 
 ``pin`` sets the CPU affinity of every thread of a process (what ``taskset -a -p -c`` does);
-threads started later inherit it.
+threads started later inherit it. ``runqueue_wait_seconds`` reads how long a process's threads
+waited for a CPU while runnable (schedstat): on a shared machine, the time others took from it.
 """
 
 from __future__ import annotations
@@ -121,6 +122,23 @@ async def open_loop(
             await asyncio.wait(set(pending), timeout=timeout + 5.0)
         wall = time.perf_counter() - start
     return [s or Shot(0.0, 0, 0.0, "not finished") for s in shots], wall
+
+
+def runqueue_wait_seconds(pid: int) -> float:
+    """Time every thread of ``pid`` spent runnable but waiting for a CPU so far (the second
+    field of ``/proc/<pid>/task/<tid>/schedstat``, in ns): what other processes on the EPP's
+    core took from it. 0.0 when the kernel does not keep schedstats or ``pid`` is gone."""
+    total = 0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0.0
+    for task in tasks:
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
 
 
 def pin(pid: int, cpus: Iterable[int]) -> None:

@@ -31,6 +31,8 @@ class Reading:
     metrics: str
     cpu: Mapping[str, float]
     at: float
+    epp_wait: float = 0.0
+    """Seconds the EPP's threads had waited for a CPU while runnable (``schedstat``)."""
 
 
 def _quantiles(h: Histogram) -> dict[str, str]:
@@ -85,14 +87,15 @@ def step_row(
         "cpu_ms_per_req": {n: round(v * 1000 / n_ok, 3) for n, v in cpu.items()},
         "epp_net_ms_per_req": round(max(0.0, cpu["epp"] - idle_cores * span) * 1000 / n_ok, 3),
         "epp_idle_cores": round(idle_cores, 4),
+        "epp_runqueue_wait_share": round((after.epp_wait - before.epp_wait) / span, 3),
     }
 
 
 _HEADER = (
     "| server | target/s | achieved/s | errors | per pick p50 / p95 / p99 (ms) | EPP processing "
     "p50 / p95 / p99 (ms) | latency p50 / p95 (ms) | EPP CPU ms/req (net of idle) | EPP cores "
-    "| Envoy / sim / client cores | client lag p99 (ms) |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|\n"
+    "| Envoy / sim / client cores | client lag p99 (ms) | EPP waiting for its CPU | load |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
 )
 
 
@@ -109,7 +112,8 @@ def _line(r: Mapping[str, Any]) -> str:
         f"{proc['p95']} / {proc['p99']} | {lat['p50']:.1f} / {lat['p95']:.1f} | "
         f"{r['cpu_ms_per_req']['epp']:.2f} ({r['epp_net_ms_per_req']:.2f}) | "
         f"{cores['epp']:.2f} | {_cores(cores, 'envoy')} / {_cores(cores, 'sim')} / "
-        f"{_cores(cores, 'client')} | {r['lag_p99_ms']:.1f} |\n"
+        f"{_cores(cores, 'client')} | {r['lag_p99_ms']:.1f} | "
+        f"{r['epp_runqueue_wait_share']:.0%} | {r.get('load_average_1m', '-')} |\n"
     )
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import statistics
 
 import orjson
 import pytest
 
 from epp.bench.rate import build_parser
-from epp.bench.rateload import Shot, bodies
+from epp.bench.rateload import Shot, bodies, runqueue_wait_seconds
 from epp.bench.ratestats import Histogram, arrivals, format_ms, parse_histogram
 from epp.bench.ratesummary import PICK, PROCESSING, Reading, report_md, step_row
 
@@ -88,7 +89,7 @@ def test_parse_histogram_sums_label_sets_and_ignores_other_families_when_read() 
 
 def test_step_row_reports_rate_picks_cpu_and_errors_when_a_step_ends() -> None:
     before = Reading(_text(0, 0, 0, 0, 0), {"epp": 1.0, "client": 0.0}, 100.0)
-    after = Reading(_text(80, 95, 100, 100, 0.1), {"epp": 1.5, "client": 0.2}, 102.0)
+    after = Reading(_text(80, 95, 100, 100, 0.1), {"epp": 1.5, "client": 0.2}, 102.0, 0.5)
     shots = [Shot(0.001, 200, 0.010) for _ in range(100)] + [Shot(0.001, 0, 0, "client cap")]
     row = step_row("aio", 50, 2.0, shots, 2.0, before, after, idle_cores=0.05)
     assert (row["sent"], row["ok"], row["errors"]) == (101, 100, 1)
@@ -99,13 +100,14 @@ def test_step_row_reports_rate_picks_cpu_and_errors_when_a_step_ends() -> None:
     assert row["cpu_ms_per_req"]["epp"] == 5.0
     assert row["epp_net_ms_per_req"] == 4.0  # 0.5 s less 0.05 cores x 2 s, over 100
     assert row["cores"]["epp"] == 0.25
+    assert row["epp_runqueue_wait_share"] == 0.25
     clean = step_row("aio", 50, 2.0, shots[:100], 2.6, before, after, 0.0)
     assert clean["reached"] and clean["achieved_rate"] == 50.0  # the answers' tail is no loss
     slow = step_row("aio", 60, 2.0, shots[:100], 2.0, before, after, 0.0)
     assert not slow["reached"]  # 50/s is below 95% of 60/s
     md = report_md({"run": _RUN, "servers": [{"server": "aio", "status": "ok", "steps": [row]}]})
     assert "| aio | 50 | 50 (not reached) | 1 | 0.62 / 2.00 / 4.40 |" in md
-    assert "| 0.25 | - / - / 0.10 | 1.0 |" in md
+    assert "| 0.25 | - / - / 0.10 | 1.0 | 25% | - |" in md
 
 
 _RUN = {
@@ -128,3 +130,8 @@ def test_parser_reads_rates_and_refuses_bad_ones_when_parsed() -> None:
     assert args.rates == (100.0, 500.0) and not args.isolate
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--rates", "100,-5"])
+
+
+def test_runqueue_wait_reads_this_process_schedstat_when_asked() -> None:
+    assert runqueue_wait_seconds(os.getpid()) >= 0.0
+    assert runqueue_wait_seconds(0) == 0.0
