@@ -25,9 +25,9 @@ Per step it reports what the step added, from ``/metrics`` read before and after
   latency percentiles to the last byte, errors, and the client's
   send lag (p99; when it is large the client, not the target, set the rate);
 * CPU seconds of the EPP, Envoy, the simulator and this client over the step (``/proc``), per
-  answered request and as cores; the EPP's also net of its idle rate; and the share of the step
-  the EPP's threads spent runnable but waiting for their CPU (``schedstat``): on a shared
-  machine, what other processes took from the EPP's core.
+  answered request and as cores; the EPP's also net of its idle rate; and the seconds per
+  second the EPP's threads spent runnable but waiting for their CPU (``schedstat``, summed over
+  threads, so it can exceed 1): on a shared machine, what other processes took from the EPP.
 
 The step is marked ``reached`` when every request was answered 200, the achieved rate is at
 least 95% of the target and the client's p99 send lag is under 50 ms. ``results.json`` and

@@ -87,14 +87,14 @@ def step_row(
         "cpu_ms_per_req": {n: round(v * 1000 / n_ok, 3) for n, v in cpu.items()},
         "epp_net_ms_per_req": round(max(0.0, cpu["epp"] - idle_cores * span) * 1000 / n_ok, 3),
         "epp_idle_cores": round(idle_cores, 4),
-        "epp_runqueue_wait_share": round((after.epp_wait - before.epp_wait) / span, 3),
+        "epp_cpu_wait_s_per_s": round((after.epp_wait - before.epp_wait) / span, 3),
     }
 
 
 _HEADER = (
     "| server | target/s | achieved/s | errors | per pick p50 / p95 / p99 (ms) | EPP processing "
     "p50 / p95 / p99 (ms) | latency p50 / p95 (ms) | EPP CPU ms/req (net of idle) | EPP cores "
-    "| Envoy / sim / client cores | client lag p99 (ms) | EPP waiting for its CPU | load |\n"
+    "| Envoy / sim / client cores | client lag p99 (ms) | EPP CPU wait (s/s) | load |\n"
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
 )
 
@@ -113,7 +113,7 @@ def _line(r: Mapping[str, Any]) -> str:
         f"{r['cpu_ms_per_req']['epp']:.2f} ({r['epp_net_ms_per_req']:.2f}) | "
         f"{cores['epp']:.2f} | {_cores(cores, 'envoy')} / {_cores(cores, 'sim')} / "
         f"{_cores(cores, 'client')} | {r['lag_p99_ms']:.1f} | "
-        f"{r['epp_runqueue_wait_share']:.0%} | {r.get('load_average_1m', '-')} |\n"
+        f"{r['epp_cpu_wait_s_per_s']:.2f} | {r.get('load_average_1m', '-')} |\n"
     )
 
 

@@ -100,14 +100,14 @@ def test_step_row_reports_rate_picks_cpu_and_errors_when_a_step_ends() -> None:
     assert row["cpu_ms_per_req"]["epp"] == 5.0
     assert row["epp_net_ms_per_req"] == 4.0  # 0.5 s less 0.05 cores x 2 s, over 100
     assert row["cores"]["epp"] == 0.25
-    assert row["epp_runqueue_wait_share"] == 0.25
+    assert row["epp_cpu_wait_s_per_s"] == 0.25
     clean = step_row("aio", 50, 2.0, shots[:100], 2.6, before, after, 0.0)
     assert clean["reached"] and clean["achieved_rate"] == 50.0  # the answers' tail is no loss
     slow = step_row("aio", 60, 2.0, shots[:100], 2.0, before, after, 0.0)
     assert not slow["reached"]  # 50/s is below 95% of 60/s
     md = report_md({"run": _RUN, "servers": [{"server": "aio", "status": "ok", "steps": [row]}]})
     assert "| aio | 50 | 50 (not reached) | 1 | 0.62 / 2.00 / 4.40 |" in md
-    assert "| 0.25 | - / - / 0.10 | 1.0 | 25% | - |" in md
+    assert "| 0.25 | - / - / 0.10 | 1.0 | 0.25 | - |" in md
 
 
 _RUN = {
