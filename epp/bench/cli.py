@@ -40,6 +40,10 @@ epp, rr and vllm about 1.5 minutes. TTFT is wall-clock time: compare targets wit
 ``epp bench micro [--runs N]`` prints the median time of each hot-path step (body parse, prefix
 hashing, scheduling at 10/100/1000 endpoints), see ``epp/bench/micro.py``.
 
+``epp bench rate [--rates 100,250,500,750] [--servers aio,h2]`` sends open-loop traffic at fixed
+rates through Envoy to 10 simulated pods, the EPP (upstream's default config) pinned to one CPU,
+and reports per rate the per-pick latency percentiles, errors and CPU, see ``epp/bench/rate.py``.
+
 ``epp bench replicas [--scenarios outage,restart,workers]`` runs active-active replicas through a
 Redis outage and a replica restart under load, and ``epp --workers 2`` against one process, see
 ``epp/bench/replicas.py``.
@@ -118,6 +122,7 @@ SUBCOMMANDS = {
     "fuzz": "epp.bench.fuzz",
     "chaos": "epp.bench.chaos",
     "soak": "epp.bench.soak",
+    "rate": "epp.bench.rate",
 }
 """``epp bench <name>``: the module whose ``main(argv)`` runs it (imported only when asked)."""
 
