@@ -17,14 +17,16 @@ import pytest
 
 from tests.conftest import COMPLETION, post, set_overrides, settle
 
-pytestmark = [pytest.mark.envoy]
+# Each test starts the command-line client up to four times, a new Python process each: on a
+# busy machine a start alone takes tens of seconds, so the bounds are generous (failure only).
+pytestmark = [pytest.mark.envoy, pytest.mark.timeout(600)]
 EPP = str(Path(sys.executable).parent / "epp")
 BODY = json.dumps({**COMPLETION, "prompt": "explain this request " * 20})
 
 
 async def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return await asyncio.to_thread(
-        subprocess.run, [EPP, *args], capture_output=True, text=True, timeout=60
+        subprocess.run, [EPP, *args], capture_output=True, text=True, timeout=300
     )
 
 

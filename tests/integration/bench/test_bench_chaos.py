@@ -10,7 +10,9 @@ import pytest
 
 from epp.bench.chaos import main
 
-pytestmark = [pytest.mark.envoy, pytest.mark.slow]
+# Three scenarios, each starting 4 pod processes, the EPP and Envoy (and the EPP twice more): on
+# a busy machine that alone takes minutes, past the suite's default 120 s.
+pytestmark = [pytest.mark.envoy, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_pod_kill_and_epp_kill_have_their_expected_outcomes(tmp_path: Path) -> None:
