@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,9 +16,18 @@ from grpc_health.v1 import health_pb2
 
 from epp.server import h2wire as w
 from epp.server.context import ServerContext
-from epp.server.h2 import HEALTH_CHECK, HEALTH_LIST, PROCESS, ExtProcCall, H2Server, HealthCall
+from epp.server.h2 import (
+    HEALTH_CHECK,
+    HEALTH_LIST,
+    PROCESS,
+    ExtProcCall,
+    H2Server,
+    HealthCall,
+    tls_context,
+)
 from epp.server.health import HealthServicer
 from epp.server.misuse import MisuseLog, ProtocolError
+from epp.server.tls import self_signed
 
 HEADERS = pb.ProcessingRequest(request_headers=pb.HttpHeaders())
 BODY = pb.ProcessingRequest(request_body=pb.HttpBody(body=b"{}", end_of_stream=True))
@@ -294,3 +305,42 @@ def test_routes_serve_health_only_with_health_checking() -> None:
     without = H2Server(ctx, None, max_message=100)
     assert without._route(HEALTH_CHECK, IO()) is None
     assert isinstance(without._route(PROCESS, IO()), ExtProcCall)
+
+
+def test_a_check_without_a_request_message_asks_for_the_overall_status() -> None:
+    io = IO()
+    HealthCall(io, Health(), listing=False).on_half_close()  # type: ignore[arg-type]
+    assert health_pb2.HealthCheckResponse.FromString(io.sent[0]).status == 3
+    assert io.finished == [(w.GRPC_OK, "")]
+
+
+@pytest.mark.parametrize("own_certificate", [False, True])
+async def test_tls_offers_h2_with_a_given_or_a_self_signed_certificate(
+    tmp_path: Path, own_certificate: bool
+) -> None:
+    cert, key = self_signed()
+    if own_certificate:
+        (tmp_path / "tls.crt").write_bytes(cert)
+        (tmp_path / "tls.key").write_bytes(key)
+    server_ctx = tls_context(str(tmp_path) if own_certificate else "")
+    handshakes: asyncio.Queue[tuple[str | None, bytes]] = asyncio.Queue()
+
+    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        ssl_object = writer.get_extra_info("ssl_object")
+        handshakes.put_nowait((ssl_object.selected_alpn_protocol(), ssl_object.getpeercert(True)))
+        writer.close()
+
+    server = await asyncio.start_server(on_client, "127.0.0.1", 0, ssl=server_ctx)
+    port = server.sockets[0].getsockname()[1]
+    client = ssl.create_default_context()
+    client.check_hostname = False
+    client.verify_mode = ssl.CERT_NONE
+    client.set_alpn_protocols(["h2", "http/1.1"])
+    async with server:
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client)
+        served = writer.get_extra_info("ssl_object").getpeercert(True)
+        alpn, _ = await asyncio.wait_for(handshakes.get(), 5)
+        writer.close()
+    assert alpn == "h2"
+    pem = ssl.DER_cert_to_PEM_cert(served).encode()
+    assert (pem.strip() == cert.strip()) == own_certificate

@@ -116,9 +116,12 @@ def test_data_beyond_the_peer_window_waits_for_its_window_update() -> None:
     conn.data_received(headers(1) + data(1, w.grpc_message(b"a" * 20), end=True))
     sent = [f for f in t.frames() if f[0] == w.DATA]
     assert sum(len(f[3]) for f in sent) == 10  # the window, and no trailers yet
+    conn.data_received(w.window_update(1, 1))  # a window of one byte is used
+    assert t.frames() == [(w.DATA, 0, 1, w.grpc_message(b"a" * 20)[10:11])]
     conn.data_received(w.window_update(1, 100))
     frames = t.frames()
-    assert sum(len(f[3]) for f in frames if f[0] == w.DATA) == 15
+    assert [f[:3] for f in frames if f[0] == w.DATA] == [(w.DATA, 0, 1)]  # no END_STREAM on data
+    assert sum(len(f[3]) for f in frames if f[0] == w.DATA) == 14
     assert frames[-1][0] == w.HEADERS and frames[-1][1] & w.END_STREAM
 
 
@@ -370,4 +373,34 @@ def test_nothing_is_written_to_a_closing_transport() -> None:
     t.closed = True
     conn.data_received(w.frame(w.PING, 0, 0, b"12345678"))
     conn.goaway()
+    assert t.frames() == []
+
+
+def test_the_server_grants_the_largest_windows_and_refuses_push_at_once() -> None:
+    conn = Connection(lambda path, io: None, 1000, print)
+    t = FakeTransport()
+    conn.connection_made(t)  # type: ignore[arg-type]
+    (settings, grant) = t.frames()
+    assert settings[:3] == (w.SETTINGS, 0, 0)
+    pairs = [struct.unpack(">HI", settings[3][i : i + 6]) for i in range(0, len(settings[3]), 6)]
+    assert dict(pairs) == {w.SETTINGS_INITIAL_WINDOW_SIZE: 2**31 - 1, w.SETTINGS_ENABLE_PUSH: 0}
+    assert grant[:3] == (w.WINDOW_UPDATE, 0, 0)
+    assert struct.unpack(">I", grant[3])[0] == 2**31 - 1 - 65_535
+
+
+def test_the_reserved_stream_id_bit_is_ignored() -> None:
+    conn, _t, log = connect()
+    conn.data_received(headers(1) + data(1 | 1 << 31, w.grpc_message(b"r"), end=True))
+    assert log == [("message", b"r"), ("half_close",)]
+
+
+def test_the_connection_window_is_refilled_after_1_gib_received() -> None:
+    conn, t, _ = connect()
+    chunk = data(99, bytes(w.DEFAULT_MAX_FRAME)) * 64  # 1 MiB on a stream never opened
+    for _ in range(1023):
+        conn.data_received(chunk)
+    assert t.frames() == []
+    conn.data_received(chunk)
+    assert t.frames() == [(w.WINDOW_UPDATE, 0, 0, struct.pack(">I", 1 << 30))]
+    conn.data_received(chunk)  # counting starts again
     assert t.frames() == []

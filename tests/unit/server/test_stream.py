@@ -5,6 +5,7 @@ the misuse messages, and how the stream completes its request."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -20,11 +21,13 @@ from epp.plugin import (
     ParseResult,
     ProfileResult,
     RequestBody,
+    ResponseInfo,
     SchedulingResult,
     TerminationCause,
     wire,
 )
 from epp.requestcontrol.exchange import Decision, Exchange, Forward
+from epp.server import stream as stream_module
 from epp.server.context import ServerContext
 from epp.server.misuse import ProtocolError
 from epp.server.stream import RequestStream
@@ -80,21 +83,25 @@ class Director:
         self.calls.append(("fail", err.code, err.message))
 
     def complete(self, ex: Exchange, cause: TerminationCause) -> None:
+        assert isinstance(ex, Exchange)
         self.calls.append(("complete", cause))
 
     def on_response_headers(
         self, ex: Exchange, headers: dict[str, str], served: str
     ) -> dict[str, str]:
+        assert isinstance(ex, Exchange)
         self.calls.append(("response_headers", headers, served))
         return {"x-resp": "r"}
 
     def on_response_chunk(
         self, ex: Exchange, body: bytes, eos: bool, *, hold_limit: int | None
     ) -> Forward | None:
+        assert isinstance(ex, Exchange)
         self.calls.append(("chunk", body, eos, hold_limit))
         return self.forward
 
     def on_response_trailers(self, ex: Exchange) -> Forward | None:
+        assert isinstance(ex, Exchange)
         self.calls.append(("trailers",))
         return self.forward
 
@@ -495,3 +502,164 @@ async def test_eviction_signal_only_while_an_evictable_request_is_in_flight() ->
     stream.exchange.request.attributes[EVICTION_ATTRIBUTE] = signal
     stream.done = True
     assert stream.eviction is None
+
+
+class Trace:
+    def __init__(self, headers: dict[str, str], request_id: str) -> None:
+        self.begun = (headers, request_id)
+        self.error = ""
+        self.status = 0
+        self.events: list[Any] = []
+
+    def headers(self) -> dict[str, str]:
+        return {"traceparent": "00-abc-def-01"}
+
+    def routed(self, error: BaseException | None = None) -> None:
+        self.events.append(("routed", type(error).__name__ if error else None))
+
+    def end(self, status: int) -> None:
+        self.events.append(("end", status))
+
+
+class Tracing:
+    def __init__(self) -> None:
+        self.traces: list[Trace] = []
+
+    def begin(self, headers: dict[str, str], request_id: str) -> Trace:
+        self.traces.append(Trace(headers, request_id))
+        return self.traces[-1]
+
+
+async def test_a_traced_request_propagates_its_context_and_ends_its_trace() -> None:
+    tracing = Tracing()
+    stream, _ = new_stream(tracing=tracing)
+    await send(stream, headers())
+    (trace,) = tracing.traces
+    assert trace.begun[1] == "rid" and trace.begun[0]["x-request-id"] == "rid"
+    first, _piece = await send(stream, body(b"{}"))
+    assert set_of(first.request_headers.response.header_mutation)["traceparent"] == "00-abc-def-01"
+    assert stream.exchange is not None
+    stream.exchange.response = ResponseInfo("rid", {}, status=201)
+    stream.close(error=False)
+    assert trace.events == [("routed", None), ("end", 201)]
+    assert stream.exchange.trace is None
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "text"),
+    [
+        (InferenceError(ErrorCode.BAD_REQUEST, "no model"), 400, "400 BadRequest - no model"),
+        (
+            RuntimeError("bug"),
+            500,
+            "500 Internal - unexpected error while scheduling the request; see the EPP log",
+        ),
+    ],
+)
+async def test_a_traced_routing_failure_records_the_status_the_client_got(
+    error: BaseException, status: int, text: str
+) -> None:
+    tracing = Tracing()
+    stream, director = new_stream(tracing=tracing)
+    director.route_error = error
+    await send(stream, headers())
+    await send(stream, body(b"{}"))
+    (trace,) = tracing.traces
+    assert trace.events == [("routed", type(error).__name__)]
+    assert (trace.error, trace.status) == (text, status)
+    stream.close(error=False)
+    assert trace.events[-1] == ("end", status)  # no response: the error's status
+
+
+async def test_a_traced_eviction_records_429() -> None:
+    tracing = Tracing()
+    stream, _ = new_stream(tracing=tracing)
+    await send(stream, headers())
+    await send(stream, body(b"{}"))
+    stream.evict(InferenceError(ErrorCode.RESOURCE_EXHAUSTED, "request evicted by flow control"))
+    (trace,) = tracing.traces
+    assert (trace.error, trace.status) == ("429 request evicted by flow control", 429)
+
+
+class Histogram:
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def observe(self, value: float) -> None:
+        self.values.append(value)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.request_processing = Histogram()
+        self.response_processing = Histogram()
+
+
+class TimedDirector(Director):
+    def begin(self, headers: dict[str, str]) -> Exchange:
+        ex = super().begin(headers)
+        ex.started = time.monotonic()
+        return ex
+
+
+@pytest.mark.parametrize("fails", [False, True])
+async def test_request_processing_time_is_observed_once_the_body_is_handled(fails: bool) -> None:
+    metrics = Metrics()
+    director = TimedDirector()
+    if fails:
+        director.route_error = InferenceError(ErrorCode.BAD_REQUEST, "x")
+    stream = RequestStream(ServerContext(director=director, metrics=metrics))  # type: ignore[arg-type]
+    await send(stream, headers())
+    await send(stream, body(b"{", eos=False))
+    assert metrics.request_processing.values == []
+    await send(stream, body(b"}"))
+    (seconds,) = metrics.request_processing.values
+    assert 0 <= seconds < 60
+    stream.close(error=False)
+    assert metrics.response_processing.values == []  # no response came
+
+
+class Clock:
+    """``time`` for the stream: ``monotonic`` is set by the test; each ``perf_counter`` reading
+    is 0.25 s after the previous one (so each response message takes 0.25 s to handle)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.perf = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def perf_counter(self) -> float:
+        self.perf += 0.25
+        return self.perf
+
+
+@pytest.mark.parametrize(
+    ("streaming", "ends", "seconds"),
+    [
+        (False, True, 5.0),  # response headers to the response's end
+        (False, False, 10.0),  # never ended: to the stream's close
+        (True, True, 0.75),  # a streamed response: only the time spent on its messages
+    ],
+)
+async def test_response_processing_time_by_response_kind(
+    monkeypatch: pytest.MonkeyPatch, streaming: bool, ends: bool, seconds: float
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr(stream_module, "time", clock)
+    metrics = Metrics()
+    stream, director = new_stream(metrics=metrics)
+    await send(stream, headers())
+    await send(stream, body(b"{}"))
+    await send(stream, response_headers())
+    assert stream.exchange is not None
+    stream.exchange.response = ResponseInfo("rid", {}, streaming=streaming)
+    clock.now = 102.0
+    await send(stream, response_body(b"x", eos=False))
+    clock.now = 105.0
+    await send(stream, response_body(b"y", eos=ends))
+    clock.now = 110.0
+    stream.close(error=False)
+    assert metrics.response_processing.values == [seconds]
+    assert director.calls[-1] == ("complete", TerminationCause.CLIENT_DISCONNECT)
