@@ -152,7 +152,9 @@ def test_an_unexpected_error_answers_500_and_ends_ok(caplog: pytest.LogCaptureFi
     assert answer.immediate_response.status.code == 500
     assert answer.immediate_response.body == INTERNAL_BODY
     assert io.finished == [(w.GRPC_OK, "")] and stream.closed == [True]
-    assert "ext_proc stream failed while handling a message" in caplog.text
+    assert [r.getMessage() for r in caplog.records] == [
+        "ext_proc stream failed while handling a message"
+    ]
 
 
 class Gate:
@@ -228,7 +230,7 @@ async def test_a_routing_message_that_ends_the_stream_drops_what_waits() -> None
     ],
 )
 async def test_a_failed_route_ends_the_call(
-    outcome: BaseException, finished: tuple[int, str], sent: int
+    outcome: BaseException, finished: tuple[int, str], sent: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     gate = Gate()
     gate.outcome = outcome
@@ -236,10 +238,13 @@ async def test_a_failed_route_ends_the_call(
     call.on_message(BODY.SerializeToString())
     call.on_message(HEADERS.SerializeToString())
     gate.release.set()
-    await settle(call)
+    with caplog.at_level(logging.ERROR, logger="epp.server.h2"):
+        await settle(call)
     assert io.finished == [finished] and stream.closed == [True] and len(io.sent) == sent
     if sent:
         assert io.replies()[0].immediate_response.body == INTERNAL_BODY
+        messages = [r.getMessage() for r in caplog.records if r.name == "epp.server.h2"]
+        assert messages == ["ext_proc stream failed while routing"]
     assert stream.seen == ["request_body"] and call.task is None
 
 

@@ -166,6 +166,7 @@ def test_goaway_refuses_new_streams_only_after_its_ping_and_lets_open_ones_end()
     conn.data_received(headers(1))
     conn.goaway()
     (first, ping) = t.frames()
+    assert ping[:3] == (w.PING, 0, 0)  # a PING the client must answer
     assert first[0] == w.GOAWAY and struct.unpack(">I", first[3][:4])[0] == w.MAX_WINDOW
     conn.data_received(headers(3))  # sent before the client saw the GOAWAY: still served
     assert t.frames() == []
@@ -404,3 +405,44 @@ def test_the_connection_window_is_refilled_after_1_gib_received() -> None:
     assert t.frames() == [(w.WINDOW_UPDATE, 0, 0, struct.pack(">I", 1 << 30))]
     conn.data_received(chunk)  # counting starts again
     assert t.frames() == []
+
+
+class OneShot:
+    """Answers its first message and finishes at once, while the client may still send."""
+
+    def __init__(self, io: CallIO) -> None:
+        self.io = io
+
+    def on_message(self, data: bytes) -> None:
+        self.io.send(data)
+        self.io.finish(w.GRPC_OK)
+
+    def on_half_close(self) -> None:
+        raise AssertionError("the call already finished")
+
+    def on_reset(self) -> None:
+        raise AssertionError("nothing to reset")
+
+
+def test_trailers_queued_behind_data_go_out_once_the_window_opens() -> None:
+    conn = Connection(lambda path, io: OneShot(io), 1000, print)
+    t = FakeTransport()
+    conn.connection_made(t)  # type: ignore[arg-type]
+    conn.data_received(w.PREFACE + w.settings_frame({w.SETTINGS_INITIAL_WINDOW_SIZE: 10}))
+    t.frames()
+    message = w.grpc_message(b"a" * 20)
+    conn.data_received(headers(1) + data(1, message))
+    assert [f[0] for f in t.frames()] == [w.HEADERS, w.DATA]  # 10 bytes; trailers wait
+    conn.data_received(data(1, b"", end=True))  # the client ends while they wait
+    assert t.frames() == []
+    conn.data_received(w.window_update(1, 100))
+    frames = t.frames()
+    assert [f[:3] for f in frames] == [(w.DATA, 0, 1), (w.HEADERS, w.END_HEADERS | w.END_STREAM, 1)]
+    assert frames[0][3] == message[10:]  # and no RST_STREAM: the client had ended
+    assert not conn.streams
+
+
+def test_close_closes_the_transport() -> None:
+    conn, t, _ = connect()
+    conn.close()
+    assert t.closed

@@ -411,6 +411,19 @@ async def test_response_trailers_release_what_was_held() -> None:
         ([headers(), body(b"{}"), body(b"{}")], "request_body after the request body ended"),
         ([headers(eos=True), body(b"{}")], "request_body after the request body ended"),
         ([headers(), body(b"{}"), REQUEST_TRAILERS], "request_trailers after the request ended"),
+        (
+            [headers(), body(b"{}", eos=False), REQUEST_TRAILERS, REQUEST_TRAILERS],
+            "request_trailers after the request ended",
+        ),
+        (
+            [
+                headers(mode=MODE.BUFFERED),
+                body(b"{}", eos=False),
+                REQUEST_TRAILERS,
+                REQUEST_TRAILERS,
+            ],
+            "request_trailers after the request ended",
+        ),
         ([headers(), RESPONSE_TRAILERS], "a response message before the request was answered"),
         (
             [headers(), body(b"{}"), response_headers(), response_headers()],
