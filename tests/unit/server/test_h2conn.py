@@ -86,7 +86,7 @@ def test_a_message_split_across_reads_and_frames_is_delivered_once_whole() -> No
     assert [f[0] for f in frames] == [w.HEADERS, w.DATA, w.HEADERS]
     assert frames[1][3] == msg
     trailers = hpack.Decoder().decode(frames[2][3])
-    assert ("grpc-status", "0") in trailers and frames[2][1] & w.END_STREAM
+    assert trailers == [("grpc-status", "0")] and frames[2][1] & w.END_STREAM
 
 
 def test_continuation_and_padding_are_handled_when_the_client_uses_them() -> None:
@@ -446,3 +446,24 @@ def test_close_closes_the_transport() -> None:
     conn, t, _ = connect()
     conn.close()
     assert t.closed
+
+
+class Twice(OneShot):
+    def on_message(self, data: bytes) -> None:
+        self.io.finish(w.GRPC_OK)
+        self.io.send(b"too late")
+        self.io.finish(w.GRPC_INTERNAL, "again")
+
+
+def test_a_call_finishes_once_and_sends_nothing_after() -> None:
+    conn = Connection(lambda path, io: Twice(io), 1000, print)
+    t = FakeTransport()
+    conn.connection_made(t)  # type: ignore[arg-type]
+    conn.data_received(w.PREFACE + headers(1) + data(1, w.grpc_message(b"x"), end=True))
+    frames = [f for f in t.frames() if f[2] == 1]
+    assert [f[0] for f in frames] == [w.HEADERS, w.RST_STREAM]
+    assert hpack.Decoder().decode(frames[0][3]) == [
+        (":status", "200"),
+        ("content-type", "application/grpc"),
+        ("grpc-status", "0"),
+    ]
