@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from google.protobuf import json_format
 
-from epp.plugin import wire
+from epp.plugin import ErrorCode, InferenceError, wire
 from epp.server import messages
 
 
@@ -46,3 +48,122 @@ def test_streamed_body_splits_at_62000_bytes_with_eos_on_the_last_piece_only() -
 def test_encode_passes_bytes_on_and_serializes_messages() -> None:
     assert messages.encode(b"\x01") == b"\x01"
     assert messages.encode(messages.EMPTY_REQUEST_BODY) == b"\x1a\x00"
+
+
+def test_header_map_lowercases_keys_and_prefers_raw_value() -> None:
+    headers = pb.HttpHeaders(
+        headers=base_pb2.HeaderMap(
+            headers=[
+                base_pb2.HeaderValue(key="X-Raw", raw_value=b"caf\xc3\xa9 \xff"),
+                base_pb2.HeaderValue(key="X-Plain", value="v"),
+            ]
+        )
+    )
+    assert messages.header_map(headers) == {"x-raw": "café \ufffd", "x-plain": "v"}
+
+
+def test_metadata_namespaces_returns_only_the_asked_namespaces() -> None:
+    assert messages.metadata_namespaces(pb.ProcessingRequest(), ["a"]) == {}
+    request = pb.ProcessingRequest()
+    fm = request.metadata_context.filter_metadata
+    fm["a"].update({"x": ["1.2.3.4:80"]})
+    fm["b"].update({"y": 1})
+    assert messages.metadata_namespaces(request, ["a", "c"]) == {"a": {"x": ["1.2.3.4:80"]}}
+
+
+def set_of(mutation: pb.HeaderMutation) -> dict[str, bytes]:
+    actions = {o.append_action for o in mutation.set_headers}
+    assert actions <= {base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD}
+    return {o.header.key: o.header.raw_value for o in mutation.set_headers}
+
+
+def test_mutation_overwrites_and_removes_only_what_it_does_not_set() -> None:
+    got = messages.mutation({"a": "1", "b": "é"}, ["a", "c"])
+    assert set_of(got) == {"a": b"1", "b": "é".encode()}
+    assert list(got.remove_headers) == ["c"]
+    assert not [o for o in got.set_headers if o.header.value]  # raw_value only
+
+
+def test_request_headers_reply_carries_headers_metadata_and_route_cache_flag() -> None:
+    got = messages.request_headers_reply({"x-d": "1.1.1.1:8"}, ["x-o"], {"x-d": "1.1.1.1:8"})
+    common = got.request_headers.response
+    assert common.clear_route_cache and set_of(common.header_mutation) == {"x-d": b"1.1.1.1:8"}
+    assert list(common.header_mutation.remove_headers) == ["x-o"]
+    assert json_format.MessageToDict(got.dynamic_metadata) == {
+        wire.LB_NAMESPACE: {"x-d": "1.1.1.1:8"}
+    }
+    bare = messages.request_headers_reply({}, [], None, clear_route_cache=False)
+    assert not bare.request_headers.response.clear_route_cache
+    assert not bare.HasField("dynamic_metadata")
+
+
+def test_buffered_body_reply_rewrites_the_body_only_when_given() -> None:
+    got = messages.buffered_body_reply({"x-d": "h:1"}, ["x-o"], {"x-d": "h:1"}, b"new")
+    common = got.request_body.response
+    assert common.clear_route_cache and common.body_mutation.body == b"new"
+    assert set_of(common.header_mutation) == {"x-d": b"h:1"}
+    assert list(common.header_mutation.remove_headers) == ["x-o"]
+    assert json_format.MessageToDict(got.dynamic_metadata) == {wire.LB_NAMESPACE: {"x-d": "h:1"}}
+    kept = messages.buffered_body_reply({}, [], None, None)
+    assert not kept.request_body.response.HasField("body_mutation")
+    assert not kept.HasField("dynamic_metadata")
+
+
+def test_immediate_reply_has_status_text_body_and_drop_reason() -> None:
+    err = InferenceError(
+        ErrorCode.SERVICE_UNAVAILABLE, "no pods", drop_reason="rejected-no-endpoints"
+    )
+    got = messages.immediate(err).immediate_response
+    assert got.status.code == 503 and got.details == "ServiceUnavailable"
+    assert got.body == b"inference error: ServiceUnavailable - no pods"
+    assert set_of(got.headers) == {
+        "content-type": b"text/plain; charset=utf-8",
+        wire.DROPPED_REASON_HEADER: b"rejected-no-endpoints",
+    }
+    own = InferenceError(ErrorCode.BAD_REQUEST, "x", headers={"content-type": "application/json"})
+    assert set_of(messages.immediate(own).immediate_response.headers) == {
+        "content-type": b"application/json"
+    }
+
+
+def test_evicted_reply_is_the_raw_message_with_the_drop_reason() -> None:
+    err = InferenceError(
+        ErrorCode.RESOURCE_EXHAUSTED, "request evicted by flow control", drop_reason="evicted"
+    )
+    got = messages.evicted(err).immediate_response
+    assert (got.status.code, got.details) == (429, "ResourceExhausted")
+    assert got.body == b"request evicted by flow control"
+    assert set_of(got.headers) == {wire.DROPPED_REASON_HEADER: b"evicted"}
+    plain = InferenceError(ErrorCode.RESOURCE_EXHAUSTED, "gone")
+    assert set_of(messages.evicted(plain).immediate_response.headers) == {}
+
+
+def test_response_replies() -> None:
+    headers = messages.response_headers_reply({"x-served": "a"})
+    assert set_of(headers.response_headers.response.header_mutation) == {"x-served": b"a"}
+    body = messages.buffered_response_body_reply(b"changed")
+    assert body.response_body.response.body_mutation.body == b"changed"
+    same = messages.buffered_response_body_reply(None)
+    assert same.HasField("response_body") and not same.response_body.response.HasField(
+        "body_mutation"
+    )
+    trailers = messages.trailers_reply({"x-d": "h:1"})
+    assert trailers.HasField("request_trailers")
+    assert json_format.MessageToDict(trailers.dynamic_metadata) == {
+        wire.LB_NAMESPACE: {"x-d": "h:1"}
+    }
+
+
+@pytest.mark.parametrize(
+    ("size", "pieces"),
+    [(62_000, [62_000]), (62_001, [62_000, 1]), (124_000, [62_000, 62_000])],
+)
+@pytest.mark.parametrize("eos", [True, False])
+def test_streamed_body_pieces_at_the_chunk_limit(size: int, pieces: list[int], eos: bool) -> None:
+    body = bytes(range(256)) * (size // 256) + b"z" * (size % 256)
+    got = [
+        pb.ProcessingResponse.FromString(r).request_body.response.body_mutation.streamed_response
+        for r in messages.streamed_body(body, response=False, end_of_stream=eos)
+    ]
+    assert [len(s.body) for s in got] == pieces and b"".join(s.body for s in got) == body
+    assert [s.end_of_stream for s in got] == [False] * (len(pieces) - 1) + [eos]
