@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Union, get_args, get_origin
 
 
@@ -79,13 +79,13 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
             allowed = ", ".join(repr(a) for a in get_args(tp))
             raise ParamError(path, f"must be one of {allowed}, got {value!r}")
         return value
-    if origin in (list, tuple, typing.Sequence) or tp in (list, tuple):
+    if origin in (list, tuple, Sequence) or tp in (list, tuple):
         if not isinstance(value, list):
             raise ParamError(path, f"expected a list, got {type(value).__name__}")
         args = get_args(tp)
         item = args[0] if args else Any
         return tuple(_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value))
-    if origin in (dict, typing.Mapping, Mapping) or tp is dict:
+    if origin in (dict, Mapping) or tp is dict:
         if not isinstance(value, Mapping):
             raise ParamError(path, f"expected a mapping, got {type(value).__name__}")
         args = get_args(tp)

@@ -313,7 +313,7 @@ def _sums_by_id(
     totals = dict.fromkeys(ids, 0.0)
     for label, weight, scores in results:
         get = scores.get
-        for eid in ids:
+        for eid in totals:  # each id once, even when two candidates share it
             s = get(eid, 0.0)
             if s > 1.0:
                 s = 1.0

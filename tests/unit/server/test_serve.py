@@ -1,0 +1,181 @@
+"""The two gRPC servers (``epp.server.serve``) started on 127.0.0.1: which services each port
+answers, TLS from ``--cert-path`` or self-signed, the refusals of bad TLS flags, and where a
+group worker's private servers bind."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from epp._proto import epp_admin_v1_pb2 as pb
+from epp.config.loader import ConfigError
+from epp.server.admin import AdminServicer, AdminSources
+from epp.server.context import ServerContext
+from epp.server.health import HealthServicer
+from epp.server.serve import GrpcServers, private_host, start_grpc
+from tests.certs import CA
+from tests.unit.requestcontrol.test_director import EPS, director
+
+
+@dataclass(frozen=True)
+class _S:
+    bind_address: str = "127.0.0.1"
+    grpc_port: int = 0
+    grpc_health_port: int = 0
+    grpc_max_recv_msg_size: int = 4 << 20
+    grpc_max_send_msg_size: int = 4 << 20
+    health_checking: bool = False
+    secure_serving: bool = False
+    cert_path: str = ""
+    enable_cert_reload: bool = False
+    tls_cipher_suites: tuple[str, ...] = ()
+    grpc_client_ca_file: str = ""
+    group_member: bool = False
+    ext_proc_server: str = "grpc"
+
+
+Start = Callable[..., Awaitable[GrpcServers]]
+
+
+@pytest.fixture
+async def start() -> AsyncIterator[Start]:
+    started: list[GrpcServers] = []
+
+    async def go(s: _S, admin: bool = False) -> GrpcServers:
+        d = director()
+        svc = AdminServicer(AdminSources(director=d, endpoints=lambda: EPS, dumpers=()))
+        servers = await start_grpc(
+            s, ServerContext(d), HealthServicer(lambda: True), svc if admin else None
+        )
+        started.append(servers)
+        return servers
+
+    yield go
+    for servers in started:
+        await servers.ext.stop(None)
+        await servers.health.stop(None)
+
+
+async def _health(target: str, creds: grpc.ChannelCredentials | None = None) -> int:
+    if creds is None:
+        channel = grpc.aio.insecure_channel(target)
+    else:
+        opts = [("grpc.ssl_target_name_override", "localhost")]
+        channel = grpc.aio.secure_channel(target, creds, options=opts)
+    async with channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        resp = await stub.Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=10)
+        return int(resp.status)
+
+
+async def _endpoints(port: int) -> Any:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary(
+            "/epp.admin.v1.Admin/ListEndpoints",
+            request_serializer=pb.ListEndpointsRequest.SerializeToString,
+            response_deserializer=pb.ListEndpointsResponse.FromString,
+        )
+        return await call(pb.ListEndpointsRequest(), timeout=10)
+
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_the_health_port_always_answers_and_the_ext_port_only_when_asked(
+    start: Start,
+) -> None:
+    servers = await start(_S())
+    assert servers.grpc_port > 0 and servers.health_port > 0
+    assert servers.grpc_port != servers.health_port and servers.cert_files is None
+    assert await _health(f"127.0.0.1:{servers.health_port}") == SERVING
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _health(f"127.0.0.1:{servers.grpc_port}")
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _endpoints(servers.grpc_port)  # no admin API given
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+    servers = await start(_S(health_checking=True), admin=True)
+    assert await _health(f"127.0.0.1:{servers.grpc_port}") == SERVING
+    resp = await _endpoints(servers.grpc_port)
+    assert [e.address for e in resp.endpoints] == [e.hostport for e in EPS]
+
+
+async def test_secure_serving_uses_the_cert_path_pair(start: Start, tmp_path: Path) -> None:
+    ca = CA()
+    certs = ca.leaf().write(tmp_path / "certs")
+    servers = await start(_S(health_checking=True, secure_serving=True, cert_path=str(certs)))
+    assert servers.cert_files is not None and servers.cert_files.directory == certs
+    creds = grpc.ssl_channel_credentials(ca.pem)
+    assert await _health(f"127.0.0.1:{servers.grpc_port}", creds) == SERVING
+    with pytest.raises(grpc.aio.AioRpcError):  # not plaintext
+        await _health(f"127.0.0.1:{servers.grpc_port}")
+
+
+async def test_secure_serving_without_a_cert_path_is_self_signed(start: Start) -> None:
+    servers = await start(_S(health_checking=True, secure_serving=True))
+    assert servers.cert_files is None
+    with pytest.raises(grpc.aio.AioRpcError) as err:  # a certificate no CA of ours signed
+        await _health(f"127.0.0.1:{servers.grpc_port}", grpc.ssl_channel_credentials(CA().pem))
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_cert_path_without_a_pair_stops_startup(start: Start, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        await start(_S(secure_serving=True, cert_path=str(tmp_path)))
+    assert str(info.value).startswith(f"--cert-path: {tmp_path}: ")
+    servers = await start(_S(secure_serving=False, cert_path=str(tmp_path)))  # not used
+    assert servers.cert_files is None
+
+
+async def test_an_unreadable_client_ca_stops_startup(start: Start, tmp_path: Path) -> None:
+    missing = tmp_path / "ca.pem"
+    with pytest.raises(ConfigError) as info:
+        await start(_S(secure_serving=True, grpc_client_ca_file=str(missing)))
+    assert str(info.value).startswith("--grpc-client-ca-file: ")
+    assert str(missing) in str(info.value)
+
+
+async def test_ciphers_grpc_did_not_load_stop_startup(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GRPC_SSL_CIPHER_SUITES", raising=False)
+    suites = ("TLS_RSA_WITH_AES_128_CBC_SHA",)
+    with pytest.raises(ConfigError) as info:
+        await start(_S(secure_serving=True, tls_cipher_suites=suites))
+    assert str(info.value).startswith("--tls-cipher-suites: gRPC reads its cipher list once")
+    servers = await start(_S(secure_serving=False, tls_cipher_suites=suites))  # not used
+    assert servers.grpc_port > 0
+
+
+async def test_h2_serves_ext_proc_but_not_the_admin_api(start: Start, caplog: Any) -> None:
+    with caplog.at_level(logging.WARNING, "epp.server.serve"):
+        servers = await start(_S(ext_proc_server="h2", health_checking=True), admin=True)
+    assert [r.getMessage() for r in caplog.records] == [
+        "--ext-proc-server=h2: the admin gRPC API is not served (use grpc)"
+    ]
+    assert await _health(f"127.0.0.1:{servers.grpc_port}") == SERVING
+    assert await _health(f"127.0.0.1:{servers.health_port}") == SERVING
+
+
+def test_a_group_worker_binds_its_private_servers_to_loopback() -> None:
+    assert private_host(_S(bind_address="0.0.0.0", group_member=True)) == "127.0.0.1"
+    assert private_host(_S(bind_address="0.0.0.0")) == "0.0.0.0"
+
+
+async def test_group_workers_share_the_ext_proc_port_and_nothing_else(start: Start) -> None:
+    first = await start(_S(group_member=True))
+    second = await start(_S(group_member=True, grpc_port=first.grpc_port))
+    assert second.grpc_port == first.grpc_port
+    assert await _health(f"127.0.0.1:{second.health_port}") == SERVING
+    with pytest.raises(RuntimeError):  # not a group member: the port is taken
+        await start(_S(grpc_port=first.grpc_port))
+    with pytest.raises(RuntimeError):  # a worker's health port is its own
+        await start(_S(group_member=True, grpc_health_port=first.health_port))
