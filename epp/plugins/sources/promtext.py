@@ -86,15 +86,22 @@ class LineCache:
     """``parse(text, wanted)`` with memory: the result is the same, but a line seen before (same
     bytes) is not parsed again. Samples are shared between results: treat them as read-only.
 
-    Bounded: at most ``max_lines`` lines of at most ``max_line_bytes`` each (longer lines are
-    parsed every time); when full it starts over. At most ``max_patterns`` compiled patterns
-    (one per distinct ``wanted`` set) are kept, likewise.
+    Bounded: at most ``max_lines`` lines of at most ``max_line_bytes`` each, ``max_bytes`` in
+    all (longer lines are parsed every time); when full it starts over. At most
+    ``max_patterns`` compiled patterns (one per distinct ``wanted`` set) are kept, likewise.
     """
 
     def __init__(
-        self, *, max_lines: int = 8192, max_line_bytes: int = 4096, max_patterns: int = 64
+        self,
+        *,
+        max_lines: int = 8192,
+        max_line_bytes: int = 4096,
+        max_bytes: int = 2 * 1024 * 1024,
+        max_patterns: int = 64,
     ) -> None:
         self._lines: dict[bytes, _Cached] = {}
+        self._bytes = 0
+        self._max_bytes = max_bytes
         self._patterns: dict[frozenset[str], re.Pattern[bytes]] = {}
         self._max_lines = max_lines
         self._max_line_bytes = max_line_bytes
@@ -127,9 +134,11 @@ class LineCache:
         except _Malformed:
             sample = _MALFORMED
         if len(raw) <= self._max_line_bytes:
-            if len(self._lines) >= self._max_lines:
+            if len(self._lines) >= self._max_lines or self._bytes + len(raw) > self._max_bytes:
                 self._lines.clear()
+                self._bytes = 0
             self._lines[raw] = sample
+            self._bytes += len(raw)
         return sample
 
     def _pattern(self, wanted: frozenset[str]) -> re.Pattern[bytes]:

@@ -119,13 +119,14 @@ def test_cache_rereads_a_line_when_its_value_changes() -> None:
 
 
 def test_cache_stays_within_its_bounds_when_every_scrape_differs() -> None:
-    cache = LineCache(max_lines=8, max_line_bytes=32, max_patterns=2)
+    cache = LineCache(max_lines=8, max_line_bytes=32, max_bytes=40, max_patterns=2)
     for i in range(100):
         payload = b'q %d\nlong{x="%s"} 1\n' % (i, b"y" * 40)
         families = cache.parse(payload, frozenset({"q", "long", f"n{i % 5}"}))
         assert families["q"] == [Sample("q", {}, float(i))]
         assert families["long"] == [Sample("long", {"x": "y" * 40}, 1.0)]
         assert len(cache._lines) <= 8  # the long line is never kept
+        assert sum(map(len, cache._lines)) <= 40
         assert len(cache._patterns) <= 2
 
 
