@@ -16,8 +16,11 @@ numbers compare across sizes:
   response chunk, through a real server (the whole EPP with ``--ext-proc-server`` h2 or grpc,
   asyncio or uvloop, with or without TLS; and an empty grpc.aio / synchronous grpcio servicer, the
   floor of those servers) and a real gRPC client in this process. ``--no-wire`` skips them;
+* one scrape's parsing and extraction of a simulated vLLM page, the previous path
+  (``promtext.parse``) and the current one (``LineCache``) side by side (``epp.bench.scrapecost``);
 * idle CPU (``epp.bench.idle``): the EPP process with no traffic while it scrapes 4 and 100
-  simulated pods every 50 ms, as a share of one core (10 s each; also skipped by ``--no-wire``).
+  simulated pods every 50 ms, as a share of one core, and the scrape rate the simulators saw
+  (10 s each; also skipped by ``--no-wire``).
 
 The plugins are built from the built-in default configuration through the normal loader, so the
 numbers are those of the code the EPP runs. Nothing is asserted: this is a measuring tool.
@@ -278,6 +281,7 @@ async def measure(runs: int) -> list[Row]:
     rows += await _producers(hot, runs)
     rows += await _schedule_rows(hot, runs)
     rows += _index_rows(runs)
+    rows += scrape_rows(runs)
     return rows
 
 
@@ -296,14 +300,31 @@ def wire_rows() -> list[Row]:
     return rows
 
 
+def scrape_rows(runs: int) -> list[Row]:
+    """One scrape's parsing and extraction, the previous path and the current one side by side
+    (``epp.bench.scrapecost``); µs per scrape."""
+    from epp.bench import scrapecost
+
+    cases, size = scrapecost.cases(MicroHandle()), scrapecost.size()
+    for _, fn in cases:
+        fn()  # warm: the cache holds the page's lines, as after the first scrape of a pod
+    rows = []
+    for label, fn in cases:
+        us = median_us(fn, runs)
+        rows.append(Row(scrapecost.step(label), size, us, us, "µs/scrape"))
+    return rows
+
+
 def idle_rows() -> list[Row]:
-    from epp.bench.idle import POD_COUNTS, idle_share
+    from epp.bench.idle import POD_COUNTS, idle_cost
 
     rows = []
     for pods in POD_COUNTS:
-        share = idle_share(pods)
+        cost = idle_cost(pods)
         label = "idle EPP, scraping every 50 ms"
-        rows.append(Row(label, f"{pods} pods", 0.0, share * 100.0, "% of a core"))
+        rows.append(Row(label, f"{pods} pods", 0.0, cost.share * 100.0, "% of a core"))
+        expected = f"scrapes/s reached (of {cost.expected_per_s:.0f})"
+        rows.append(Row(label, f"{pods} pods", 0.0, cost.scrapes_per_s, expected))
     return rows
 
 

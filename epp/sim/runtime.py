@@ -42,6 +42,8 @@ class ServeCounters:
     """P/D prefill legs this pod served (one token and ``kv_transfer_params``)."""
     prefill_failures: int = 0
     """Decode requests whose remote prefill failed (its error went back to the client)."""
+    metrics_scrapes: int = 0
+    """``/metrics`` requests received (whatever their answer)."""
     stalled_scrapes: int = 0
     """``/metrics`` requests held by ``stall_metrics`` or ``black_hole`` (counted as the hold
     begins)."""
@@ -147,6 +149,7 @@ class PodRuntime:
             "injected_errors": c.injected_errors,
             "dropped_connections": c.dropped_connections,
             "streams_cut": c.streams_cut,
+            "metrics_scrapes": c.metrics_scrapes,
             "stalled_scrapes": c.stalled_scrapes,
             "running": e.num_running,
             "waiting": e.num_waiting,

@@ -140,6 +140,7 @@ async def _version(request: web.Request) -> web.StreamResponse:
 
 async def _metrics(request: web.Request) -> web.StreamResponse:
     runtime = request.app[RUNTIME]
+    runtime.counters.metrics_scrapes += 1
     faults = runtime.faults
     delay_ms = faults.slow_ms + faults.metrics_delay_ms
     if delay_ms:

@@ -18,7 +18,8 @@ Values absent from the payload keep their previous value, and so do the endpoint
 extractors published (``Metrics.attributes``): the result is always derived from the ``Metrics``
 given. ``update_time`` becomes ``now`` when at least one value was read. A payload with none of
 the engine's metrics raises ``ValueError`` (the collector counts it as an extract error);
-non-finite values are ignored.
+non-finite values are ignored. Each distinct line of a scrape is parsed once and remembered
+(``promtext.LineCache``, bounded), so an unchanged line costs a dictionary lookup.
 
 YAML example::
 
@@ -84,6 +85,8 @@ class CoreMetricsExtractor(PluginBase):
         super().__init__(name=name, params=params, handle=handle)
         self._registry, self._default = build_registry(params.engine_configs, params.default_engine)
         self._label_key = params.engine_label_key
+        # Scrapes repeat mostly the same lines: parse each distinct line once (bounded).
+        self._lines = promtext.LineCache()
 
     def mapping_for(self, endpoint: Endpoint) -> EngineMapping:
         """The engine mapping an endpoint's labels select (default when absent or unknown)."""
@@ -97,7 +100,7 @@ class CoreMetricsExtractor(PluginBase):
         self, payload: bytes, endpoint: Endpoint, previous: Metrics, *, now: float
     ) -> Metrics:
         mapping = self.mapping_for(endpoint)
-        families = promtext.parse(payload, mapping.wanted)
+        families = self._lines.parse(payload, mapping.wanted)
         updates: dict[str, Any] = {}
         for attr, field_name, convert in _GAUGES:
             spec: MetricSpec | None = getattr(mapping, attr)

@@ -49,8 +49,23 @@ def test_wire_rows_measure_each_server_when_every_stream_is_answered() -> None:
     assert all(c.per_request_us >= 0 and c.per_chunk_us >= 0 for c in costs)
 
 
-def test_idle_share_reads_the_epp_process_cpu_when_scraping_a_small_fleet() -> None:
-    from epp.bench.idle import idle_share
+def test_idle_cost_reads_the_epp_process_cpu_and_the_scrapes_the_pods_answered() -> None:
+    from epp.bench.idle import idle_cost
 
-    share = idle_share(2, seconds=0.5, warmup=0.5)
-    assert 0.0 <= share < 2.0  # a share of one core; at most the machine's two
+    cost = idle_cost(2, seconds=1.0, warmup=0.5)
+    assert 0.0 < cost.share < 2.0  # a share of one core; at most the machine's two
+    assert 0.0 < cost.scrapes_per_s <= 2 * cost.expected_per_s
+    assert cost.expected_per_s == 40.0
+
+
+def test_scrape_rows_put_the_previous_parse_beside_the_current_one() -> None:
+    from epp.bench.micro import scrape_rows
+
+    rows = scrape_rows(3)
+    assert [r.step for r in rows] == [
+        "scrape: parse (before: promtext.parse)",
+        "scrape: parse (now: LineCache)",
+        "scrape: core-metrics-extractor (before)",
+        "scrape: core-metrics-extractor (now)",
+    ]
+    assert all(r.median_us > 0 and r.unit == "µs/scrape" for r in rows)

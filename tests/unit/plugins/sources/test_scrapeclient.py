@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
@@ -95,4 +96,65 @@ async def test_cancelled_scrape_drops_the_half_read_connection(raw_server) -> No
     responses[:] = [ok(b"next")]
     assert await client.get("127.0.0.1", port, "/metrics") == b"next"
     assert len(connections) == 2
+    await client.close()
+
+
+async def test_server_closing_a_kept_alive_connection_costs_no_failed_scrape(raw_server) -> None:
+    port, responses, connections = raw_server
+    responses.append(ok(b"one"))  # the server closes once its canned responses are used up
+    client = KeepAliveClient(ssl_context=None, max_body_bytes=1024)
+    assert await client.get("127.0.0.1", port, "/metrics") == b"one"
+    await asyncio.sleep(0)  # let the server's close reach the client
+    responses.append(ok(b"two"))
+    assert await client.get("127.0.0.1", port, "/metrics") == b"two"
+    assert len(connections) == 2
+    await client.close()
+
+
+async def test_connection_close_answer_opens_a_new_connection_next_time(raw_server) -> None:
+    port, responses, connections = raw_server
+    responses += [
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 3\r\n\r\none",
+        ok(b"two"),
+    ]
+    client = KeepAliveClient(ssl_context=None, max_body_bytes=1024)
+    assert await client.get("127.0.0.1", port, "/metrics") == b"one"
+    responses[:] = [ok(b"two")]
+    assert await client.get("127.0.0.1", port, "/metrics") == b"two"
+    assert len(connections) == 2
+    await client.close()
+
+
+async def test_body_without_length_is_read_until_the_server_closes(raw_server) -> None:
+    port, responses, _ = raw_server
+    responses.append(b"HTTP/1.0 200 OK\r\n\r\nuntil close")
+    client = KeepAliveClient(ssl_context=None, max_body_bytes=1024)
+    assert await client.get("127.0.0.1", port, "/metrics") == b"until close"
+    await client.close()
+
+
+async def test_chunked_body_over_the_limit_is_refused(raw_server) -> None:
+    port, responses, _ = raw_server
+    chunk = b"x" * 600
+    responses.append(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"258\r\n"
+        + chunk
+        + b"\r\n258\r\n"
+        + chunk
+        + b"\r\n0\r\n\r\n"
+    )
+    client = KeepAliveClient(ssl_context=None, max_body_bytes=1024)
+    with pytest.raises(ScrapeError, match="larger than 1024"):
+        await client.get("127.0.0.1", port, "/metrics")
+    await client.close()
+
+
+async def test_refused_connection_raises_connection_refused() -> None:
+    with socket.socket() as sock:  # a loopback port bound, then closed: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = KeepAliveClient(ssl_context=None, max_body_bytes=1024)
+    with pytest.raises(ConnectionRefusedError):
+        await client.get("127.0.0.1", port, "/metrics")
     await client.close()
