@@ -283,7 +283,7 @@ async def _main(args: argparse.Namespace) -> int:
         rows: list[Summary] = []
         report = ""
         for server in _servers(args):
-            named = f"{title}, {server} server" if server else title
+            named = title if not server else f"{title.split(' (')[0]} ({server} server)"
             workdir = Path(tmp) / (server or "epp")
             summary, report = await _run_epp(
                 args, workdir, waves, title=named, base=base, server=server
