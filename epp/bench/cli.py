@@ -59,6 +59,10 @@ each fault's client-visible outcome in numbers, see ``epp/bench/chaos.py``.
 ``epp bench soak --minutes N`` runs mixed load (agentic, streaming, LoRA, flow control on) and
 samples RSS, descriptors, asyncio tasks and the bounded maps over time, see
 ``epp/bench/soak.py``.
+
+``epp bench together --workload a --targets epp,epp-h2 [--burners N]`` drives two or more targets
+at the same time, each on its own fleet, optionally beside N busy-looping processes, so that they
+meet the same machine load, see ``epp/bench/together.py``.
 """
 
 from __future__ import annotations
@@ -123,6 +127,7 @@ SUBCOMMANDS = {
     "chaos": "epp.bench.chaos",
     "soak": "epp.bench.soak",
     "rate": "epp.bench.rate",
+    "together": "epp.bench.together",
 }
 """``epp bench <name>``: the module whose ``main(argv)`` runs it (imported only when asked)."""
 

@@ -18,11 +18,12 @@ arrive meanwhile wait in order behind it. TLS (``--secure-serving``) is asyncio'
 lets open streams finish for ``grace`` seconds, then closes the connections (the calls hear a
 reset, which completes their requests as client disconnects).
 
-Not the default yet: in three ``epp bench`` runs at a load average of about 30 on 2 cores, the
-time to first token through this server on workload a was 10-20x grpc.aio's while the EPP's CPU
-stayed low (replies waited; they were not computed slowly); at a load average of 7-14 and in
-scripted replays through Envoy it was on par or lower. Until that is explained,
-``--ext-proc-server grpc`` (grpc.aio) is the default.
+Not the default yet, for want of features, not of speed: it refuses ``--enable-cert-reload``,
+``--grpc-client-ca-file``, ``--tls-*`` and ``--enable-grpc-stream-metrics`` (``Settings``), and
+serves neither the admin API nor flow control's eviction replies. Under load its time to first
+token is on par with grpc.aio's or lower when both are measured at the same time (``epp bench
+together``, README "Per-request cost"); the 10-20x gap once seen came from targets measured one
+after another on a machine whose load changed between them.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, TypeAlias
+from types import MappingProxyType
+from typing import Any, Final, TypeAlias
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -29,6 +30,24 @@ def metadata_namespaces(request: pb.ProcessingRequest, names: Sequence[str]) -> 
         return {}
     fm = request.metadata_context.filter_metadata
     return {n: json_format.MessageToDict(fm[n]) for n in names if n in fm}
+
+
+def served_endpoint(request: pb.ProcessingRequest) -> str:
+    """The response-phase ``envoy.lb`` ``x-gateway-destination-endpoint-served`` value as text
+    (``""`` when absent): what ``metadata_namespaces`` and ``str`` give, reading the one field
+    instead of converting the namespace (this is on every response's first-token path)."""
+    if not request.HasField("metadata_context"):
+        return ""
+    fm = request.metadata_context.filter_metadata
+    if wire.LB_NAMESPACE not in fm:
+        return ""
+    fields = fm[wire.LB_NAMESPACE].fields
+    if wire.SERVED_HEADER not in fields:
+        return ""
+    value = fields[wire.SERVED_HEADER]
+    if value.WhichOneof("kind") == "string_value":
+        return str(value.string_value)
+    return str(json_format.MessageToDict(value))
 
 
 def mutation(set_headers: Mapping[str, str], remove: Sequence[str] = ()) -> pb.HeaderMutation:
@@ -190,12 +209,24 @@ def evicted(err: InferenceError) -> pb.ProcessingResponse:
     )
 
 
-def response_headers_reply(set_headers: Mapping[str, str]) -> pb.ProcessingResponse:
+def _response_headers(set_headers: Mapping[str, str]) -> pb.ProcessingResponse:
     return pb.ProcessingResponse(
         response_headers=pb.HeadersResponse(
             response=pb.CommonResponse(header_mutation=mutation(set_headers))
         )
     )
+
+
+_WENT_INTO: Final = MappingProxyType({wire.WENT_INTO_RESP_HEADERS: "true"})
+_WENT_INTO_REPLY: Final = _response_headers(_WENT_INTO).SerializeToString()
+
+
+def response_headers_reply(set_headers: Mapping[str, str]) -> Reply:
+    """The response-headers reply; the common one (no response-headers hook set a header) is
+    serialized once, as it is on every response's first-token path."""
+    if set_headers == _WENT_INTO:
+        return _WENT_INTO_REPLY
+    return _response_headers(set_headers)
 
 
 def buffered_response_body_reply(body: bytes | None) -> pb.ProcessingResponse:

@@ -310,8 +310,7 @@ class RequestStream:
                 "response_headers a second time, or after response body",
             )
         self.response_headers = True
-        lb = messages.metadata_namespaces(msg, (wire.LB_NAMESPACE,)).get(wire.LB_NAMESPACE, {})
-        served = str(lb.get(wire.SERVED_HEADER, "")) if isinstance(lb, Mapping) else ""
+        served = messages.served_endpoint(msg)
         headers = messages.header_map(msg.response_headers)
         set_headers = self.director.on_response_headers(ex, headers, served)
         if msg.response_headers.end_of_stream:

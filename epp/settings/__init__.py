@@ -162,8 +162,9 @@ class Settings:
         "5x less CPU per message; experimental: no admin API, eviction replies, stream metrics, "
         "mTLS, TLS tuning or certificate reload)",
     )
-    """Our addition (``epp.server.h2``). ``grpc`` stays the default until ``h2``'s latency on a
-    heavily loaded machine in ``epp bench`` is understood (see README "Per-request cost")."""
+    """Our addition (``epp.server.h2``). ``grpc`` stays the default until ``h2`` has the features
+    ``_h2_supports`` refuses, the admin API and eviction replies (see README "Per-request
+    cost")."""
     tracing: bool = flag(
         True,
         "OpenTelemetry tracing of requests, exported as the OTEL_* variables say "

@@ -167,3 +167,51 @@ def test_streamed_body_pieces_at_the_chunk_limit(size: int, pieces: list[int], e
     ]
     assert [len(s.body) for s in got] == pieces and b"".join(s.body for s in got) == body
     assert [s.end_of_stream for s in got] == [False] * (len(pieces) - 1) + [eos]
+
+
+def _with_lb(values: dict[str, object] | None) -> pb.ProcessingRequest:
+    msg = pb.ProcessingRequest(response_headers=pb.HttpHeaders())
+    if values is not None:
+        msg.metadata_context.filter_metadata[wire.LB_NAMESPACE].update(values)
+    return msg
+
+
+@pytest.mark.parametrize(
+    ("values", "served"),
+    [
+        pytest.param(None, "", id="no-metadata"),
+        pytest.param({"other": "x"}, "", id="no-served-key"),
+        pytest.param({wire.SERVED_HEADER: "10.0.0.1:8000"}, "10.0.0.1:8000", id="string"),
+        pytest.param({wire.SERVED_HEADER: 8000}, "8000.0", id="number"),
+        pytest.param({wire.SERVED_HEADER: True}, "True", id="bool"),
+    ],
+)
+def test_served_endpoint_reads_what_the_namespace_conversion_read(
+    values: dict[str, object] | None, served: str
+) -> None:
+    msg = _with_lb(values)
+    assert messages.served_endpoint(msg) == served
+    converted = messages.metadata_namespaces(msg, (wire.LB_NAMESPACE,))
+    lb = converted.get(wire.LB_NAMESPACE, {})
+    assert str(lb.get(wire.SERVED_HEADER, "")) == served
+    other = pb.ProcessingRequest(response_headers=pb.HttpHeaders())
+    other.metadata_context.filter_metadata["elsewhere"].update({wire.SERVED_HEADER: "x"})
+    assert messages.served_endpoint(other) == ""
+
+
+@pytest.mark.parametrize(
+    "set_headers",
+    [
+        pytest.param({wire.WENT_INTO_RESP_HEADERS: "true"}, id="common"),
+        pytest.param({wire.WENT_INTO_RESP_HEADERS: "true", "x-hook": "1"}, id="hook-added"),
+        pytest.param({}, id="none"),
+    ],
+)
+def test_response_headers_reply_is_the_same_bytes_whether_prebuilt_or_not(
+    set_headers: dict[str, str],
+) -> None:
+    reply = messages.encode(messages.response_headers_reply(set_headers))
+    got = pb.ProcessingResponse.FromString(reply)
+    mutation = got.response_headers.response.header_mutation
+    assert {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers} == set_headers
+    assert reply == messages._response_headers(set_headers).SerializeToString()
