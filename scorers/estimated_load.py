@@ -29,6 +29,9 @@ no config declares it; the same producer publishes the ``LoadEstimate``. When th
 that name publishes no ``LoadEstimate`` (one of another make), the scorer scores
 ``InFlightLoad.requests`` with the same formula.
 
+It offers ``score_list`` (``ListScorer``): the same scores as a list in candidate order,
+which the scheduler sums without lookups; ``score`` is that list keyed by id.
+
 Parameters: ``inFlightLoadProducerName`` (``inflight-load-producer``).
 
 YAML::

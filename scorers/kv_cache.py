@@ -31,6 +31,9 @@ recorded at PreRequest and released at ResponseComplete (memory: ``scorers._kv_t
 
 An endpoint without metrics scores 0: an unknown cache must not look empty.
 
+It offers ``score_list`` (``ListScorer``): the same scores as a list in candidate order,
+which the scheduler sums without lookups; ``score`` is that list keyed by id.
+
 Parameters: none.
 
 YAML::

@@ -20,6 +20,9 @@ After scheduling (PreRequest) a cold request moves the primary profile's first t
 most ``lruSize`` endpoints. Coldness is re-read from the attribute at that point, over every
 endpoint the producer covered (the scorer itself may have seen a filtered subset).
 
+It offers ``score_list`` (``ListScorer``): the same scores as a list in candidate order,
+which the scheduler sums without lookups; ``score`` is that list keyed by id.
+
 Parameters:
 
 - ``lruSize`` (int, default 1024, ≥ 0; 0 = default): endpoints remembered.

@@ -12,6 +12,9 @@ With the default ``w = 0`` the score is the matched fraction of the prompt; rais
 long absolute matches, which save more prefill work than a high ratio on a short prompt. A missing
 attribute, an endpoint absent from it, or ``total_blocks == 0`` scores 0.
 
+It offers ``score_list`` (``ListScorer``): the same scores as a list in candidate order,
+which the scheduler sums without lookups; ``score`` is that list keyed by id.
+
 Parameters:
 
 - ``matchLengthWeight`` (float, default 0.0, in [0, 1]): weight of ``lengthScore``.
