@@ -121,6 +121,9 @@ async def open_loop(
         if pending:
             await asyncio.wait(set(pending), timeout=timeout + 5.0)
         wall = time.perf_counter() - start
+        for task in list(pending):  # past every request's own timeout: recorded unfinished
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
     return [s or Shot(0.0, 0, 0.0, "not finished") for s in shots], wall
 
 

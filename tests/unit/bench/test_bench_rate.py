@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 import os
+import socket
 import statistics
 
 import orjson
 import pytest
 
 from epp.bench.rate import build_parser
-from epp.bench.rateload import Shot, bodies, runqueue_wait_seconds
+from epp.bench.rateload import PATH, Shot, bodies, open_loop, runqueue_wait_seconds
 from epp.bench.ratestats import Histogram, arrivals, format_ms, parse_histogram
 from epp.bench.ratesummary import PICK, PROCESSING, Reading, report_md, step_row
 
@@ -135,3 +137,43 @@ def test_parser_reads_rates_and_refuses_bad_ones_when_parsed() -> None:
 def test_runqueue_wait_reads_this_process_schedstat_when_asked() -> None:
     assert runqueue_wait_seconds(os.getpid()) >= 0.0
     assert runqueue_wait_seconds(0) == 0.0
+
+
+async def test_open_loop_sends_on_schedule_and_counts_the_client_cap_when_behind() -> None:
+    from aiohttp import web
+
+    arrived, release = asyncio.Event(), asyncio.Event()
+    seen: list[bytes] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append(await request.read())
+        arrived.set()
+        await release.wait()
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post(PATH, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    await web.SockSite(runner, sock).start()
+
+    async def let_go() -> None:
+        await arrived.wait()
+        release.set()
+
+    helper = asyncio.create_task(let_go())
+    try:
+        shots, wall = await open_loop(
+            f"http://127.0.0.1:{port}", [b"a", b"b"], [0.0, 0.0, 0.0], max_in_flight=1
+        )
+        assert [s.ok for s in shots] == [True, False, False]
+        assert [s.error for s in shots[1:]] == ["client cap", "client cap"]
+        assert seen == [b"a"] and wall > 0
+        shots, _ = await open_loop(f"http://127.0.0.1:{port}", [b"c"], [0.0, 0.01, 0.02])
+        assert all(s.ok for s in shots) and seen[1:] == [b"c", b"c", b"c"]
+    finally:
+        await helper
+        await runner.cleanup()
