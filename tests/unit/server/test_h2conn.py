@@ -163,6 +163,7 @@ def test_a_bad_preface_ends_the_connection_with_goaway() -> None:
     conn.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     ((ftype, _, _, payload),) = t.frames()
     assert ftype == w.GOAWAY and struct.unpack(">II", payload[:8])[1] == w.PROTOCOL_ERROR
+    assert payload[8:] == b"not an HTTP/2 connection preface"
     assert t.closed
 
 
@@ -480,3 +481,10 @@ def test_a_request_without_a_path_is_an_unknown_method() -> None:
     conn.data_received(w.frame(w.HEADERS, w.END_HEADERS | w.END_STREAM, 1, block))
     ((_, _, _, trailers),) = t.frames()
     assert dict(hpack.Decoder().decode(trailers))["grpc-message"] == "unknown method "
+
+
+def test_two_messages_in_one_data_frame_are_delivered_in_order() -> None:
+    conn, _t, log = connect()
+    both = w.grpc_message(b"first") + w.grpc_message(b"second!")
+    conn.data_received(headers(1) + data(1, both, end=True))
+    assert log == [("message", b"first"), ("message", b"second!"), ("half_close",)]
