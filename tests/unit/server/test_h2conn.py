@@ -85,7 +85,12 @@ def test_a_message_split_across_reads_and_frames_is_delivered_once_whole() -> No
     frames = t.frames()
     assert [f[0] for f in frames] == [w.HEADERS, w.DATA, w.HEADERS]
     assert frames[1][3] == msg
-    trailers = hpack.Decoder().decode(frames[2][3])
+    decoder = hpack.Decoder()
+    assert decoder.decode(frames[0][3]) == [
+        (":status", "200"),
+        ("content-type", "application/grpc"),
+    ]
+    trailers = decoder.decode(frames[2][3])
     assert trailers == [("grpc-status", "0")] and frames[2][1] & w.END_STREAM
 
 
@@ -158,6 +163,7 @@ def test_a_bad_preface_ends_the_connection_with_goaway() -> None:
     conn.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     ((ftype, _, _, payload),) = t.frames()
     assert ftype == w.GOAWAY and struct.unpack(">II", payload[:8])[1] == w.PROTOCOL_ERROR
+    assert payload[8:] == b"not an HTTP/2 connection preface"
     assert t.closed
 
 
@@ -467,3 +473,18 @@ def test_a_call_finishes_once_and_sends_nothing_after() -> None:
         ("content-type", "application/grpc"),
         ("grpc-status", "0"),
     ]
+
+
+def test_a_request_without_a_path_is_an_unknown_method() -> None:
+    conn, t, _ = connect()
+    block = hpack.Encoder().encode([(":method", "POST")])
+    conn.data_received(w.frame(w.HEADERS, w.END_HEADERS | w.END_STREAM, 1, block))
+    ((_, _, _, trailers),) = t.frames()
+    assert dict(hpack.Decoder().decode(trailers))["grpc-message"] == "unknown method "
+
+
+def test_two_messages_in_one_data_frame_are_delivered_in_order() -> None:
+    conn, _t, log = connect()
+    both = w.grpc_message(b"first") + w.grpc_message(b"second!")
+    conn.data_received(headers(1) + data(1, both, end=True))
+    assert log == [("message", b"first"), ("message", b"second!"), ("half_close",)]

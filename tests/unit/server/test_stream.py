@@ -358,6 +358,10 @@ async def test_full_duplex_response_body_goes_through_the_director_in_pieces() -
     director.forward = None  # held
     assert await send(stream, response_body(b"part", eos=False)) == []
     assert director.calls[-1] == ("chunk", b"part", False, 123)
+    director.forward = Forward(b"token", whole=False, changed=False)  # streamed: passed on
+    (early,) = await send(stream, response_body(b"token", eos=False))
+    streamed = early.response_body.response.body_mutation.streamed_response
+    assert (streamed.body, streamed.end_of_stream) == (b"token", False)
     director.forward = Forward(b"whole", whole=True, changed=True)
     (piece,) = await send(stream, response_body(b"end", eos=True))
     streamed = piece.response_body.response.body_mutation.streamed_response
