@@ -72,7 +72,8 @@ def config_file(workdir: Path, body: str, ports: list[int]) -> Path:
     return path
 
 
-async def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+async def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 90) -> None:
+    # bounds a failure only: an EPP process start on a busy machine takes tens of seconds
     async with asyncio.timeout(timeout):
         while True:
             if proc.poll() is not None:

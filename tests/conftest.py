@@ -292,7 +292,7 @@ async def post(
 
 async def settle(app: Any, pred: Callable[[dict[int, Any]], bool]) -> None:
     """Wait until the EPP has scraped values satisfying ``pred`` (port → Metrics)."""
-    await wait_for(lambda: pred({e.port: e.metrics for e in app.store.snapshot()}), 5)
+    await wait_for(lambda: pred({e.port: e.metrics for e in app.store.snapshot()}))
 
 
 async def metrics_text(app: Any) -> str:

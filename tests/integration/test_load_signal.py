@@ -8,6 +8,7 @@ EPP alone is spread even between scrapes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 
 import pytest
@@ -87,11 +88,13 @@ async def test_pod_busy_with_foreign_traffic_gets_no_request(
 async def test_requests_sent_straight_to_a_pod_count_as_its_load(
     start_app, sim_pods, envoy
 ) -> None:
-    fleet = await sim_pods(3, time_scale=1.0)  # real time: 300 tokens take ~2 s
+    # real time: 3000 tokens take ~20 s, so the foreign requests outlast the EPP's and Envoy's
+    # start on a busy machine (300 tokens, ~2 s, were done before the first request was routed)
+    fleet = await sim_pods(3, time_scale=1.0)
     app = await start_app(fleet.ports, CONFIG)
     foreign = asyncio.gather(  # another client, straight to pod-0, never seen by this EPP
         *(
-            post(f"{fleet.urls[0]}/v1/completions", {**COMPLETION, "max_tokens": 300})
+            post(f"{fleet.urls[0]}/v1/completions", {**COMPLETION, "max_tokens": 3000})
             for _ in range(6)
         )
     )
@@ -107,7 +110,9 @@ async def test_requests_sent_straight_to_a_pod_count_as_its_load(
         served += await _send(proxy.url, 4, tag="burst")
         assert "pod-0" not in served, served
     finally:
-        await foreign
+        foreign.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await foreign
 
 
 async def test_burst_from_this_epp_alone_is_spread(start_app, sim_pods, envoy) -> None:

@@ -169,7 +169,8 @@ async def test_tls_with_ca_and_client_certificate(redis_server, tmp_path: Path) 
     server = redis_server(tls=(cert, cert, key))
     url = f"rediss://localhost:{server.port}/0"
     files = {"caFile": str(cert), "certFile": str(cert), "keyFile": str(key)}
-    a, b = make(url, **files), make(url, **files)
+    # a TLS handshake on a busy machine can take longer than make()'s 500 ms timeout
+    a, b = make(url, timeout="10s", **files), make(url, timeout="10s", **files)
     await b.receive()
     await a.publish({"p": [1]})
     assert len(await b.receive()) == 1
