@@ -107,15 +107,19 @@ async def test_follower_becomes_ready_within_the_lease_duration_when_the_leader_
     apiserver: LocalApiServer, epp_processes: Any, tmp_path: Path
 ) -> None:
     seed(apiserver)
-    lease, renew, retry = 2.0, 1.5, 0.2
+    lease, renew, retry = 4.0, 2.0, 0.2
     kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
     procs = [epp_processes(kubeconfig, lease, renew, retry) for _ in range(2)]
     (leader, _), (_, follower_port) = await leader_and_follower(procs)
     await asyncio.sleep(3 * retry)
     assert await health(follower_port) == NOT_SERVING  # still a follower after several retries
     leader.send_signal(signal.SIGKILL)  # no release: the follower must wait for expiry
-    elapsed = await wait_serving(follower_port, 10)
-    assert lease - retry - 0.3 <= elapsed <= lease + 2 * retry + 1.0
+    elapsed = await wait_serving(follower_port, 60)
+    # One-sided: the leader renewed at most `renew` before it died (or it would have stepped
+    # down), so the lease cannot have expired sooner than `lease - renew` after the kill; a
+    # follower taking over a held lease (as on a release, a few retries) fails this. How late it
+    # comes is bounded only by the wait, since a busy machine delays it.
+    assert elapsed >= lease - renew - 0.3
     assert await health(follower_port, "inference-extension") == UNKNOWN
 
 
@@ -125,12 +129,13 @@ async def test_lease_is_released_when_the_leader_gets_sigterm(
 ) -> None:
     seed(apiserver)
     kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
-    procs = [epp_processes(kubeconfig, 20.0, 15.0, 0.2, drain="3s") for _ in range(2)]
+    procs = [epp_processes(kubeconfig, 60.0, 15.0, 0.2, drain="10s") for _ in range(2)]
     (leader, leader_port), (_, follower_port) = await leader_and_follower(procs)
     leader.send_signal(signal.SIGTERM)
-    elapsed = await wait_serving(follower_port, 10)
-    assert elapsed < 3  # far below the 20s lease: released, not expired
+    elapsed = await wait_serving(follower_port, 40)
+    # Released, not expired: a lease renewed at most 15 s before cannot expire within 45 s.
+    assert elapsed < 30
     assert leader.poll() is None  # still draining: serving, but not ready
     assert await health(leader_port) == NOT_SERVING
     assert await health(leader_port, "liveness") == SERVING
-    assert await asyncio.to_thread(leader.wait, 10) == 0
+    assert await asyncio.to_thread(leader.wait, 60) == 0
