@@ -164,8 +164,18 @@ async def _first_request(url: str, fleet: SimFleet) -> None:
     )
 
 
-async def _wait_scraped(metrics_url: str, proc: Proc, pods: int, timeout: float = 20.0) -> None:
-    """Until the EPP has scraped every pod once (its ``/debug/endpoints`` view)."""
+async def _wait_scraped(metrics_url: str, proc: Proc, pods: int, timeout: float = 60.0) -> None:
+    """Until the EPP has scraped every pod once (its ``/debug/endpoints`` view); a busy machine
+    can take tens of seconds to start it, so the bound is generous and its error says what."""
+    try:
+        await _poll_scraped(metrics_url, proc, pods, timeout)
+    except TimeoutError:
+        raise RuntimeError(
+            f"the EPP had not scraped all {pods} pods after {timeout:.0f} s:\n{proc.log_tail()}"
+        ) from None
+
+
+async def _poll_scraped(metrics_url: str, proc: Proc, pods: int, timeout: float) -> None:
     async with asyncio.timeout(timeout), aiohttp.ClientSession() as s:
         while True:
             if not proc.alive():
