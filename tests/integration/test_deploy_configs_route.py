@@ -91,7 +91,7 @@ async def _route(path: Path, text: str, tmp_path: Path, fleet: Any, envoy: Any) 
         epp_config_text(endpoints, (), text), allow_experimental_plugins=True
     )
     async with App(settings) as app:
-        await app.wait_ready(15)
+        await app.wait_ready(60)
         proxy = envoy(app)
         # The conformance config routes only to the endpoints this header names.
         pick = {"test-epp-endpoint-selection": f"127.0.0.1:{fleet.ports[1]}"}

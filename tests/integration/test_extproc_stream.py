@@ -330,7 +330,7 @@ async def test_health_serving_when_ready_and_not_serving_when_draining(start_app
 
 async def test_not_ready_before_discovery_and_first_scrape(start_app, tmp_path) -> None:
     app = await start_app(DEAD, ready=False)
-    await app.wait_ready(5)
+    await app.wait_ready(60)
     assert app.ready()
 
 

@@ -121,7 +121,7 @@ async def start_epp(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
         config = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n" + body
         app = App(make_settings(config, allow_experimental_plugins=True))
         await stack.enter_async_context(app)
-        await app.wait_ready(10)
+        await app.wait_ready(60)
         return app
 
     yield start

@@ -72,8 +72,10 @@ async def test_follower_takes_over_at_once_when_the_leader_drains(
     assert second.health.status("readiness") == NOT_SERVING
     t0 = time.monotonic()
     first.stop()  # drain: releases the lease long before its 30s expiry
-    await second.wait_ready(5)
-    assert time.monotonic() - t0 < 3
+    # A lease renewed at most 20 s (the renew deadline) before cannot expire within 10 s of the
+    # stop: ready before then means released, whatever the machine's load.
+    await second.wait_ready(9.5)
+    assert time.monotonic() - t0 < 9.5
     lease = apiserver.get(LEASES, LEASE_NAME)["spec"]
     assert lease["holderIdentity"] == second.elector.config.identity
     assert lease["leaseTransitions"] == 1

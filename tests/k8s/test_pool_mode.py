@@ -134,7 +134,7 @@ async def test_readiness_waits_for_the_first_sync_when_the_api_server_fails(
     assert not app.ready()
     assert ids(app) == []
     apiserver.clear_faults()
-    await app.wait_ready(15)
+    await app.wait_ready(60)
     assert ids(app) == ["default/vllm-a-rank-0"]
 
 
@@ -147,7 +147,7 @@ async def test_readiness_turns_off_when_the_pool_is_deleted(
     await until(app, [])
     assert not app.ready()
     apiserver.create(POOLS, pool(POOL, MODEL_LABELS))
-    await app.wait_ready(10)
+    await app.wait_ready(60)
     assert ids(app) == ["default/vllm-a-rank-0"]
 
 

@@ -36,7 +36,7 @@ async def test_request_goes_to_primary_port_with_the_picked_rank_when_data_paral
         """
     settings = make_settings(epp_config(endpoints, body))
     async with App(settings, registry=registry_with_test_plugins()) as app:
-        await app.wait_ready(10)
+        await app.wait_ready(60)
         assert sorted(e.id for e in app.store.snapshot()) == [
             "default/vllm-0-rank-0",
             "default/vllm-0-rank-1",
