@@ -118,6 +118,7 @@ class Handler:
 class Trace:
     def __init__(self) -> None:
         self.events: list[tuple[Any, ...]] = []
+        self.seconds: list[float] = []
 
     def open_profile(self, name: str) -> None:
         self.events.append(("open", name))
@@ -127,6 +128,7 @@ class Trace:
 
     def plugin(self, point: str, typed_name: TypedName, seconds: float) -> None:
         self.events.append(("plugin", point, typed_name.type, typed_name.name))
+        self.seconds.append(seconds)
 
 
 class World:
@@ -382,7 +384,11 @@ def test_each_plugin_call_is_timed_by_its_own_duration(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(mod, "time", _Ticks())
     flt = Filter("f", lambda e: True)
-    world, _, _ = _run(_profile([(Scorer("s", {}), 1.0), (Scorer("t", {}), 1.0)], [flt]))
+    trace, cycle = Trace(), make_cycle()
+    cycle.data[TRACE_KEY] = trace
+    profile = _profile([(Scorer("s", {}), 1.0), (Scorer("t", {}), 1.0)], [flt])
+    world, _, _ = _run(profile, cycle=cycle)
+    assert trace.seconds == [1.0, 1.0, 1.0, 1.0]
     assert world.observed == [
         ("Filter", "test-filter", "f"),
         ("Scorer", "test-scorer", "s"),
