@@ -286,3 +286,22 @@ def test_type_errors_from_the_constructor_are_param_errors() -> None:
 
     err = _error(Strict, {"n": -1})
     assert str(err) == "n must not be negative" and err.path == ""
+
+
+@dataclass(frozen=True)
+class NoneFirst:
+    limit: None | int = None  # noqa: RUF036 (a plugin author may write it so)
+
+
+def test_a_union_naming_null_first_still_takes_its_other_types() -> None:
+    assert decode(NoneFirst, {"limit": 3}).limit == 3
+    assert decode(NoneFirst, {"limit": None}).limit is None
+    assert str(_error(NoneFirst, {"limit": "x"})) == "limit: expected an integer, got 'x'"
+
+
+def test_a_missing_nested_field_is_named_with_its_path() -> None:
+    @dataclass(frozen=True)
+    class Outer:
+        req: Required = field(default_factory=lambda: Required(target="t"))
+
+    assert str(_error(Outer, {"req": {"count": 2}})) == "req.target: required field is missing"

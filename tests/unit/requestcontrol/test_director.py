@@ -501,3 +501,48 @@ async def test_completion_runs_once_and_only_for_a_routed_request(caplog: Any) -
     done = next(c for c in stats.calls if c[0] == "on_complete")
     assert done[2].end_of_stream is True and done[2].request_id == ex.request.request_id
     assert done[3] >= 0 and done[4] == 0
+
+
+async def test_a_held_response_has_its_usage_read_before_completion() -> None:
+    flow, stats = Flow(), Stats()
+    d = director(flow=flow, stats=stats)
+    ex = await _routed(d)
+    d.on_response_headers(ex, {":status": "200", "content-type": "application/json"}, "")
+    body = json.dumps(
+        {"model": "m", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 7}}
+    ).encode()
+    assert d.on_response_chunk(ex, body, True, hold_limit=None) == Forward(body, True, False)
+    assert ex.response.usage.completion_tokens == 7
+    assert flow.calls[-1] == ("done", 7)
+    assert ("on_chunk", ex.request, False, ex.started) in stats.calls
+
+
+async def test_streamed_chunks_get_the_clients_model_name_back_and_complete_naturally() -> None:
+    journal, stats = Journal(), Stats()
+    d = director(pipeline(response_complete=[Hook(journal, "c")]), stats=stats)
+    ex = await _routed(d)
+    ex.request.target_model = "m-v2"  # as a rewrite would have set it
+    d.on_response_headers(ex, {":status": "200", "content-type": "text/event-stream"}, "")
+    chunk = b'data: {"model": "m-v2"}\n\n'
+    out = d.on_response_chunk(ex, chunk, False, hold_limit=None)
+    assert out == Forward(b'data: {"model": "m"}\n\n', whole=False, changed=True)
+    assert ("on_chunk", ex.request, True, ex.started) in stats.calls
+    d.on_response_chunk(ex, b"data: [DONE]\n\n", True, hold_limit=None)
+    assert journal.calls == [("c", "complete", TerminationCause.NATURAL)]
+
+
+async def test_trailers_complete_a_streamed_response_naturally() -> None:
+    journal = Journal()
+    d = director(pipeline(response_complete=[Hook(journal, "c")]))
+    ex = await _routed(d)
+    d.on_response_headers(ex, {":status": "200", "content-type": "text/event-stream"}, "")
+    d.on_response_chunk(ex, b"data: {}\n\n", False, hold_limit=None)
+    assert d.on_response_trailers(ex) is None
+    assert journal.calls == [("c", "complete", TerminationCause.NATURAL)]
+
+
+async def test_a_body_without_headers_belongs_to_its_request() -> None:
+    d = director()
+    ex = await _routed(d)
+    d.on_response_chunk(ex, b"x", False, hold_limit=None)
+    assert ex.response is not None and ex.response.request_id == ex.request.request_id

@@ -73,6 +73,7 @@ class Picker:
 
     def pick(self, cycle: CycleState, scored: Sequence[ScoredEndpoint]) -> PickResult:
         self.seen = list(scored)
+        self.cycle = cycle
         if self.empty:
             return PickResult(targets=())
         best = max(scored, key=lambda s: s.score)
@@ -97,6 +98,7 @@ class Handler:
         results: Mapping[str, ProfileResult | None],
     ) -> Mapping[str, Profile]:
         self.calls += 1
+        self.seen = (cycle, request)
         if self.forever:
             return dict(profiles)
         if not self.rounds:
@@ -116,6 +118,7 @@ class Handler:
 class Trace:
     def __init__(self) -> None:
         self.events: list[tuple[Any, ...]] = []
+        self.seconds: list[float] = []
 
     def open_profile(self, name: str) -> None:
         self.events.append(("open", name))
@@ -125,6 +128,7 @@ class Trace:
 
     def plugin(self, point: str, typed_name: TypedName, seconds: float) -> None:
         self.events.append(("plugin", point, typed_name.type, typed_name.name))
+        self.seconds.append(seconds)
 
 
 class World:
@@ -362,3 +366,57 @@ def test_a_traced_request_records_profiles_and_plugin_calls() -> None:
         ("plugin", "Picker", "test-picker", "p"),
         ("close",),
     ]
+
+
+class _Ticks:
+    """A perf_counter that advances one second per reading."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_each_plugin_call_is_timed_by_its_own_duration(monkeypatch: pytest.MonkeyPatch) -> None:
+    import epp.scheduling.scheduler as mod
+
+    monkeypatch.setattr(mod, "time", _Ticks())
+    flt = Filter("f", lambda e: True)
+    trace, cycle = Trace(), make_cycle()
+    cycle.data[TRACE_KEY] = trace
+    profile = _profile([(Scorer("s", {}), 1.0), (Scorer("t", {}), 1.0)], [flt])
+    world, _, _ = _run(profile, cycle=cycle)
+    assert trace.seconds == [1.0, 1.0, 1.0, 1.0]
+    assert world.observed == [
+        ("Filter", "test-filter", "f"),
+        ("Scorer", "test-scorer", "s"),
+        ("Scorer", "test-scorer", "t"),
+        ("Picker", "test-picker", "p"),
+    ]
+    assert world.seconds == [1.0, 1.0, 1.0, 1.0]
+
+
+def test_scorers_and_filters_see_the_cycle() -> None:
+    class ByCycle(Scorer):
+        def score(
+            self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+        ) -> Mapping[str, float]:
+            return {e.id: cycle.data["boost"] * request.attributes["factor"] for e in endpoints}
+
+    class CycleFilter(Filter):
+        def filter(
+            self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+        ) -> Sequence[Endpoint]:
+            return [e for e in endpoints if e.id in cycle.data["keep"] | request.attributes["also"]]
+
+    cycle = make_cycle()
+    cycle.data.update(boost=0.5, keep={IDS[1]})
+    request = make_request(attributes={"factor": 2.0, "also": {IDS[2]}})
+    picker = Picker()
+    profile = _profile([(ByCycle("c", {}), 2.0)], [CycleFilter("k", lambda e: True)], picker)
+    _, result, handler = _run(profile, cycle=cycle, request=request)
+    assert _totals(result) == {IDS[1]: 2.0, IDS[2]: 2.0}
+    assert picker.cycle is cycle
+    assert handler.seen == (cycle, request)
