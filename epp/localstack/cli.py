@@ -40,7 +40,7 @@ import aiohttp
 
 from epp.localstack.envoy import Envoy
 from epp.localstack.eppconfig import PD_CONFIG, epp_config_text, unloadable_plugins
-from epp.localstack.procs import Proc
+from epp.localstack.procs import Proc, Terminated, until_terminated
 from epp.localstack.replicas import EppGroup, SetupError, check_replicas, report_table
 from epp.localstack.workload import (
     Summary,
@@ -347,20 +347,9 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 async def _until_terminated(args: argparse.Namespace) -> int:
     """``_main``; SIGTERM stops it as Ctrl-C does (what it started is stopped, not orphaned)."""
-    task = asyncio.current_task()
-    assert task is not None
-    terminated: list[bool] = []
-
-    def on_sigterm() -> None:
-        terminated.append(True)
-        task.cancel()
-
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
     try:
-        return await _main(args)
-    except asyncio.CancelledError:
-        if not terminated:
-            raise
+        return await until_terminated(_main(args))
+    except Terminated:
         print(f"\n{STOPPED} (SIGTERM)", file=sys.stderr)
         return 128 + signal.SIGTERM
 
