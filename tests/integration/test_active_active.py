@@ -208,7 +208,7 @@ async def test_replica_partitioned_from_redis_starts_and_keeps_routing(
     assert not b.sync.bootstrapped
     proxy = await envoy_for(envoy, [a, b])
     load = Load(proxy.url, range(300, 330)).start()
-    await asyncio.sleep(2.0)  # B's lag grows past 2 s: it never hears from Redis
+    await wait_for(lambda: b.sync.lag() > 2.0, 60)  # B never hears from Redis: its lag grows
     # both replicas serve: awaited, since a busy machine serves fewer requests in 2 s
     await wait_for(lambda: min(len(app.decisions.latest(10_000)) for app in (a, b)) > 10, 60)
     await load.stop()
