@@ -19,7 +19,7 @@ import contextlib
 import sys
 import time
 import urllib.error
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +53,8 @@ class EppSet:
     envoy_config: str = "full-duplex"
     """The ``deploy/envoy`` config Envoy runs (``buffered-failopen`` fails open to ``fallback``)."""
     fallback: Sequence[tuple[str, int]] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment of the EPP processes (e.g. ``PYTHONPATH`` of another checkout)."""
     redis: RedisServer | None = None
     envoy: Envoy | None = None
     procs: list[Proc] = field(default_factory=list)
@@ -112,7 +114,7 @@ class EppSet:
             argv.append("--health-checking")
         if self.workers > 1:
             argv += ["--workers", str(self.workers)]
-        return Proc(f"epp-{i}", argv, self.workdir / f"epp-{i}.log")
+        return Proc(f"epp-{i}", argv, self.workdir / f"epp-{i}.log", env=self.env)
 
     def start_replica(self, i: int, timeout: float = 60.0) -> None:
         """Start replica ``i`` (again) on its ports and wait until it serves metrics."""

@@ -67,6 +67,8 @@ class PodRuntime:
         self._timer: asyncio.TimerHandle | None = None
         self._next_id = 0
         self._http: aiohttp.ClientSession | None = None
+        self._page = b""
+        self._page_key: tuple[object, ...] | None = None
 
     def http(self) -> aiohttp.ClientSession:
         """The client session this pod's sidecar calls prefill pods with."""
@@ -135,8 +137,18 @@ class PodRuntime:
             self.faults_cleared.set()
             self.faults_cleared = asyncio.Event()
 
-    def render_metrics(self) -> str:
-        return self.metrics.render(self.engine, self.overrides, time.time())
+    def metrics_page(self) -> bytes:
+        """The ``/metrics`` body, rendered again only when something it shows has changed (an
+        idle pod serves the same bytes to every scrape). With LoRA info every page is rendered:
+        the current label set carries the wall time of the render, as vLLM's gauge does."""
+        renderer = self.metrics
+        if renderer.names.lora_info and self.config.lora_enabled:
+            return renderer.render(self.engine, self.overrides, time.time()).encode()
+        key = _state_key(self.engine, self.overrides)
+        if key != self._page_key:
+            self._page = renderer.render(self.engine, self.overrides, time.time()).encode()
+            self._page_key = key
+        return self._page
 
     def stats_json(self) -> dict[str, Any]:
         e, s, c = self.engine, self.engine.stats, self.counters
@@ -202,3 +214,25 @@ class PodRuntime:
             return
         when = self._start + wake / self.config.time_scale
         self._timer = self._loop.call_at(when, self._pump, wake)
+
+
+def _state_key(engine: Engine, overrides: Overrides) -> tuple[object, ...]:
+    """Every value a ``/metrics`` page without LoRA info shows, in one comparable tuple; the
+    counters and histograms only grow, so their totals and counts tell any change."""
+    stats = engine.stats
+    return (
+        engine.num_running,
+        engine.num_waiting,
+        engine.num_transferring,
+        engine.kv_usage,
+        stats.prompt_tokens,
+        stats.generation_tokens,
+        stats.prefix_queries,
+        stats.prefix_hits,
+        stats.preemptions,
+        tuple(stats.finished.values()),
+        stats.ttft.count,
+        stats.itl.count,
+        stats.e2e.count,
+        overrides,
+    )

@@ -155,7 +155,7 @@ async def _metrics(request: web.Request) -> web.StreamResponse:
         return web.Response(body=_GARBAGE, headers={"Content-Type": "text/plain"})
     # the content type prometheus_client serves (text format 0.0.4)
     return web.Response(
-        body=runtime.render_metrics().encode(),
+        body=runtime.metrics_page(),
         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
     )
 
