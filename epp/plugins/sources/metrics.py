@@ -3,7 +3,9 @@
 URL: ``<scheme>://<endpoint address>:<port or endpoint port><path>``. Scrapes go through a
 minimal HTTP/1.1 keep-alive client (``scrapeclient`` in this package): one connection per
 endpoint reused every tick (TCP or TLS), no per-request objects, so a 50 ms tick over many
-endpoints stays cheap. A response other than 200 raises; the next scrape reconnects.
+endpoints stays cheap; the answers of the scrapes started in one tick are read together, 2 ms
+after the requests (one wake-up of the process for all of them). A response other than 200
+raises; the next scrape reconnects.
 
 Parameters:
 

@@ -8,6 +8,13 @@ model servers' ``/metrics`` answer with: ``Content-Length`` or chunked bodies, i
 HTTP and HTTPS. Anything unexpected closes the connection and raises; the next scrape reconnects.
 A kept-alive connection the server closed before answering is retried once on a new connection,
 so a server that has died shows in the same scrape as a refused connection (``OSError``).
+
+Read window: after writing a request the connection stops reading (``pause_reading``) until
+``READ_DELAY`` (2 ms) after the first request of the window was written; then every connection
+of the window reads again. The answers of pods scraped in the same collector tick are then read
+in one event-loop wake-up instead of one each (on a busy machine each wake-up of the process
+costs more CPU than a scrape's own work). A scrape takes at least ``READ_DELAY``; an answer
+later than that is read as it arrives.
 """
 
 from __future__ import annotations
@@ -16,9 +23,10 @@ import asyncio
 import contextlib
 import ssl
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, cast
 
 _MAX_HEADER_BYTES: Final = 64 * 1024
+READ_DELAY: Final = 0.002
 
 
 class ScrapeError(RuntimeError):
@@ -33,6 +41,7 @@ class _StaleConnection(Exception):
 class _Conn:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
+    transport: asyncio.Transport
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -42,6 +51,7 @@ class KeepAliveClient:
         self._max_body = max_body_bytes
         self._conns: dict[tuple[str, int], _Conn] = {}
         self._requests: dict[tuple[str, int, str], bytes] = {}
+        self._batch: list[asyncio.Future[None]] = []
 
     async def get(self, host: str, port: int, path: str) -> bytes:
         key = (host, port)
@@ -65,7 +75,13 @@ class KeepAliveClient:
         answering a byte (a kept-alive connection the server dropped, or a dead server)."""
         async with conn.lock:
             try:
-                conn.writer.write(self._request(host, port, path))
+                transport = conn.transport
+                transport.write(self._request(host, port, path))
+                transport.pause_reading()
+                try:
+                    await self._read_window()
+                finally:
+                    transport.resume_reading()
                 body, keep = await self._read_response(conn.reader)
             except BaseException:
                 # A cancelled or failed exchange leaves the stream mid-response: drop it.
@@ -74,6 +90,21 @@ class KeepAliveClient:
             if not keep:
                 self._drop(key, conn)
             return body
+
+    async def _read_window(self) -> None:
+        """Wait until the read window of the exchanges started now closes."""
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        if not self._batch:
+            loop.call_at(loop.time() + READ_DELAY, self._release)
+        self._batch.append(waiter)
+        await waiter
+
+    def _release(self) -> None:
+        batch, self._batch = self._batch, []
+        for waiter in batch:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _request(self, host: str, port: int, path: str) -> bytes:
         cached = self._requests.get((host, port, path))
@@ -94,7 +125,7 @@ class KeepAliveClient:
             server_hostname=host if self._ssl else None,
             limit=_MAX_HEADER_BYTES,
         )
-        return _Conn(reader, writer)
+        return _Conn(reader, writer, cast(asyncio.Transport, writer.transport))
 
     async def _read_response(self, reader: asyncio.StreamReader) -> tuple[bytes, bool]:
         try:

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
+from epp.plugins.sources import scrapeclient
 from epp.plugins.sources.scrapeclient import KeepAliveClient, ScrapeError
 
 
@@ -158,3 +161,46 @@ async def test_refused_connection_raises_connection_refused() -> None:
     with pytest.raises(ConnectionRefusedError):
         await client.get("127.0.0.1", port, "/metrics")
     await client.close()
+
+
+async def test_scrapes_started_together_are_read_when_their_read_window_closes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The answers are there at once, but read only when the shared window closes."""
+    monkeypatch.setattr(scrapeclient, "READ_DELAY", 0.3)
+    answered: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(ok(b"now"))
+                await writer.drain()
+                answered.append(loop.time())
+        writer.close()
+
+    servers = [await asyncio.start_server(handle, "127.0.0.1", 0) for _ in range(2)]
+    ports = [s.sockets[0].getsockname()[1] for s in servers]
+    client = KeepAliveClient(ssl_context=None, max_body_bytes=1024)
+    await asyncio.gather(*(client.get("127.0.0.1", p, "/metrics") for p in ports))  # connected
+    answered.clear()
+    start = loop.time()
+    timer_calls: list[float] = []
+    call_at = loop.call_at
+
+    def counting_call_at(when: float, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        timer_calls.append(when)
+        return call_at(when, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_at", counting_call_at)
+    bodies = await asyncio.gather(*(client.get("127.0.0.1", p, "/metrics") for p in ports))
+    done = loop.time()
+    assert bodies == [b"now", b"now"]
+    assert len(answered) == 2 and all(t < start + 0.3 for t in answered)
+    assert done >= start + 0.3
+    assert len(timer_calls) == 1  # one timer: the window both share
+    await client.close()
+    for s in servers:
+        s.close()
+        await s.wait_closed()
