@@ -1,8 +1,10 @@
 """The collector: one asyncio task per endpoint polls every data source and runs its extractors.
 
-Each tick (``interval`` seconds, at least 50 ms) an endpoint's task polls each due source under
-``asyncio.timeout(poll_timeout)``, feeds the payload through the source's extractors (each gets
-the metrics the previous one returned) and stores the result with ``store.update_metrics``. A
+Each tick (``interval`` seconds, at least 50 ms) an endpoint's task polls each due source with a
+timeout of ``poll_timeout`` (rounded up to the next 5 ms of the loop clock: the polls timing
+out together share one timer, ``epp.datalayer.timers``), feeds the payload through the source's
+extractors (each gets the metrics the previous one returned) and stores the result with
+``store.update_metrics``. A
 ``SourcePipeline`` whose ``interval`` is above zero is polled every ``round(interval /
 tick)`` ticks (upstream rounds a source's ``interval`` to a multiple of the base tick).
 
@@ -44,6 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 from epp.datalayer.store import Datastore
+from epp.datalayer.timers import Deadlines, WakeGroups
 from epp.plugin import (
     DataSource,
     Endpoint,
@@ -61,6 +64,7 @@ from epp.plugin import (
 MIN_INTERVAL: Final = 0.05
 SLOT_SIZE: Final = 16
 DEFAULT_ERROR_LOG_INTERVAL: Final = 30.0
+_DEADLINE_QUANTUM: Final = 0.005  # polls timing out in the same 5 ms share one timer
 
 PollErrorCallback = Callable[[str, str, Exception], None]
 ExtractErrorCallback = Callable[[str, str, Exception], None]
@@ -165,6 +169,8 @@ class Collector:
         """Follow the store's endpoint set until cancelled; then stop every endpoint task."""
         self._loop = asyncio.get_running_loop()
         self._start = self._loop.time()
+        self._wakeups = WakeGroups(self._loop)
+        self._deadlines = Deadlines(self._loop, self._poll_timeout, _DEADLINE_QUANTUM)
         self._store.add_listener(self._sync)
         try:
             self._sync(self._store.ids())
@@ -225,7 +231,7 @@ class Collector:
                 following = max(following, point + 1)
             tick += 1 if point is None else following - point
             point = following
-            await _sleep_until(loop, self._start + phase + following * interval)
+            await self._wakeups.sleep_until(self._start + phase + following * interval)
 
     def _phase(self, key: int) -> float:
         """The offset in the interval of the endpoint whose id hashes to ``key``."""
@@ -256,10 +262,17 @@ class Collector:
         self, endpoint: Endpoint, source: DataSource, extractors: Sequence[Extractor]
     ) -> None:
         source_type = source.typed_name.type
+        task: Any = asyncio.current_task()
+        deadline = self._deadlines.enter(task)
+        expired = False
         try:
-            async with asyncio.timeout(self._poll_timeout):
+            try:
                 payload = await source.poll(endpoint)
-        except TimeoutError:
+            finally:
+                expired = self._deadlines.leave(deadline, task)
+        except asyncio.CancelledError:
+            if not expired or task.cancelling():
+                raise
             timeout = TimeoutError(f"poll of {endpoint.id} timed out after {self._poll_timeout}s")
             self._poll_failed(source_type, endpoint.id, timeout)
             return
@@ -360,23 +373,6 @@ class Collector:
                 "repeatsSuppressedFor": f"{self._error_log_interval:.0f}s",
             },
         )
-
-
-async def _sleep_until(loop: asyncio.AbstractEventLoop, when: float) -> None:
-    """Sleep until loop time ``when`` exactly: endpoints of one phase compute the same ``when``,
-    so their timers fire in the same iteration (``asyncio.sleep`` would add each task's own
-    reading of the clock)."""
-    waiter = loop.create_future()
-    timer = loop.call_at(when, _wake, waiter)
-    try:
-        await waiter
-    finally:
-        timer.cancel()
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 def _identity(endpoint: Endpoint) -> tuple[object, ...]:
