@@ -51,7 +51,7 @@ class KeepAliveClient:
         self._max_body = max_body_bytes
         self._conns: dict[tuple[str, int], _Conn] = {}
         self._requests: dict[tuple[str, int, str], bytes] = {}
-        self._batch: list[asyncio.Future[None]] = []
+        self._held: list[asyncio.Transport] = []
 
     async def get(self, host: str, port: int, path: str) -> bytes:
         key = (host, port)
@@ -77,11 +77,7 @@ class KeepAliveClient:
             try:
                 transport = conn.transport
                 transport.write(self._request(host, port, path))
-                transport.pause_reading()
-                try:
-                    await self._read_window()
-                finally:
-                    transport.resume_reading()
+                self._hold(transport)
                 body, keep = await self._read_response(conn.reader)
             except BaseException:
                 # A cancelled or failed exchange leaves the stream mid-response: drop it.
@@ -91,20 +87,20 @@ class KeepAliveClient:
                 self._drop(key, conn)
             return body
 
-    async def _read_window(self) -> None:
-        """Wait until the read window of the exchanges started now closes."""
-        loop = asyncio.get_running_loop()
-        waiter = loop.create_future()
-        if not self._batch:
+    def _hold(self, transport: asyncio.Transport) -> None:
+        """Stop reading ``transport`` until the read window open now closes."""
+        transport.pause_reading()
+        if not self._held:
+            loop = asyncio.get_running_loop()
             loop.call_at(loop.time() + READ_DELAY, self._release)
-        self._batch.append(waiter)
-        await waiter
+        self._held.append(transport)
 
     def _release(self) -> None:
-        batch, self._batch = self._batch, []
-        for waiter in batch:
-            if not waiter.done():
-                waiter.set_result(None)
+        """Close the window: its connections read again (a closed one ignores it), and the
+        answers waiting in their sockets are read in the next iteration of the loop."""
+        held, self._held = self._held, []
+        for transport in held:
+            transport.resume_reading()
 
     def _request(self, host: str, port: int, path: str) -> bytes:
         cached = self._requests.get((host, port, path))
