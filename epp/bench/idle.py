@@ -45,6 +45,8 @@ class IdleCost:
     """CPU of the simulator processes together, as a share of one core."""
     switches_per_s: float = 0.0
     """Context switches of the EPP process's threads per second (each one a wake-up)."""
+    kernel: float = 0.0
+    """The part of the EPP's CPU spent in the kernel (``stime`` of ``/proc/<pid>/stat``)."""
     label: str = ""
 
     @property
@@ -81,6 +83,12 @@ def context_switches(pid: int) -> int:
     return total
 
 
+def _user_system(pid: int) -> tuple[int, int]:
+    """``utime`` and ``stime`` of ``pid`` in clock ticks (fields 14 and 15 of its stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[11]), int(fields[12])
+
+
 def _scrapes(fleets: list[SimProcess]) -> int:
     return sum(int(s.get("metrics_scrapes", 0)) for f in fleets for s in f.stats().values())
 
@@ -109,7 +117,8 @@ def _measure(
     fleets: list[SimProcess], eps: Path, work: Path, variant: Variant, seconds: float, warmup: float
 ) -> IdleCost:
     label, pythonpath = variant
-    env = {"PYTHONPATH": str(pythonpath)} if pythonpath is not None else {}
+    # PYTHONSAFEPATH: ``python -m`` must not find this checkout's package in the working directory
+    env = {"PYTHONPATH": str(pythonpath), "PYTHONSAFEPATH": "1"} if pythonpath is not None else {}
     group = EppSet(work, epp_config_text(eps, ()), env=env).start()
     try:
         pid = group.pids()["epp"]
@@ -117,15 +126,18 @@ def _measure(
         time.sleep(warmup)
         s0, t0 = _scrapes(fleets), time.monotonic()
         c0, x0, k0 = run_seconds(pid), context_switches(pid), sum(map(run_seconds, sims))
+        u0, y0 = _user_system(pid)
         time.sleep(seconds)
         c1, x1, k1 = run_seconds(pid), context_switches(pid), sum(map(run_seconds, sims))
+        u1, y1 = _user_system(pid)
         elapsed = time.monotonic() - t0
         rate = (_scrapes(fleets) - s0) / (time.monotonic() - t0)
     finally:
         group.stop()
     pods = sum(f.spec.pods for f in fleets)
+    kernel = (y1 - y0) / max(1, (u1 - u0) + (y1 - y0))
     return IdleCost(
-        pods, (c1 - c0) / elapsed, rate, (k1 - k0) / elapsed, (x1 - x0) / elapsed, label
+        pods, (c1 - c0) / elapsed, rate, (k1 - k0) / elapsed, (x1 - x0) / elapsed, kernel, label
     )
 
 
@@ -191,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{c.label:>8} {c.pods} pods: EPP {c.share * 100:6.2f}% of a core, "
             f"{c.scrapes_per_s:6.0f} of {c.expected_per_s:.0f} scrapes/s, "
             f"{c.us_per_scrape:5.0f} µs/scrape, {c.switches_per_s / max(c.scrapes_per_s, 1):.2f} "
-            f"switches/scrape; simulators {c.sims_share * 100:.1f}% of a core"
+            f"switches/scrape, {c.kernel * 100:.0f}% in the kernel; "
+            f"simulators {c.sims_share * 100:.1f}% of a core"
         )
     print(f"load average at end: {os.getloadavg()}")
     return 0

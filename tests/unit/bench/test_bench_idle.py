@@ -1,0 +1,24 @@
+"""The process counters ``epp.bench.idle`` reads, on this test's own process."""
+
+from __future__ import annotations
+
+import os
+
+from epp.bench.idle import IdleCost, _user_system, context_switches, run_seconds
+
+
+def test_counters_of_a_running_process_are_read() -> None:
+    pid = os.getpid()
+    before = run_seconds(pid)
+    sum(range(200_000))  # some CPU
+    assert run_seconds(pid) > before > 0
+    assert context_switches(pid) >= 0
+    user, system = _user_system(pid)
+    assert user > 0 and system >= 0
+
+
+def test_cpu_per_scrape_is_the_share_over_the_rate() -> None:
+    cost = IdleCost(pods=4, share=0.016, scrapes_per_s=80.0)
+    assert cost.expected_per_s == 80.0
+    assert round(cost.us_per_scrape) == 200
+    assert IdleCost(pods=4, share=0.01, scrapes_per_s=0.0).us_per_scrape == 0.0
