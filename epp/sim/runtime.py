@@ -9,6 +9,11 @@ nothing. The virtual clock runs ``time_scale`` times faster than the loop's cloc
 If a timer fires late the engine catches up by running every step that is due, so simulated
 throughput does not depend on timer precision (tokens then arrive in bursts).
 
+``/metrics`` (``metrics_page``) answers with the page rendered last until a value on it changes
+(engine counts, counters, histogram counts, overrides), so scraping an idle pod every 50 ms
+costs the HTTP exchange only; with LoRA adapters every page is rendered, as the LoRA gauge
+carries the render's wall time.
+
 A decode pod's sidecar (``epp.sim.disagg``) calls prefill pods over HTTP with the runtime's own
 client session (``http()``, created on first use, closed by ``aclose``).
 """
