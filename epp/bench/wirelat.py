@@ -10,7 +10,8 @@ EPP, and times per request, in order:
   to the body (with the routing decision) is read; the empty servicer answers the headers too,
   so its figure is two round trips;
 * **response headers**: the upstream's response headers written, until their reply is read;
-* **first chunk**: one 100-byte SSE chunk (end of stream) written, until its reply is read.
+* **first chunk**: one 100-byte SSE chunk written, until its reply is read (a second chunk then
+  ends the stream, untimed: the stream's completion work comes after the first token).
 
 Medians of ``n`` requests (after a warm-up). The client's own cost is inside every figure (the
 empty servicer's rows show it with grpc.aio's), so compare servers within one run.
@@ -44,7 +45,7 @@ class RoundTrips:
 
 
 async def _one(stub: pb_grpc.ExternalProcessorStub, empty: bool) -> list[float]:
-    headers, body, resp, chunk = wire.stream_messages(1)
+    headers, body, resp, chunk, last = wire.stream_messages(2)
     call = stub.Process()
     t0 = time.perf_counter()
     await call.write(headers)
@@ -58,6 +59,7 @@ async def _one(stub: pb_grpc.ExternalProcessorStub, empty: bool) -> list[float]:
     await call.write(chunk)
     await call.read()
     t3 = time.perf_counter()
+    await call.write(last)  # the end of stream, untimed: the stream's completion work
     await call.done_writing()
     while await call.read() is not grpc.aio.EOF:  # the stream's end (bounded by the timeout)
         pass
