@@ -202,7 +202,7 @@ def _dead_ports(n: int) -> list[int]:
     return ports
 
 
-def _config(tmp: Path) -> str:
+def config(tmp: Path) -> str:
     lines = ["endpoints:"]
     for i, port in enumerate(_dead_ports(4)):
         lines += [f"- name: pod-{i}", "  namespace: default", "  address: 127.0.0.1"]
@@ -234,7 +234,7 @@ async def _serve_app(server: str, tls_dir: str) -> None:
             secure_serving=bool(tls_dir),
             cert_path=tls_dir,
             drain_timeout=0.0,
-            config_text=_config(Path(tmp)),
+            config_text=config(Path(tmp)),
             refresh_metrics_interval=10.0,
             ext_proc_server=server,
         )

@@ -73,9 +73,7 @@ async def _measure(port: int, cert: bytes | None, n: int, empty: bool) -> dict[s
             for _ in range(10):  # warm up: the connection, imports, caches
                 await _one(stub, empty)
             samples = [await _one(stub, empty) for _ in range(n)]
-    return {
-        phase: statistics.median(s[i] for s in samples) * 1e6 for i, phase in enumerate(PHASES)
-    }
+    return {phase: statistics.median(s[i] for s in samples) * 1e6 for i, phase in enumerate(PHASES)}
 
 
 def measure(variants: Sequence[wire.Variant] = VARIANTS, n: int = 300) -> list[RoundTrips]:

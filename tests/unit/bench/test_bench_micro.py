@@ -80,3 +80,9 @@ def test_round_trip_rows_time_each_phase_when_the_server_answers_every_step() ->
     for t in trips:
         assert list(t.median_us) == list(wirelat.PHASES)
         assert all(0.0 < us < 30e6 for us in t.median_us.values())
+
+
+def test_in_process_chunk_cost_is_measured_on_a_routed_stream() -> None:
+    from epp.bench import chunkcost
+
+    assert 0.0 <= chunkcost.measure(chunks=400) < 10_000.0
