@@ -15,7 +15,10 @@ numbers compare across sizes:
 * the ext_proc wire (``epp.bench.wire``): the server process's CPU per request and per streamed
   response chunk, through a real server (the whole EPP with ``--ext-proc-server`` h2 or grpc,
   asyncio or uvloop, with or without TLS; and an empty grpc.aio / synchronous grpcio servicer, the
-  floor of those servers) and a real gRPC client in this process. ``--no-wire`` skips them;
+  floor of those servers) and a real gRPC client in this process; the `h2` EPP's CPU per chunk
+  inside the process, without the socket and the event loop (``epp.bench.chunkcost``); and the
+  wall-clock time of each round trip before a lone request's first token (route, response
+  headers, first chunk; ``epp.bench.wirelat``). ``--no-wire`` skips them;
 * one scrape's parsing and extraction of a simulated vLLM page, the previous path
   (``promtext.parse``) and the current one (``LineCache``) side by side (``epp.bench.scrapecost``);
 * idle CPU (``epp.bench.idle``): the EPP process with no traffic while it scrapes 4 and 100
@@ -297,6 +300,24 @@ def wire_rows() -> list[Row]:
         rows.append(Row(label, per, cost.per_request_us, cost.per_request_us, "µs CPU/request"))
         per = f"{wire.REQUESTS * wire.CHUNKS} chunks"
         rows.append(Row(label, per, cost.per_chunk_us, cost.per_chunk_us, "µs CPU/chunk"))
+    from epp.bench import chunkcost
+
+    us = chunkcost.measure()
+    label = "ext_proc EPP, h2, in process, no socket"
+    rows.append(Row(label, "20000 chunks", us, us, "µs CPU/chunk"))
+    return rows + latency_rows()
+
+
+def latency_rows() -> list[Row]:
+    """Wall-clock median of each ext_proc round trip before a lone request's first token
+    (``epp.bench.wirelat``), per server."""
+    from epp.bench import wirelat
+
+    rows = []
+    for trips in wirelat.measure():
+        label = f"ext_proc round trip, {trips.variant.label}"
+        for phase, us in trips.median_us.items():
+            rows.append(Row(label, phase, us, us, "µs wall-clock"))
     return rows
 
 

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,7 +81,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def _messages(chunks: int) -> list[pb.ProcessingRequest]:
+def stream_messages(chunks: int) -> list[pb.ProcessingRequest]:
     body = orjson.dumps(
         {"model": "sim-model", "messages": [{"role": "user", "content": "hello " * 40}]}
     )
@@ -111,7 +111,7 @@ async def _drive(channel: grpc.aio.Channel, requests: int, chunks: int) -> None:
     """``requests`` streams, ``STREAMS`` at a time; each must get a reply to every message but
     the request headers (the EPP answers them with the body in FULL_DUPLEX_STREAMED)."""
     stub = pb_grpc.ExternalProcessorStub(channel)
-    messages = _messages(chunks)
+    messages = stream_messages(chunks)
     todo = iter(range(requests))
 
     async def one() -> None:
@@ -133,7 +133,7 @@ async def _drive(channel: grpc.aio.Channel, requests: int, chunks: int) -> None:
         await asyncio.gather(*(lane() for _ in range(STREAMS)))
 
 
-def _channel(port: int, cert: bytes | None) -> grpc.aio.Channel:
+def channel(port: int, cert: bytes | None) -> grpc.aio.Channel:
     target = f"127.0.0.1:{port}"
     if cert is None:
         return grpc.aio.insecure_channel(target)
@@ -145,7 +145,7 @@ def _channel(port: int, cert: bytes | None) -> grpc.aio.Channel:
 async def _measure(
     pid: int, port: int, cert: bytes | None, chunks: int, requests: int
 ) -> tuple[float, float]:
-    async with _channel(port, cert) as ch:
+    async with channel(port, cert) as ch:
         await _drive(ch, STREAMS, 2)  # warm up: connections, imports, caches
         t0 = cpu_seconds(pid)
         await _drive(ch, requests, 1)
@@ -161,23 +161,33 @@ def measure(
     variants: Sequence[Variant] = VARIANTS, chunks: int = CHUNKS, requests: int = REQUESTS
 ) -> list[WireCost]:
     out = []
-    have_uvloop = importlib.util.find_spec("uvloop") is not None
-    for v in variants:
-        if v.loop == "uvloop" and not have_uvloop:
-            continue  # an optional row: pip install uvloop to measure it
-        with tempfile.TemporaryDirectory() as tmp:
-            cmd = [sys.executable, "-m", "epp.bench.wire", v.server, v.loop, tmp if v.tls else ""]
-            child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            try:
-                assert child.stdout is not None
-                port = int(child.stdout.readline())
-                cert = (Path(tmp) / "tls.crt").read_bytes() if v.tls else None
-                cost = asyncio.run(_measure(child.pid, port, cert, chunks, requests))
-            finally:
-                child.kill()
-                child.wait()
+    for v in available(variants):
+        with serve(v) as (pid, port, cert):
+            cost = asyncio.run(_measure(pid, port, cert, chunks, requests))
         out.append(WireCost(v, *cost))
     return out
+
+
+def available(variants: Sequence[Variant]) -> list[Variant]:
+    """The variants this machine can run (uvloop's are optional: pip install uvloop)."""
+    have_uvloop = importlib.util.find_spec("uvloop") is not None
+    return [v for v in variants if v.loop != "uvloop" or have_uvloop]
+
+
+@contextlib.contextmanager
+def serve(v: Variant) -> Iterator[tuple[int, int, bytes | None]]:
+    """The variant's server in a child process: its pid, port and TLS certificate (if any)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "epp.bench.wire", v.server, v.loop, tmp if v.tls else ""]
+        child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout is not None
+            port = int(child.stdout.readline())
+            cert = (Path(tmp) / "tls.crt").read_bytes() if v.tls else None
+            yield child.pid, port, cert
+        finally:
+            child.kill()
+            child.wait()
 
 
 # ---- the child: one server --------------------------------------------------------------------
@@ -192,7 +202,7 @@ def _dead_ports(n: int) -> list[int]:
     return ports
 
 
-def _config(tmp: Path) -> str:
+def config(tmp: Path) -> str:
     lines = ["endpoints:"]
     for i, port in enumerate(_dead_ports(4)):
         lines += [f"- name: pod-{i}", "  namespace: default", "  address: 127.0.0.1"]
@@ -224,7 +234,7 @@ async def _serve_app(server: str, tls_dir: str) -> None:
             secure_serving=bool(tls_dir),
             cert_path=tls_dir,
             drain_timeout=0.0,
-            config_text=_config(Path(tmp)),
+            config_text=config(Path(tmp)),
             refresh_metrics_interval=10.0,
             ext_proc_server=server,
         )

@@ -69,3 +69,20 @@ def test_scrape_rows_put_the_previous_parse_beside_the_current_one() -> None:
         "scrape: core-metrics-extractor (now)",
     ]
     assert all(r.median_us > 0 and r.unit == "µs/scrape" for r in rows)
+
+
+def test_round_trip_rows_time_each_phase_when_the_server_answers_every_step() -> None:
+    from epp.bench import wire, wirelat
+
+    variants = [wire.Variant("h2", "h2"), wire.Variant("empty", "empty-aio")]
+    trips = wirelat.measure(variants, n=3)
+    assert [t.variant.label for t in trips] == ["h2", "empty"]
+    for t in trips:
+        assert list(t.median_us) == list(wirelat.PHASES)
+        assert all(0.0 < us < 30e6 for us in t.median_us.values())
+
+
+def test_in_process_chunk_cost_is_measured_on_a_routed_stream() -> None:
+    from epp.bench import chunkcost
+
+    assert 0.0 <= chunkcost.measure(chunks=400) < 10_000.0

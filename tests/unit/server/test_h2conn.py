@@ -488,3 +488,31 @@ def test_two_messages_in_one_data_frame_are_delivered_in_order() -> None:
     both = w.grpc_message(b"first") + w.grpc_message(b"second!")
     conn.data_received(headers(1) + data(1, both, end=True))
     assert log == [("message", b"first"), ("message", b"second!"), ("half_close",)]
+
+
+def test_a_call_is_freed_without_the_cycle_collector_once_its_stream_ends() -> None:
+    import gc
+    import weakref
+
+    calls: list[weakref.ref[Echo]] = []
+
+    def route(path: str, io: CallIO) -> Echo:
+        call = Echo(io, [])
+        calls.append(weakref.ref(call))
+        return call
+
+    conn = Connection(route, 1000, print)
+    t = FakeTransport()
+    conn.connection_made(t)  # type: ignore[arg-type]
+    gc.disable()
+    try:
+        conn.data_received(w.PREFACE + w.settings_frame({}))
+        conn.data_received(headers(1) + data(1, w.grpc_message(b"x"), end=True))  # ends OK
+        conn.data_received(headers(3) + w.rst_stream(3, w.CANCEL))  # reset by the peer
+        conn.data_received(headers(5) + data(5, struct.pack(">BI", 0, 5000)))  # aborted
+        conn.data_received(headers(7))  # open when the connection is lost
+        conn.connection_lost(None)
+        assert len(calls) == 4
+        assert [ref() for ref in calls] == [None, None, None, None]
+    finally:
+        gc.enable()
