@@ -8,7 +8,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from epp.bench.chaos_load import Shot, between, failures
+from epp.bench.chaos_load import Shot, StreamLoad, between, failures
 from epp.bench.chaos_pods import loaded, rig
 from epp.bench.chaos_report import Row
 from epp.bench.chaos_rig import ChaosOptions, PodSet, sim_pod, wait_endpoints
@@ -19,6 +19,7 @@ from epp.localstack.apiserver import LocalApiServer
 from epp.localstack.envoy import free_port
 from epp.localstack.kubeapi import PODS, POOLS
 from epp.localstack.kubeobjects import pod, pool
+from epp.localstack.procs import START_TIMEOUT
 
 POOL = "vllm-pool"
 LABELS = {"app": "vllm"}
@@ -38,6 +39,7 @@ async def epp_kill(opts: ChaosOptions, *, fail_open: bool) -> Row:
         t_restart = time.perf_counter()
         await asyncio.to_thread(r.epp.start_replica, 0)
         t_ready = time.perf_counter()
+        await _answered_since(load, t_restart)
         await asyncio.sleep(opts.after)
         shots = await load.stop()
     row.count(shots)
@@ -64,6 +66,17 @@ async def epp_kill(opts: ChaosOptions, *, fail_open: bool) -> Row:
         f"first request answered {row.recovery_s:.2f} s after the restart"
     )
     return row
+
+
+async def _answered_since(load: StreamLoad, t: float) -> None:
+    """Until a request sent at or after ``t`` has succeeded (or ``START_TIMEOUT`` has passed):
+    the ``after`` window starts once the restarted EPP answers, so a slow start on a busy machine
+    still shows its recovery rather than end the run first."""
+    deadline = time.perf_counter() + START_TIMEOUT
+    while time.perf_counter() < deadline:
+        if any(s.ok and s.sent >= t for s in reversed(load.shots)):
+            return
+        await asyncio.sleep(0.05)
 
 
 def _recovery(shots: list[Shot], t_restart: float) -> float:

@@ -25,7 +25,7 @@ from typing import Any
 
 from epp.bench.fleet import _parse_ready
 from epp.bench.spec import FleetSpec
-from epp.localstack.procs import Proc, direct_opener
+from epp.localstack.procs import START_TIMEOUT, Proc, direct_opener
 from epp.plugins.sources.file_discovery import dump_endpoints
 
 
@@ -68,7 +68,7 @@ class PodSet:
             "--host", host,
         ]  # fmt: skip
 
-    def start(self, timeout: float = 60.0) -> PodSet:
+    def start(self, timeout: float = START_TIMEOUT) -> PodSet:
         for i, name in enumerate(self.names):
             self.procs[name] = Proc(name, self._argv(i), self.workdir / f"{name}.log").start()
         deadline = time.monotonic() + timeout
@@ -124,7 +124,7 @@ def sim_pod(shot_pod: str) -> str:
     return shot_pod.rsplit(".", 1)[0] if shot_pod else ""
 
 
-def wait_endpoints(metrics_port: int, n: int, timeout: float = 30.0) -> None:
+def wait_endpoints(metrics_port: int, n: int, timeout: float = START_TIMEOUT) -> None:
     """Wait until the EPP on ``metrics_port`` lists ``n`` endpoints (discovery has synced)."""
     deadline = time.monotonic() + timeout
     seen = -1

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from epp.bench.spec import FleetSpec
-from epp.localstack.procs import Proc, direct_opener
+from epp.localstack.procs import START_TIMEOUT, Proc, direct_opener
 
 _READY_PREFIX = "sim pod "
 
@@ -40,7 +40,7 @@ class SimProcess:
             out.append((host, int(port)))
         return out
 
-    def start(self, timeout: float = 30.0) -> SimProcess:
+    def start(self, timeout: float = START_TIMEOUT) -> SimProcess:
         argv = [sys.executable, "-m", "epp", "sim", *self.spec.sim_args()]
         self.proc = Proc("simulator", argv, self.workdir / "sim.log").start()
         deadline = time.monotonic() + timeout

@@ -174,7 +174,7 @@ async def _restart_run(args: argparse.Namespace, workdir: Path, shared: bool) ->
             await _sleep_until(start + args.before)
             await asyncio.to_thread(group.stop_replica, 2)
             await asyncio.to_thread(group.start_replica, 2)
-            back = await asyncio.to_thread(group.wait_healthy, 3, 30.0)
+            back = await asyncio.to_thread(group.wait_healthy, 3)
             before = [_tokens(group, i) for i in range(3)]
             await asyncio.sleep(args.window)
             after = [_tokens(group, i) for i in range(3)]

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from epp.localstack.envoy import Envoy, free_port
 from epp.localstack.eppconfig import with_syncer
-from epp.localstack.procs import Proc, direct_opener, wait_http
+from epp.localstack.procs import START_TIMEOUT, Proc, direct_opener, wait_http
 from epp.localstack.redis import INSTALL_HINT, RedisServer, available
 
 
@@ -68,7 +68,7 @@ class EppSet:
     def metrics_url(self, i: int = 0) -> str:
         return f"http://127.0.0.1:{self.ports[i].metrics}/metrics"
 
-    def start(self, timeout: float = 60.0) -> EppSet:
+    def start(self, timeout: float = START_TIMEOUT) -> EppSet:
         if (self.shared or self.workers > 1) and not available():
             raise SetupError(INSTALL_HINT)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -116,7 +116,7 @@ class EppSet:
             argv += ["--workers", str(self.workers)]
         return Proc(f"epp-{i}", argv, self.workdir / f"epp-{i}.log", env=self.env)
 
-    def start_replica(self, i: int, timeout: float = 60.0) -> None:
+    def start_replica(self, i: int, timeout: float = START_TIMEOUT) -> None:
         """Start replica ``i`` (again) on its ports and wait until it serves metrics."""
         self.procs[i] = self._proc(i)
         self.procs[i].log_path = self.workdir / f"epp-{i}.{int(time.time() * 1000)}.log"
@@ -138,7 +138,7 @@ class EppSet:
             return self.envoy.stats().get("cluster.epp.membership_healthy", 0)
         return 0
 
-    def wait_healthy(self, n: int, timeout: float = 30.0) -> float:
+    def wait_healthy(self, n: int, timeout: float = START_TIMEOUT) -> float:
         """Wait until ``n`` replicas are healthy in Envoy; returns when that happened."""
         deadline = time.monotonic() + timeout
         while self.healthy() < n:

@@ -77,13 +77,24 @@ def _tls(opts: EnvoyOptions) -> TransportSocket:
     return TransportSocket(name="envoy.transport_sockets.tls", typed_config=Any.pack(context))
 
 
+HEALTH_TIMEOUT_S = 2.0
+"""Seconds Envoy waits for a replica's health answer (upstream's Envoy configs use 2 s)."""
+UNHEALTHY_THRESHOLD = 3
+"""Health checks in a row that must time out (or fail to connect) before Envoy takes a replica
+out, as upstream's configs. An answer of NOT_SERVING (starting, replaying shared state,
+draining) is an active failure, which Envoy acts on at once whatever this threshold."""
+
+
 def _health_check(opts: EnvoyOptions) -> HealthCheck:
-    """A replica that is not SERVING (starting, replaying shared state, draining) gets no stream."""
+    """A replica that answers NOT_SERVING gets no further stream at once; one that is merely
+    slow to answer (a busy CPU, a long pause of its runtime) stays in rotation until three
+    checks in a row have timed out. With one timeout enough, every replica of a briefly starved
+    group was marked unhealthy together and, with no panic routing, Envoy answered 500."""
     return HealthCheck(
-        timeout=seconds(1.0),
+        timeout=seconds(HEALTH_TIMEOUT_S),
         interval=seconds(opts.health_interval),
         no_traffic_interval=seconds(opts.health_interval),
-        unhealthy_threshold=1,
+        unhealthy_threshold=UNHEALTHY_THRESHOLD,
         healthy_threshold=1,
         grpc_health_check=HealthCheckGrpcHealthCheck(),
     )
@@ -96,8 +107,10 @@ def _addresses_type(endpoints: Sequence[HostPort]) -> ClusterDiscoveryType:
 
 
 def epp_cluster(opts: EnvoyOptions) -> Cluster:
-    """The EPP: HTTP/2 (gRPC), over TLS unless plaintext; with health checks no panic routing,
-    so with every replica unhealthy Envoy answers 503 rather than pick a dead one."""
+    """The EPP: HTTP/2 (gRPC), over TLS unless plaintext; with health checks no panic routing:
+    with most replicas out (dead, draining) Envoy sends every stream to the ones left rather than
+    spread them over dead ones, and with every replica out a request fails at once (or fails open
+    to the fallback)."""
     h2 = Http2ProtocolOptions()
     if opts.max_streams_per_connection > 0:
         h2.max_concurrent_streams = opts.max_streams_per_connection

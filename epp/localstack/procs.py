@@ -164,7 +164,14 @@ class Proc:
                 self.popen.wait(timeout=5)
 
 
-def wait_http(url: str, proc: Proc, timeout: float) -> None:
+START_TIMEOUT = 180.0
+"""Seconds a benchmark waits for a process it started to serve (a simulator, an EPP, its
+endpoints, a replica back in Envoy's rotation). It bounds a hang only: a process that exits
+fails the wait at once, and on a 2-core machine at load average 17 importing the EPP alone
+took 46 s."""
+
+
+def wait_http(url: str, proc: Proc, timeout: float = START_TIMEOUT) -> None:
     """Poll ``url`` until it answers 200; raise with the log tail if the process dies first."""
     deadline = time.monotonic() + timeout
     last = ""

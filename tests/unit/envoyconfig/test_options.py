@@ -97,7 +97,11 @@ def test_replicas_are_health_checked_without_panic_routing() -> None:
     one = as_dict(epp_cluster(EnvoyOptions(epp=[("10.0.0.1", 9002)])))
     two = as_dict(epp_cluster(EnvoyOptions(epp=[("10.0.0.1", 9002), ("10.0.0.2", 9002)])))
     assert "health_checks" not in one
-    assert two["health_checks"][0]["grpc_health_check"] == {}
+    check = two["health_checks"][0]
+    assert check["grpc_health_check"] == {}
+    # a slow answer (a busy replica) takes it out only after three timeouts in a row, as
+    # upstream's configs; NOT_SERVING still does at once (test_envoy_replica_health.py)
+    assert (check["timeout"], check["unhealthy_threshold"]) == ("2s", 3)
     assert two["common_lb_config"]["healthy_panic_threshold"] in ({}, {"value": 0.0})
 
 
