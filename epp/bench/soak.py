@@ -26,6 +26,9 @@ records) and the requests queued in flow control (``/metrics``). Verdict: RSS gr
 warm-up (the first fifth of the run) under 5% (median of the last three samples against the
 first three after warm-up), descriptors and tasks within a small band. Writes ``results.json``
 and ``report.md``.
+
+``--ext-proc-server h2`` runs the EPP on ``epp.server.h2`` instead of grpc.aio (the default), to
+tell the gRPC C core's memory from the rest.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class SoakOptions:
     pause: float = 0.2
     out: Path = Path("out/soak")
     seed: int = 1
+    ext_proc_server: str = "grpc"
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="epp-soak-")))
 
 
@@ -105,6 +109,11 @@ def stream_headers(i: int) -> dict[str, str]:
     return {"x-llm-d-inference-fairness-id": f"tenant-{i % 32}", "x-session-id": f"s-{i // 8}"}
 
 
+def epp_args(opts: SoakOptions) -> list[str]:
+    """The EPP's flags beyond the ports: experimental plugins on, the chosen ext_proc server."""
+    return ["--allow-experimental-plugins", "--ext-proc-server", opts.ext_proc_server]
+
+
 async def run(opts: SoakOptions) -> dict[str, Any]:
     opts.workdir.mkdir(parents=True, exist_ok=True)
     fleet = SimProcess(FLEET, opts.workdir)
@@ -113,8 +122,7 @@ async def run(opts: SoakOptions) -> dict[str, Any]:
         await asyncio.to_thread(fleet.start)
         endpoints = opts.workdir / "endpoints.yaml"
         endpoints.write_text(endpoints_yaml(fleet))
-        args = ["--allow-experimental-plugins"]
-        epp = EppSet(opts.workdir, soak_config(endpoints), extra_args=args)
+        epp = EppSet(opts.workdir, soak_config(endpoints), extra_args=epp_args(opts))
         await asyncio.to_thread(epp.start)
         return await _load_and_sample(opts, epp)
     finally:
@@ -154,6 +162,7 @@ async def _load_and_sample(opts: SoakOptions, epp: EppSet) -> dict[str, Any]:
         "minutes": opts.minutes,
         "agents": opts.agents,
         "streams": opts.streams,
+        "extProcServer": opts.ext_proc_server,
         "requests": len(shots) + len(outcomes),
         "failed": len(failures(shots)) + failed(outcomes),
         "samples": [s.as_json() for s in samples],
@@ -161,7 +170,8 @@ async def _load_and_sample(opts: SoakOptions, epp: EppSet) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def options(argv: list[str] | None = None) -> SoakOptions:
+    """The command line's options (argparse exits with a message on bad ones)."""
     p = argparse.ArgumentParser(prog="epp bench soak", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--minutes", type=float, default=30.0, help="duration (default 30)")
@@ -171,11 +181,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pause", type=float, default=0.2, help="streaming clients' think time (s)")
     p.add_argument("--out", default="out/soak")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--ext-proc-server", choices=("grpc", "h2"), default="grpc",
+                   help="the EPP's ext_proc server (default grpc)")  # fmt: skip
     args = p.parse_args(argv)
     if args.minutes <= 0 or args.sample <= 0 or args.agents < 0 or args.streams < 1:
         p.error("--minutes and --sample must be > 0, --agents >= 0, --streams >= 1")
-    opts = SoakOptions(args.minutes, args.sample, args.agents, args.streams, args.pause,
-                       Path(args.out), args.seed)  # fmt: skip
+    return SoakOptions(args.minutes, args.sample, args.agents, args.streams, args.pause,
+                       Path(args.out), args.seed, args.ext_proc_server)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = options(argv)
     try:
         result = asyncio.run(until_terminated(run(opts)))
     except Terminated:

@@ -143,6 +143,8 @@ class MetricsServer:
             out["tracemalloc"] = traced
         if "gc" in query:
             out["gc"] = self._memory.gc(collect=query["gc"] == "collect")
+        if "pymalloc" in query:
+            out["pymalloc"] = self._memory.pymalloc()
         if "heap" in query:
             heap = self._memory.heap(trim=query["heap"] == "trim")
             if heap is not None:

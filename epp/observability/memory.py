@@ -22,6 +22,14 @@ free inside its heaps (``freeBytes``: held but not returned, fragmentation when 
 the system, and adds ``trimmed`` (whether it released any): RSS before and after tells how much
 of it was free memory the allocator held.
 
+Python's small-object allocator (objects up to 512 bytes, in 1 MiB arenas of 16 KiB pools):
+``?pymalloc=1`` adds ``pymalloc``, parsed from ``sys._debugmallocstats()``: arenas now, at their
+high-water mark and reclaimed so far (an arena goes back to the system only when all its blocks
+are free), and the bytes in allocated blocks, in free blocks of used pools, and in unused pools.
+Arenas growing while the allocated bytes stay flat is fragmentation: a few long-lived objects
+keep mostly empty arenas. (The stats are printed to descriptor 2, which is pointed at a
+temporary file for the call; the GIL is held throughout, so no Python log line goes there.)
+
 Python's cyclic garbage collector: ``?gc=1`` adds ``gc`` (objects it tracks per generation, and
 the collections, collected and uncollectable objects so far per generation); ``?gc=collect``
 first runs a full collection and adds the objects it found unreachable (``collected``): garbage
@@ -34,6 +42,10 @@ import contextlib
 import ctypes
 import ctypes.util
 import gc
+import os
+import re
+import sys
+import tempfile
 import tracemalloc
 from typing import Any
 
@@ -89,6 +101,23 @@ class MemoryDebug:
             "freeBytes": int(info.fordblks),
         }
 
+    def pymalloc(self) -> dict[str, int]:
+        """obmalloc's arenas and bytes (``{}`` where ``sys._debugmallocstats`` is missing)."""
+        stats = getattr(sys, "_debugmallocstats", None)
+        if stats is None:
+            return {}
+        with tempfile.TemporaryFile() as out:
+            sys.stderr.flush()
+            saved = os.dup(2)
+            try:
+                os.dup2(out.fileno(), 2)
+                stats()
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+            out.seek(0)
+            return _parse_mallocstats(out.read().decode(errors="replace"))
+
     def gc(self, collect: bool = False) -> dict[str, Any]:
         """The collector's generations and totals, after a full collection when ``collect``."""
         out: dict[str, Any] = {"collected": gc.collect()} if collect else {}
@@ -124,6 +153,25 @@ class MemoryDebug:
                 for s in stats[:top]
             ],
         }
+
+
+_MALLOCSTATS = {
+    "arenas": r"# arenas allocated current\s*=\s*([\d,]+)",
+    "arenasHighWater": r"# arenas highwater mark\s*=\s*([\d,]+)",
+    "arenasReclaimed": r"# arenas reclaimed\s*=\s*([\d,]+)",
+    "allocatedBytes": r"# bytes in allocated blocks\s*=\s*([\d,]+)",
+    "freeBlockBytes": r"# bytes in available blocks\s*=\s*([\d,]+)",
+    "unusedPoolBytes": r"unused pools \* \d+ bytes\s*=\s*([\d,]+)",
+}
+
+
+def _parse_mallocstats(text: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for key, pattern in _MALLOCSTATS.items():
+        found = re.search(pattern, text)
+        if found:
+            out[key] = int(found.group(1).replace(",", ""))
+    return out
 
 
 def _snapshot() -> tracemalloc.Snapshot:

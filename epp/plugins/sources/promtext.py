@@ -8,9 +8,13 @@ every endpoint every 50 ms, so the parser is built to be cheap:
   to the lines starting with that name (``bytes.find``) and decodes only those lines.
 * ``LineCache`` is the same parse with memory, for a scraper that reads the same pages every
   50 ms: one compiled pattern per ``wanted`` set finds the wanted lines in one C-speed pass, and
-  the sample of each line already seen is reused instead of parsed again (a pod's
-  ``cache_config_info`` line alone carries some forty labels and never changes). The cache is
-  bounded in lines and bytes and starts over when full; its results equal ``parse``'s.
+  the name and labels of each series already seen are reused instead of parsed again (a pod's
+  ``cache_config_info`` line alone carries some forty labels); only the value is read anew. It
+  is keyed by the series (the line up to its value), not by the whole line: keyed by line, every
+  new value of a counter or gauge was a new entry, so the cache kept filling with lines never
+  seen again (a few MB per cache before it started over, which a soak saw as RSS growth after the
+  warm-up); keyed by series it holds one entry per series the pods expose. The cache is bounded
+  in entries and bytes and starts over when full; its results equal ``parse``'s.
 * Results are keyed by the series name as written (``foo_bucket``, ``foo_sum`` and ``foo_count``
   of a histogram or summary stay separate keys), so a metric spec names exactly what it reads.
 
@@ -45,6 +49,8 @@ _METRIC_NAME: Final = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME: Final = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _ESCAPES: Final[dict[str, str]] = {"\\": "\\", '"': '"', "n": "\n"}
 _NAME_ENDS: Final = (ord("{"), ord(" "), ord("\t"))
+_NAME_END: Final = re.compile(rb"[{ \t]")
+_BRACE: Final = ord("{")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,21 +78,31 @@ class _Malformed(ValueError):
 
 
 class _Mark:
-    """What the line cache holds besides samples: a malformed line, or no entry."""
+    """What the line cache answers besides samples: a malformed line."""
 
     __slots__ = ()
 
 
 _MALFORMED: Final = _Mark()
-_MISS: Final = _Mark()
 _Cached = Sample | None | _Mark
 
 
-class LineCache:
-    """``parse(text, wanted)`` with memory: the result is the same, but a line seen before (same
-    bytes) is not parsed again. Samples are shared between results: treat them as read-only.
+class _Series:
+    """A cached series (the line up to its value): its last value bytes and its last sample."""
 
-    Bounded: at most ``max_lines`` lines of at most ``max_line_bytes`` each, ``max_bytes`` in
+    __slots__ = ("rest", "sample")
+
+    def __init__(self, rest: bytes, sample: Sample) -> None:
+        self.rest = rest
+        self.sample = sample
+
+
+class LineCache:
+    """``parse(text, wanted)`` with memory: the result is the same, but the name and labels of a
+    series seen before (same bytes up to the value) are not parsed again, only its value. Label
+    dicts are shared between results: treat samples as read-only.
+
+    Bounded: at most ``max_lines`` series of at most ``max_line_bytes`` each, ``max_bytes`` in
     all (longer lines are parsed every time); when full it starts over. At most
     ``max_patterns`` compiled patterns (one per distinct ``wanted`` set) are kept, likewise.
     """
@@ -99,7 +115,7 @@ class LineCache:
         max_bytes: int = 2 * 1024 * 1024,
         max_patterns: int = 64,
     ) -> None:
-        self._lines: dict[bytes, _Cached] = {}
+        self._series: dict[bytes, _Series] = {}
         self._bytes = 0
         self._max_bytes = max_bytes
         self._patterns: dict[frozenset[str], re.Pattern[bytes]] = {}
@@ -111,13 +127,9 @@ class LineCache:
         families = Families()
         if not wanted:
             return families
-        lines = self._lines
         # The leading newline lets the first line match the same "\n<name>" as every other.
         for match in self._pattern(wanted).finditer(b"\n" + text):
-            raw = match.group(1)
-            sample = lines.get(raw, _MISS)
-            if sample is _MISS:
-                sample = self._parse(raw)
+            sample = self._sample(match.group(1))
             if isinstance(sample, Sample):
                 found = families.get(sample.name)
                 if found is None:
@@ -128,17 +140,33 @@ class LineCache:
                 families.skipped += 1
         return families
 
-    def _parse(self, raw: bytes) -> _Cached:
+    def _sample(self, raw: bytes) -> _Cached:
+        """The line's sample: the series' last sample when its value bytes are unchanged, else
+        its cached name and labels with the value parsed anew, or the whole line parsed (and its
+        series cached) the first time."""
+        end = _series_end(raw)
+        key, rest = raw[:end], raw[end:]
+        entry = self._series.get(key)
+        if entry is not None:
+            if entry.rest == rest:
+                return entry.sample
+            try:
+                value, timestamp = _parse_value(rest.decode("utf-8", "replace"), 0)
+            except _Malformed:
+                return _MALFORMED
+            last = entry.sample
+            entry.rest, entry.sample = rest, Sample(last.name, last.labels, value, timestamp)
+            return entry.sample
         try:
-            sample: _Cached = parse_line(raw.decode("utf-8", "replace"))
+            sample = parse_line(raw.decode("utf-8", "replace"))
         except _Malformed:
-            sample = _MALFORMED
-        if len(raw) <= self._max_line_bytes:
-            if len(self._lines) >= self._max_lines or self._bytes + len(raw) > self._max_bytes:
-                self._lines.clear()
+            return _MALFORMED
+        if sample is not None and end <= self._max_line_bytes:
+            if len(self._series) >= self._max_lines or self._bytes + end > self._max_bytes:
+                self._series.clear()
                 self._bytes = 0
-            self._lines[raw] = sample
-            self._bytes += len(raw)
+            self._series[key] = _Series(rest, sample)
+            self._bytes += end
         return sample
 
     def _pattern(self, wanted: frozenset[str]) -> re.Pattern[bytes]:
@@ -148,6 +176,18 @@ class LineCache:
                 self._patterns.clear()
             pattern = self._patterns[wanted] = wanted_lines_pattern(wanted)
         return pattern
+
+
+def _series_end(raw: bytes) -> int:
+    """Where a line's value starts: after the ``}`` closing its labels (the last one: a label
+    value may hold ``}``, a value or timestamp may not), else at the blank ending its name. A
+    line whose value holds ``}`` is malformed; it is parsed whole, never cached."""
+    found = _NAME_END.search(raw)
+    if found is None:
+        return len(raw)
+    if raw[found.start()] != _BRACE:
+        return found.start()
+    return raw.rfind(b"}") + 1 or len(raw)
 
 
 def wanted_lines_pattern(wanted: Iterable[str]) -> re.Pattern[bytes]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from epp.bench.soak import epp_args, options
 from epp.bench.soak_report import Sample, render, verdict
 
 
@@ -35,3 +36,15 @@ def test_render_shows_every_map_and_the_verdict() -> None:
     assert "| min | RSS MB | fds | asyncio tasks |" in text
     assert "prefix index" in text and "sessions" in text
     assert "(flat, limit 5%)" in text
+
+
+@pytest.mark.parametrize("server", ["grpc", "h2"])
+def test_ext_proc_server_option_reaches_the_epp_command_line(server: str) -> None:
+    args = epp_args(options(["--ext-proc-server", server]))
+    assert args[args.index("--ext-proc-server") + 1] == server
+
+
+def test_ext_proc_server_defaults_to_grpc_and_refuses_others() -> None:
+    assert options([]).ext_proc_server == "grpc"
+    with pytest.raises(SystemExit):
+        options(["--ext-proc-server", "http1"])

@@ -122,3 +122,20 @@ async def test_gc_view_counts_the_generations_and_collects_on_request() -> None:
     assert len(counted["gc"]["tracked"]) == 3 and "collected" not in counted["gc"]
     assert len(counted["gc"]["stats"]) == 3
     assert collected["gc"]["collected"] >= 50
+
+
+async def test_pymalloc_view_counts_arenas_and_the_bytes_small_objects_hold() -> None:
+    server, port = await _served()
+    try:
+        _, plain = await _get(port, "")
+        _, before = await _get(port, "?pymalloc=1")
+        held = [object() for _ in range(200_000)]  # 16 bytes each: about 3 MB of small blocks
+        _, after = await _get(port, "?pymalloc=1")
+        del held
+    finally:
+        await server.stop()
+    assert "pymalloc" not in plain
+    grown = after["pymalloc"]["allocatedBytes"] - before["pymalloc"]["allocatedBytes"]
+    assert grown >= 2_000_000
+    assert after["pymalloc"]["arenas"] >= before["pymalloc"]["arenas"] >= 1
+    assert after["pymalloc"]["arenasHighWater"] >= after["pymalloc"]["arenas"]

@@ -125,9 +125,20 @@ def test_cache_stays_within_its_bounds_when_every_scrape_differs() -> None:
         families = cache.parse(payload, frozenset({"q", "long", f"n{i % 5}"}))
         assert families["q"] == [Sample("q", {}, float(i))]
         assert families["long"] == [Sample("long", {"x": "y" * 40}, 1.0)]
-        assert len(cache._lines) <= 8  # the long line is never kept
-        assert sum(map(len, cache._lines)) <= 40
+        assert len(cache._series) <= 8  # the long line is never kept
+        assert sum(map(len, cache._series)) <= 40
         assert len(cache._patterns) <= 2
+
+
+def test_cache_holds_one_entry_per_series_however_often_values_change() -> None:
+    # Keyed by whole line, every new value was a new entry until the cache was full.
+    cache = LineCache()
+    wanted = frozenset({"running", "tokens_total", "info"})
+    for i in range(1000):
+        page = b'running{m="a"} %d\ntokens_total{m="a"} %d 17\ninfo{a="1",b="}"} 1\n' % (i % 7, i)
+        families = cache.parse(page, wanted)
+        assert families["tokens_total"] == [Sample("tokens_total", {"m": "a"}, float(i), 17)]
+    assert len(cache._series) == 3
 
 
 def test_cache_garbage_page_has_no_samples_and_counts_what_looked_like_one() -> None:
