@@ -135,7 +135,7 @@ async def test_two_workers_share_the_port_answer_as_a_group_and_drain_on_sigterm
             f"--grpc-health-port={health}",
             f"--metrics-port={metrics}",
             "--bind-address=127.0.0.1",
-            "--drain-timeout=2s",
+            "--drain-timeout=8s",  # room for the checks below on a loaded machine
         ]
     )
     await _until_serving(health, proc, log)
@@ -173,9 +173,9 @@ async def test_two_workers_share_the_port_answer_as_a_group_and_drain_on_sigterm
     elapsed = time.monotonic() - t0
     output = log.read_text()
     assert code == 0, output
-    assert elapsed > 1.8, output
+    assert elapsed > 7.8, output
     for i in (0, 1):
-        assert re.search(rf"epp\.app draining for 2\.0s worker={i}$", output, re.M), output
+        assert re.search(rf"epp\.app draining for 8\.0s worker={i}$", output, re.M), output
         assert f"worker {i} (pid {pids[i]}) exited with code 0" in output
     for pid in pids:
         with pytest.raises(ProcessLookupError):
