@@ -91,32 +91,39 @@ async def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 
 
 
 async def start_epp(workdir: Path, config: Path) -> tuple[subprocess.Popen[bytes], int]:
-    grpc_port, health_port = free_port(), free_port()
-    log = open(workdir / "epp.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(
-        [
-            *epp_command(),
-            "--config-file",
-            str(config),
-            "--grpc-port",
-            str(grpc_port),
-            "--grpc-health-port",
-            str(health_port),
-            "--metrics-port",
-            str(free_port()),
-            "--secure-serving=false",
-            "--drain-timeout=0s",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        await wait_ready(health_port, proc)
-    except BaseException:
-        proc.kill()
-        print((workdir / "epp.log").read_text()[-3000:])
-        raise
-    return proc, grpc_port
+    # A free port is free only when chosen: another process on the machine may bind it before
+    # the EPP does. That start fails fast and says so in its log; it is retried on new ports.
+    for attempt in range(3):
+        grpc_port, health_port = free_port(), free_port()
+        log = open(workdir / "epp.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [
+                *epp_command(),
+                "--config-file",
+                str(config),
+                "--grpc-port",
+                str(grpc_port),
+                "--grpc-health-port",
+                str(health_port),
+                "--metrics-port",
+                str(free_port()),
+                "--secure-serving=false",
+                "--drain-timeout=0s",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            await wait_ready(health_port, proc)
+        except BaseException:
+            proc.kill()
+            text = (workdir / "epp.log").read_text()
+            if attempt < 2 and "in use" in text.lower() and proc.wait() != 0:
+                continue
+            print(text[-3000:])
+            raise
+        return proc, grpc_port
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture

@@ -75,7 +75,6 @@ class ServeSettings(Protocol):
     def ext_proc_server(self) -> str: ...
 
 
-
 @dataclass
 class GrpcServers:
     ext: grpc.aio.Server | H2Server
@@ -105,12 +104,23 @@ async def start_grpc(
             context, health if s.health_checking else None, max_message=s.grpc_max_recv_msg_size
         )
         tls = tls_context(s.cert_path) if s.secure_serving else None
-        grpc_port = await ext.start(s.bind_address, s.grpc_port, tls=tls, reuse_port=s.group_member)
+        try:
+            grpc_port = await ext.start(
+                s.bind_address, s.grpc_port, tls=tls, reuse_port=s.group_member
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"--grpc-port: cannot listen on {s.bind_address}:{s.grpc_port}: {exc.strerror}"
+            ) from None
     else:
         ext, grpc_port = await _grpc_aio(s, context, health, admin, files)
     hs = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     health_pb2_grpc.add_HealthServicer_to_server(health, hs)
-    health_port = hs.add_insecure_port(f"{private_host(s)}:{s.grpc_health_port}")
+    try:
+        health_port = listen(hs, f"{private_host(s)}:{s.grpc_health_port}", "--grpc-health-port")
+    except ConfigError:
+        await ext.stop(None)  # already serving: stopped here, not by a finaliser after the loop
+        raise
     await hs.start()
     return GrpcServers(ext, hs, grpc_port, health_port, files)
 
@@ -144,11 +154,29 @@ async def _grpc_aio(
         raise ConfigError(str(exc)) from None
     if s.secure_serving:
         creds = grpc_credentials(files, reload=s.enable_cert_reload, client_ca=client_ca)
-        grpc_port = ext.add_secure_port(addr, creds)
+        grpc_port = listen(ext, addr, "--grpc-port", creds)
     else:
-        grpc_port = ext.add_insecure_port(addr)
+        grpc_port = listen(ext, addr, "--grpc-port")
     await ext.start()
     return ext, grpc_port
+
+
+def listen(
+    server: grpc.aio.Server,
+    addr: str,
+    flag: str,
+    creds: grpc.ServerCredentials | None = None,
+) -> int:
+    """Binds ``addr``; a port that cannot be bound (taken, or no such address) is a start-up
+    error naming the flag, not gRPC's traceback."""
+    try:
+        if creds is None:
+            return int(server.add_insecure_port(addr))
+        return int(server.add_secure_port(addr, creds))
+    except RuntimeError:
+        raise ConfigError(
+            f"{flag}: cannot listen on {addr} (address in use or unavailable)"
+        ) from None
 
 
 def private_host(s: ServeSettings) -> str:

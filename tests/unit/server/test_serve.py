@@ -5,6 +5,7 @@ group worker's private servers bind."""
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,7 +176,26 @@ async def test_group_workers_share_the_ext_proc_port_and_nothing_else(start: Sta
     second = await start(_S(group_member=True, grpc_port=first.grpc_port))
     assert second.grpc_port == first.grpc_port
     assert await _health(f"127.0.0.1:{second.health_port}") == SERVING
-    with pytest.raises(RuntimeError):  # not a group member: the port is taken
+    with pytest.raises(ConfigError, match=r"^--grpc-port: cannot listen"):  # not a group member
         await start(_S(grpc_port=first.grpc_port))
-    with pytest.raises(RuntimeError):  # a worker's health port is its own
+    with pytest.raises(ConfigError, match=r"^--grpc-health-port: cannot listen"):  # its own
         await start(_S(group_member=True, grpc_health_port=first.health_port))
+
+
+@pytest.mark.parametrize("server", ["grpc", "h2"])
+@pytest.mark.parametrize("field", ["grpc_port", "grpc_health_port"])
+async def test_a_port_in_use_stops_startup_naming_the_flag(
+    start: Start, server: str, field: str
+) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        with pytest.raises(ConfigError) as info:
+            await start(_S(ext_proc_server=server, **{field: port}))
+    finally:
+        taken.close()
+    flag = "--" + field.replace("_", "-")
+    assert str(info.value).startswith(f"{flag}: cannot listen on 127.0.0.1:{port}")
+    assert "in use" in str(info.value)
