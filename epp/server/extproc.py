@@ -11,12 +11,6 @@ every stream ends in a reply or a clean error, never in silence:
   (``llm_d_epp_extproc_protocol_errors_total{reason}``) and logged, rate-limited;
 * the client half-closing ends the stream with OK; the client cancelling ends it too. Either way
   a request that was routed is completed (``TerminationCause`` client-disconnect or error);
-* once the response has ended (its end of stream, or its trailers, answered) the servicer ends the
-  stream itself with OK, before Envoy closes it. Envoy ends an ext_proc stream by half-closing
-  and resetting it at once; a grpc.aio handler still reading then has its receive batch
-  cancelled, or sends its status on a cancelled call, and grpcio (1.85 and earlier) leaks that
-  batch's native ``grpc_op`` array each time (grpc/grpc#43360): in ``epp bench soak`` about
-  0.3 MB of C heap a minute at 25 requests a second;
 * an in-flight request that flow control evicts (``flowControl.enableEviction``) gets upstream's
   429 ImmediateResponse (body ``request evicted by flow control``, header
   ``x-llm-d-request-dropped-reason: evicted``) at once, unless its response already ended; the
@@ -106,7 +100,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     return
                 for reply in replies:
                     yield reply
-                if stream.done or stream.response_ended:  # end it before Envoy cancels it
+                if stream.done:
                     return
         except ProtocolError as err:
             error = True
