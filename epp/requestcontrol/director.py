@@ -112,6 +112,11 @@ class Director:
         if stats is not None:
             stats.serve_models_from(self.pool_models)
 
+    @property
+    def flow_controlled(self) -> bool:
+        """Routing may wait in a flow-control queue (the ``flowControl`` gate is on)."""
+        return self._flow is not None
+
     def pool_models(self) -> list[str]:
         """Model names the pool serves by its own account (``rewrites.served_models``)."""
         return served_models(self._endpoints(), self._rewrites)

@@ -11,6 +11,12 @@ every stream ends in a reply or a clean error, never in silence:
   (``llm_d_epp_extproc_protocol_errors_total{reason}``) and logged, rate-limited;
 * the client half-closing ends the stream with OK; the client cancelling ends it too. Either way
   a request that was routed is completed (``TerminationCause`` client-disconnect or error);
+* with flow control on, a half-close that arrives while a complete request waits for its routing
+  decision abandons the request: its queue slot is freed at once (``EvictedContextCancelled``)
+  and the stream ends with OK. Envoy half-closes only when it wants no more answers: its
+  downstream went away, or with ``ext_proc_graceful_grpc_close`` it ends the stream gracefully
+  and resets it about a second later, by which time the queue may have dispatched the request
+  for a client that is gone;
 * an in-flight request that flow control evicts (``flowControl.enableEviction``) gets upstream's
   429 ImmediateResponse (body ``request evicted by flow control``, header
   ``x-llm-d-request-dropped-reason: evicted``) at once, unless its response already ended; the
@@ -23,9 +29,11 @@ With ``--enable-grpc-stream-metrics`` each stream is counted by how it ended
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -38,7 +46,7 @@ from epp.plugin import ErrorCode, InferenceError
 from epp.server import messages
 from epp.server.context import ServerContext
 from epp.server.misuse import UNDECODABLE, MisuseLog, ProtocolError
-from epp.server.stream import RequestStream
+from epp.server.stream import Replies, RequestStream
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +92,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     yield stream.evict(msg)
                     return
                 try:
-                    replies = await stream.on_message(msg)
+                    replies = await _answer(stream, incoming, msg)
+                    if replies is None:  # abandoned: the client half-closed while it waited
+                        return
                 except ProtocolError:
                     raise
                 except Exception:
@@ -142,10 +152,53 @@ class _Incoming:
         assert self._evicted is not None
         return self._evicted.result()
 
+    async def route(
+        self, routing: Coroutine[Any, Any, Replies], stream: RequestStream
+    ) -> Replies | None:
+        """Await ``routing`` while reading ahead; ``None`` when the client half-closes and the
+        stream says that abandons the request (the routing task is cancelled)."""
+        task = asyncio.ensure_future(routing)
+        try:
+            while not task.done():
+                if self._read is None:
+                    self._read = asyncio.ensure_future(anext(self._messages, None))
+                waiting = [task] if self._read.done() else [task, self._read]
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if task.done() or not _ended(self._read):
+                    continue
+                if stream.abandoned_on_half_close():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                    return None
+                return await task  # the answer still goes out; the loop then sees the end
+        except asyncio.CancelledError:
+            task.cancel()  # the stream was cancelled: so is its routing (and its queue wait)
+            raise
+        return task.result()
+
     def close(self) -> None:
         for task in (self._read, self._evicted):
             if task is not None:
                 task.cancel()
+
+
+async def _answer(
+    stream: RequestStream, incoming: _Incoming, msg: pb.ProcessingRequest
+) -> Replies | None:
+    out = stream.dispatch(msg)
+    if isinstance(out, list):
+        return out
+    if not stream.director.flow_controlled:  # routing cannot wait: no need to read ahead
+        return await out
+    return await incoming.route(out, stream)
+
+
+def _ended(read: asyncio.Task[pb.ProcessingRequest | None]) -> bool:
+    """The read-ahead saw the client's half-close (a failed read is raised by the next read)."""
+    return (
+        read.done() and not read.cancelled() and read.exception() is None and read.result() is None
+    )
 
 
 def add_to_server(servicer: ExtProcServicer, server: grpc.aio.Server) -> None:

@@ -86,7 +86,10 @@ class ExtProcCall:
             self.task = asyncio.get_running_loop().create_task(self._run(pending))
 
     def on_half_close(self) -> None:
-        if self.task is not None:
+        if self.task is not None and self.stream.abandoned_on_half_close():
+            self.task.cancel()  # the client wants no answer: free its queue slot now
+            self._end(w.GRPC_OK)
+        elif self.task is not None:
             self.tail = True
         else:
             self._end(w.GRPC_OK)

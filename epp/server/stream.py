@@ -284,6 +284,17 @@ class RequestStream:
         signal = ex.request.attributes.get(EVICTION_ATTRIBUTE)
         return signal if isinstance(signal, Eviction) else None
 
+    def abandoned_on_half_close(self) -> bool:
+        """A half-close now means the client wants no answer, and routing may be waiting in a
+        flow-control queue: stop waiting (see ``epp.server.extproc``)."""
+        ex = self.exchange
+        return (
+            self.director.flow_controlled
+            and ex is not None
+            and ex.decision is None
+            and self.request_ended
+        )
+
     def evict(self, err: InferenceError) -> pb.ProcessingResponse:
         """Flow control evicted the request: upstream's 429 reply ends the stream, and completion
         (``TerminationCause.EVICTED``) frees its flow-control slot."""

@@ -75,11 +75,15 @@ async def test_client_disconnect_while_queued_frees_the_slot(start_app, sim_pods
     app = await start_app(fleet.ports, FLOW.format(ttl="30s"))
     proxy = envoy(app)
     url = f"{proxy.url}/v1/completions"
-    first = asyncio.create_task(post(url, SLOW))
+    # holds the slot for about 3 s, so a slow machine cannot dispatch the queued request first
+    first = asyncio.create_task(post(url, {**SLOW, "max_tokens": 600}))
     await wait_for(lambda: outcomes(app, "Dispatched") == 1, 5)
     queued = asyncio.create_task(post(url, COMPLETION))
     await wait_for(lambda: app.flow.queued() == 1, 5)
-    queued.cancel()  # the client goes away while its request waits in the EPP
+    # The client goes away while its request waits in the EPP. Envoy half-closes the ext_proc
+    # stream (graceful close) and would reset it a second later; the half-close alone frees the
+    # slot (unit tests: test_extproc, test_h2).
+    queued.cancel()
     await wait_for(lambda: outcomes(app, "EvictedContextCancelled") == 1, 5)
     # the band's only queue slot is free again: the next request queues instead of a 429
     status, _, _ = await post(url, COMPLETION)

@@ -61,11 +61,19 @@ class Recording(Director):
     def __init__(self) -> None:
         super().__init__()
         self.evictable: Eviction | None = None
+        self.hold: asyncio.Event | None = None  # routing waits for it, as in a queue
+        self.route_cancelled = False
 
     def protocol_error(self, reason: str) -> None:
         self.calls.append(("protocol_error", reason))
 
     async def route(self, ex: Exchange, body: bytes, metadata: dict[str, Any]) -> Decision:
+        if self.hold is not None:
+            try:
+                await self.hold.wait()
+            except asyncio.CancelledError:
+                self.route_cancelled = True
+                raise
         decision = await super().route(ex, body, metadata)
         if self.evictable is not None:
             ex.request.attributes[EVICTION_ATTRIBUTE] = self.evictable
@@ -216,3 +224,75 @@ async def test_messages_keep_flowing_while_the_request_can_be_evicted() -> None:
     kinds = [r.WhichOneof("response") for r in replies]
     assert kinds == ["request_headers", "request_body", "response_headers", "response_body"]
     assert director.calls[-1] == ("complete", TerminationCause.CLIENT_DISCONNECT)
+
+
+def kind(reply: Any) -> str | None:
+    if not isinstance(reply, pb.ProcessingResponse):
+        reply = pb.ProcessingResponse.FromString(reply)
+    return reply.WhichOneof("response")
+
+
+def queued() -> tuple[ExtProcServicer, Recording, Streams]:
+    """A flow-controlled servicer whose routing waits (as in a queue) until ``hold`` is set."""
+    streams = Streams()
+    svc, director = servicer(streams)
+    director.flow_controlled = True
+    director.hold = asyncio.Event()
+    return svc, director, streams
+
+
+async def test_a_half_close_while_the_request_waits_in_flow_control_abandons_it() -> None:
+    svc, director, streams = queued()
+    ctx = Context()
+    # full duplex: nothing is answered before the decision, and none is made
+    assert await asyncio.wait_for(run(svc, [headers(), body(b"{}")], ctx), 5) == []
+    assert director.route_cancelled and ctx.code_ is None
+    assert director.calls[-1] == ("complete", TerminationCause.CLIENT_DISCONNECT)
+    assert streams.events == ["started", "OK"]
+
+
+async def test_messages_read_ahead_while_routing_waits_are_answered_in_order() -> None:
+    svc, director, _ = queued()
+    assert director.hold is not None
+    open_ = asyncio.Event()
+    items = [headers(), body(b"{}"), response_headers()]
+    gen = svc.Process(messages(items, open_), Context())  # type: ignore[arg-type]
+    pending = asyncio.ensure_future(anext(gen))
+    for _ in range(10):  # the read-ahead takes response_headers while routing waits
+        await asyncio.sleep(0)
+    assert not pending.done()
+    director.hold.set()
+    kinds = [kind(await asyncio.wait_for(pending, 5))]
+    while kinds[-1] != "response_headers":
+        kinds.append(kind(await asyncio.wait_for(anext(gen), 5)))
+    assert kinds == ["request_headers", "request_body", "response_headers"]
+    assert not director.route_cancelled
+    open_.set()
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(anext(gen), 5)
+
+
+async def test_a_half_close_after_the_decision_still_gets_the_answer() -> None:
+    svc, director, _ = queued()
+    assert director.hold is not None
+    director.hold.set()  # routing does not wait: the decision is made before the end is read
+    director.flow_controlled = True
+    replies = await asyncio.wait_for(
+        run(svc, [headers(), body(b"{}"), response_headers()], Context()), 5
+    )
+    kinds = [r.WhichOneof("response") for r in replies]
+    assert kinds == ["request_headers", "request_body", "response_headers"]
+
+
+async def test_cancelling_the_stream_cancels_the_routing_that_waits() -> None:
+    svc, director, streams = queued()
+    gen = svc.Process(messages([headers(), body(b"{}")], asyncio.Event()), Context())  # type: ignore[arg-type]
+    pending = asyncio.ensure_future(anext(gen))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    pending.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await pending
+    assert director.route_cancelled
+    await gen.aclose()
+    assert streams.events == ["started", "Canceled"]

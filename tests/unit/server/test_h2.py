@@ -69,6 +69,10 @@ class Stream:
         self.seen: list[str] = []
         self.done = False
         self.closed: list[bool] = []
+        self.abandons = False  # what ``abandoned_on_half_close`` answers
+
+    def abandoned_on_half_close(self) -> bool:
+        return self.abandons
 
     def dispatch(self, msg: pb.ProcessingRequest) -> Any:
         self.seen.append(str(msg.WhichOneof("request")))
@@ -261,6 +265,33 @@ async def test_a_reset_cancels_the_routing_message_and_closes_quietly() -> None:
     assert io.sent == [] and io.finished == [] and stream.closed == [False]
     call.on_message(HEADERS.SerializeToString())
     assert stream.seen == ["request_body"]
+
+
+async def test_a_half_close_that_abandons_the_request_cancels_its_routing_and_ends_ok() -> None:
+    gate = Gate()
+    call, io, stream, _ = call_with(routing(gate))
+    call.on_message(BODY.SerializeToString())
+    task = call.task
+    assert task is not None
+    await asyncio.sleep(0)  # the task runs up to the held route (a flow-control queue wait)
+    stream.abandons = True
+    call.on_half_close()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)  # a bound on failure only
+    assert io.sent == [] and io.finished == [(w.GRPC_OK, "")] and stream.closed == [False]
+    assert call.task is None
+
+
+async def test_a_half_close_that_does_not_abandon_waits_for_the_answer() -> None:
+    gate = Gate()
+    call, io, stream, _ = call_with(routing(gate))
+    call.on_message(BODY.SerializeToString())
+    call.on_half_close()  # ``abandons`` is False: the answer still goes out
+    assert io.finished == []
+    gate.release.set()
+    await settle(call)
+    assert [r.WhichOneof("response") for r in io.replies()] == ["request_body"]
+    assert io.finished == [(w.GRPC_OK, "")] and stream.closed == [False]
 
 
 class Health:

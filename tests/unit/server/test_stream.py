@@ -48,6 +48,7 @@ class Director:
         self.rewritten = False
         self.skip_response = False
         self.forward: Forward | None = Forward(b"out", whole=False, changed=False)
+        self.flow_controlled = False
 
     def begin(self, headers: dict[str, str]) -> Exchange:
         self.calls.append(("begin", headers))
@@ -680,3 +681,19 @@ async def test_response_processing_time_by_response_kind(
     stream.close(error=False)
     assert metrics.response_processing.values == [seconds]
     assert director.calls[-1] == ("complete", TerminationCause.CLIENT_DISCONNECT)
+
+
+@pytest.mark.parametrize("flow_controlled", [False, True])
+async def test_a_half_close_abandons_only_a_flow_controlled_request_awaiting_its_decision(
+    flow_controlled: bool,
+) -> None:
+    stream, director = new_stream()
+    director.flow_controlled = flow_controlled
+    assert not stream.abandoned_on_half_close()  # no request yet
+    stream.dispatch(headers())
+    assert not stream.abandoned_on_half_close()  # the body is still coming
+    routing = stream.dispatch(body(b"{}", eos=True))
+    assert stream.abandoned_on_half_close() is flow_controlled  # the decision is pending
+    assert not isinstance(routing, list)
+    await routing
+    assert not stream.abandoned_on_half_close()  # decided: the answer goes out
