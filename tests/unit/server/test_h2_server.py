@@ -121,6 +121,7 @@ async def test_stop_without_grace_closes_open_connections_at_once(grace: float |
 
 async def test_stop_with_no_connection_returns_at_once() -> None:
     srv = server()
+    await asyncio.wait_for(srv.stop(60), 5)  # never started: nothing to close
     await srv.start("127.0.0.1", 0, tls=None, reuse_port=False)
     await asyncio.wait_for(srv.stop(60), 5)
 

@@ -571,3 +571,15 @@ def test_a_reset_of_a_stream_that_already_ended_is_ignored() -> None:
     t.frames()
     conn.data_received(w.rst_stream(1, w.CANCEL) + w.rst_stream(7, w.CANCEL))
     assert log == [("message", b"x"), ("half_close",)] and t.frames() == []
+
+
+def test_padding_and_priority_fields_are_stripped_before_the_block_and_the_messages() -> None:
+    conn, _t, log = connect()
+    block = hpack.Encoder().encode([(":path", "/echo"), (":method", "POST")])  # path first
+    priority = struct.pack(">IB", 0, 15)  # depends on stream 0, weight 16
+    flags = w.END_HEADERS | w.PADDED | w.PRIORITY_FLAG
+    wire = w.frame(w.HEADERS, flags, 1, bytes([4]) + priority + block + bytes(4))
+    padded = bytes([6]) + w.grpc_message(b"x") + bytes(6)  # padding long enough to parse
+    wire += w.frame(w.DATA, w.PADDED | w.END_STREAM, 1, padded)
+    conn.data_received(wire)
+    assert log == [("message", b"x"), ("half_close",)]
