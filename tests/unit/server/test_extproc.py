@@ -169,7 +169,10 @@ async def test_an_unexpected_error_is_a_500_and_the_request_completes_as_error(
     assert replies[-1].immediate_response.body == INTERNAL_BODY
     assert ctx.code_ is None
     assert director.calls[-1] == ("complete", TerminationCause.ERROR)
-    assert "ext_proc stream failed" in caplog.text
+    (record,) = [r for r in caplog.records if r.name == "epp.server.extproc"]
+    assert record.getMessage() == "ext_proc stream failed"
+    assert record.__dict__["request_kind"] == "response_headers"
+    assert record.exc_info is not None and record.exc_info[0] is RuntimeError
 
 
 async def test_a_done_stream_stops_reading() -> None:

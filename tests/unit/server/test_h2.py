@@ -208,6 +208,18 @@ async def test_messages_wait_in_order_behind_a_routing_message() -> None:
     assert io.finished == [(w.GRPC_OK, "")] and stream.closed == [False] and call.task is None
 
 
+async def test_a_routed_answer_leaves_the_call_open_until_the_client_half_closes() -> None:
+    gate = Gate()
+    call, io, _stream, _ = call_with(routing(gate))
+    call.on_message(BODY.SerializeToString())
+    gate.release.set()
+    await settle(call)
+    assert [r.WhichOneof("response") for r in io.replies()] == ["request_body"]
+    assert io.finished == [] and call.task is None
+    call.on_half_close()
+    assert io.finished == [(w.GRPC_OK, "")]
+
+
 async def test_a_routing_message_that_ends_the_stream_drops_what_waits() -> None:
     gate = Gate()
 

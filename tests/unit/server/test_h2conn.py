@@ -516,3 +516,70 @@ def test_a_call_is_freed_without_the_cycle_collector_once_its_stream_ends() -> N
         assert [ref() for ref in calls] == [None, None, None, None]
     finally:
         gc.enable()
+
+
+def test_replies_that_fit_spend_the_stream_window_and_an_update_adds_to_what_is_left() -> None:
+    conn, t, _log = connect()
+    conn.data_received(w.settings_frame({w.SETTINGS_INITIAL_WINDOW_SIZE: 30}))
+    t.frames()
+    msg = w.grpc_message(b"a" * 11)  # 16 bytes
+    conn.data_received(headers(1) + data(1, msg))
+    assert t.frames() == [
+        (w.HEADERS, w.END_HEADERS, 1, w.RESPONSE_HEADERS),
+        (w.DATA, 0, 1, msg),
+    ]
+    conn.data_received(w.window_update(1, 5))  # 14 left + 5
+    assert t.frames() == []
+    conn.data_received(data(1, msg))
+    assert t.frames() == [(w.DATA, 0, 1, msg)]  # 3 left
+    conn.data_received(data(1, msg))
+    assert t.frames() == [(w.DATA, 0, 1, msg[:3])]
+
+
+def test_replies_that_fit_spend_the_connection_window_and_an_update_adds_to_what_is_left() -> None:
+    conn = Connection(lambda path, io: Echo(io, []), 200_000, print)
+    t = FakeTransport()
+    conn.connection_made(t)  # type: ignore[arg-type]
+    settings = w.settings_frame({w.SETTINGS_INITIAL_WINDOW_SIZE: w.MAX_WINDOW})
+    conn.data_received(w.PREFACE + settings + headers(1))
+    t.frames()
+    msg = w.grpc_message(b"c" * (w.DEFAULT_MAX_FRAME - 5))  # one full frame
+    for _ in range(3):
+        conn.data_received(data(1, msg))
+    sent = t.frames()
+    assert [(f[0], len(f[3])) for f in sent[1:]] == [(w.DATA, w.DEFAULT_MAX_FRAME)] * 3
+    conn.data_received(w.window_update(0, 100))  # 16,383 left + 100
+    conn.data_received(data(1, msg))
+    assert t.frames() == [(w.DATA, 0, 1, msg)]  # 99 left
+    conn.data_received(data(1, msg))
+    assert t.frames() == [(w.DATA, 0, 1, msg[:99])]
+
+
+def test_a_read_that_ends_inside_a_frame_keeps_only_the_unread_bytes() -> None:
+    conn, _t, log = connect()
+    second = data(1, w.grpc_message(b"two"), end=True)
+    conn.data_received(headers(1) + data(1, w.grpc_message(b"one")) + second[:12])
+    assert log == [("message", b"one")]
+    conn.data_received(second[12:])
+    assert log == [("message", b"one"), ("message", b"two"), ("half_close",)]
+
+
+def test_a_reset_of_a_stream_that_already_ended_is_ignored() -> None:
+    conn, t, log = connect()
+    conn.data_received(headers(1) + data(1, w.grpc_message(b"x"), end=True))
+    assert list(conn.streams) == []
+    t.frames()
+    conn.data_received(w.rst_stream(1, w.CANCEL) + w.rst_stream(7, w.CANCEL))
+    assert log == [("message", b"x"), ("half_close",)] and t.frames() == []
+
+
+def test_padding_and_priority_fields_are_stripped_before_the_block_and_the_messages() -> None:
+    conn, _t, log = connect()
+    block = hpack.Encoder().encode([(":path", "/echo"), (":method", "POST")])  # path first
+    priority = struct.pack(">IB", 0, 15)  # depends on stream 0, weight 16
+    flags = w.END_HEADERS | w.PADDED | w.PRIORITY_FLAG
+    wire = w.frame(w.HEADERS, flags, 1, bytes([4]) + priority + block + bytes(4))
+    padded = bytes([6]) + w.grpc_message(b"x") + bytes(6)  # padding long enough to parse
+    wire += w.frame(w.DATA, w.PADDED | w.END_STREAM, 1, padded)
+    conn.data_received(wire)
+    assert log == [("message", b"x"), ("half_close",)]
