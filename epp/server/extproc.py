@@ -158,24 +158,22 @@ class _Incoming:
         """Await ``routing`` while reading ahead; ``None`` when the client half-closes and the
         stream says that abandons the request (the routing task is cancelled)."""
         task = asyncio.ensure_future(routing)
+        if self._read is None:
+            self._read = asyncio.ensure_future(anext(self._messages, None))
         try:
-            while not task.done():
-                if self._read is None:
-                    self._read = asyncio.ensure_future(anext(self._messages, None))
-                waiting = [task] if self._read.done() else [task, self._read]
-                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                if task.done() or not _ended(self._read):
-                    continue
-                if stream.abandoned_on_half_close():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-                    return None
-                return await task  # the answer still goes out; the loop then sees the end
+            if not self._read.done():
+                await asyncio.wait([task, self._read], return_when=asyncio.FIRST_COMPLETED)
+            if not task.done() and _ended(self._read) and stream.abandoned_on_half_close():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                return None
+            # a message read ahead waits for the next step; after a half-close that does not
+            # abandon, the answer still goes out and the loop then sees the end
+            return await task
         except asyncio.CancelledError:
             task.cancel()  # the stream was cancelled: so is its routing (and its queue wait)
             raise
-        return task.result()
 
     def close(self) -> None:
         for task in (self._read, self._evicted):
