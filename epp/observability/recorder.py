@@ -5,14 +5,15 @@ through the metrics' ``ModelLabels`` (a name the pool does not serve reads ``unk
 ids through a ``LabelCap`` of ``FAIRNESS_LABEL_CAP`` (64) values of at most 128 characters (later
 or longer ones read ``other``). Labels are worked out when each event is recorded, so a request
 whose model was confirmed by its own 2xx response (``on_response_status``) has its completion
-metrics under the model's name; ``llm_d_epp_request_running`` is the exception: it is decremented
-with the labels it was incremented with.
+metrics under the model's name. Two exceptions: ``llm_d_epp_request_running`` is decremented with
+the labels it was incremented with, and a response's inter-token latencies all take the labels of
+its first inter-token event (the histogram's child is looked up once per response, not per token).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Final
+from typing import Any, Final
 
 from epp.observability.labels import FAIRNESS_LABEL_CAP, MAX_FAIRNESS_CHARS, LabelCap, ModelSource
 from epp.observability.metrics import EppMetrics
@@ -21,7 +22,20 @@ from epp.plugin import InferenceRequest, ResponseInfo, SchedulingResult
 _RUNNING_LABELS: Final = "epp.stats.running-labels"
 """``InferenceRequest.attributes`` key: the labels ``running`` was incremented with."""
 _CHUNKS: Final = "epp.stats.chunk-times"
-"""``InferenceRequest.attributes`` key: ``[TTFT, clock reading of the last response chunk]``."""
+"""``InferenceRequest.attributes`` key: the request's ``_ChunkTimes``."""
+
+
+class _ChunkTimes:
+    """TTFT, the clock reading of the last response chunk, and the inter-token histogram's
+    labelled child, looked up at the response's first inter-token event and kept: a streamed
+    response has one chunk per token, and the lookup cost more than the observation."""
+
+    __slots__ = ("itl", "last", "ttft")
+
+    def __init__(self, ttft: float, last: float) -> None:
+        self.ttft = ttft
+        self.last = last
+        self.itl: Any = None
 
 
 class RequestStats:
@@ -67,20 +81,26 @@ class RequestStats:
     def on_chunk(self, request: InferenceRequest, streaming: bool, started: float) -> None:
         """A response body chunk: the first one gives TTFT (from ``started``, the clock reading
         at the request headers); in a streamed response each later one the inter-token latency
-        (the time since the previous chunk), as upstream."""
+        (the time since the previous chunk), as upstream. The inter-token labels are those of
+        the response's second chunk (its model confirmed or not by then) for all its chunks."""
         now = time.monotonic()
         times = request.attributes.get(_CHUNKS)
-        if not isinstance(times, list):
-            request.attributes[_CHUNKS] = [now - started, now]
+        if not isinstance(times, _ChunkTimes):
+            request.attributes[_CHUNKS] = _ChunkTimes(now - started, now)
             model, target = self._models(request)
             streamed = "true" if streaming else "false"
             self.m.ttft.labels(model, target, streamed).observe(now - started)
             return
         if streaming:
-            model, target = self._models(request)
-            labels = (model, target, self._fairness_cap(request.fairness_id), str(request.priority))
-            self.m.streaming_itl.labels(*labels).observe(now - times[1])
-        times[1] = now
+            itl = times.itl
+            if itl is None:
+                model, target = self._models(request)
+                fair = self._fairness_cap(request.fairness_id)
+                itl = times.itl = self.m.streaming_itl.labels(
+                    model, target, fair, str(request.priority)
+                )
+            itl.observe(now - times.last)
+        times.last = now
 
     def on_complete(
         self, request: InferenceRequest, info: ResponseInfo, seconds: float, response_bytes: int
@@ -98,9 +118,9 @@ class RequestStats:
             self.m.output_tokens.observe(labels, labels, usage.completion_tokens)
             self.m.ntpot.observe(labels, labels, seconds / usage.completion_tokens)
         times = request.attributes.get(_CHUNKS)
-        if info.streaming and usage.completion_tokens > 1 and isinstance(times, list):
+        if info.streaming and usage.completion_tokens > 1 and isinstance(times, _ChunkTimes):
             fair = (*labels, self._fairness_cap(request.fairness_id), str(request.priority))
-            tpot = (seconds - times[0]) / (usage.completion_tokens - 1)
+            tpot = (seconds - times.ttft) / (usage.completion_tokens - 1)
             self.m.streaming_tpot.labels(*fair).observe(max(tpot, 0.0))
         if usage.cached_tokens:
             self.m.cached_tokens.observe(labels, labels, usage.cached_tokens)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import functools
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias
 
@@ -107,18 +108,21 @@ def buffered_body_reply(
     return resp
 
 
-def streamed_body(body: bytes, *, response: bool, end_of_stream: bool = True) -> Iterator[bytes]:
+def streamed_body(body: bytes, *, response: bool, end_of_stream: bool = True) -> list[bytes]:
     """FULL_DUPLEX_STREAMED body replies in pieces of at most 62,000 bytes (EOS on the last),
     already serialized: this is the reply to every streamed response chunk, and building it as
     protobuf objects cost more than everything else the EPP does per chunk (``encoded_body``)."""
     n = len(body)
     if n <= wire.MAX_BODY_CHUNK:
-        yield encoded_body(body, response=response, end_of_stream=end_of_stream)
-        return
-    for i in range(0, n, wire.MAX_BODY_CHUNK):
-        last = i + wire.MAX_BODY_CHUNK >= n
-        piece = body[i : i + wire.MAX_BODY_CHUNK]
-        yield encoded_body(piece, response=response, end_of_stream=end_of_stream and last)
+        return [encoded_body(body, response=response, end_of_stream=end_of_stream)]
+    return [
+        encoded_body(
+            body[i : i + wire.MAX_BODY_CHUNK],
+            response=response,
+            end_of_stream=end_of_stream and i + wire.MAX_BODY_CHUNK >= n,
+        )
+        for i in range(0, n, wire.MAX_BODY_CHUNK)
+    ]
 
 
 _SMALL = tuple(bytes((i,)) for i in range(128))
@@ -161,15 +165,23 @@ _EOS = _varint(_field_number(pb.StreamedBodyResponse, "end_of_stream") << 3) + b
 def encoded_body(body: bytes, *, response: bool, end_of_stream: bool) -> bytes:
     """One serialized ``ProcessingResponse`` carrying ``body`` as a streamed body mutation; the
     same bytes ``SerializeToString`` gives (proto3 omits an empty body and a false flag)."""
-    head = (_BODY_TAG + _varint(len(body))) if body else b""
+    head, tail = _framing(len(body), response, end_of_stream)
+    return b"".join((head, body, tail))
+
+
+@functools.lru_cache(maxsize=4096)
+def _framing(n: int, response: bool, end_of_stream: bool) -> tuple[bytes, bytes]:
+    """The bytes before and after an ``n``-byte body: they depend only on its length and the two
+    flags, and a token's chunk has one of a few hundred lengths, so they are built once each."""
+    head = (_BODY_TAG + _varint(n)) if n else b""
     tail = _EOS if end_of_stream else b""
-    size = len(head) + len(body) + len(tail)
+    size = len(head) + n + len(tail)
     for tag in reversed(_INNER_TAGS):  # only the length prefixes: the body is copied once
         prefix = tag + _varint(size)
         head = prefix + head
         size += len(prefix)
     outer = (_RESPONSE_TAG if response else _REQUEST_TAG) + _varint(size)
-    return b"".join((outer, head, body, tail))
+    return outer + head, tail
 
 
 Reply: TypeAlias = "pb.ProcessingResponse | bytes"

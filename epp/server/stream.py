@@ -342,7 +342,7 @@ class RequestStream:
         if not duplex:  # Envoy takes ``streamed_response`` only in FULL_DUPLEX_STREAMED
             body = forward.body if forward.changed else None
             return [messages.buffered_response_body_reply(body)]
-        return list(messages.streamed_body(forward.body, response=True, end_of_stream=eos))
+        return messages.streamed_body(forward.body, response=True, end_of_stream=eos)
 
     def _on_response_trailers(self) -> Replies:
         ex = self._response_exchange()

@@ -315,6 +315,20 @@ class ResponseUsageState:
         return _body(self._dialect, parts[0] if len(parts) == 1 else b"".join(parts))
 
     def _feed_sse(self, chunk: bytes, end_of_stream: bool) -> ParsedResponse:
+        if (
+            not self._tail
+            and not self._dropping
+            and chunk.startswith(DATA_PREFIX)
+            and chunk.endswith(b"\n\n")
+            and chunk.count(b"\n") == 2
+            and b"usage" not in chunk
+            and _RESPONSE_EVENT_MARK not in chunk
+        ):
+            # A streamed answer's usual chunk, one token: a single whole ``data:`` event with
+            # neither usage nor a response id. The general path below gives the same result.
+            done = chunk[len(DATA_PREFIX) : -2].rstrip(b"\r") == DONE
+            counted = self._dialect.counts_events and not done
+            return ParsedResponse(streamed_events=1 if counted else 0)
         dropped_events = 0
         if self._dropping:
             # The start of the current line was discarded; skip to its end.

@@ -43,3 +43,44 @@ def test_fairness_ids_are_capped_at_64_and_long_ones_fold_into_other() -> None:
         if s.name == "llm_d_epp_request_total"
     }
     assert len(ids) == 65 and OTHER in ids and "tenant-63" in ids and "tenant-64" not in ids
+
+
+def test_streamed_chunks_give_ttft_once_and_one_itl_per_later_chunk_through_one_lookup() -> None:
+    m = EppMetrics()
+    stats = RequestStats(m)
+    m.model_labels.learn("base")
+    request = make_request(incoming_model="base", target_model="base", fairness_id="t1")
+    lookups: list[tuple[str, ...]] = []
+    labels = m.streaming_itl.labels
+
+    def counting(*values: str) -> object:
+        lookups.append(values)
+        return labels(*values)
+
+    m.streaming_itl.labels = counting  # type: ignore[method-assign]
+    for _ in range(50):
+        stats.on_chunk(request, True, 0.0)
+    itl = {"model_name": "base", "target_model_name": "base", "fairness_id": "t1"}
+    itl["priority"] = str(request.priority)
+    assert sample(m, "llm_d_epp_request_streaming_itl_seconds_count", **itl) == 49
+    ttft = {"model_name": "base", "target_model_name": "base", "streaming": "true"}
+    assert sample(m, "llm_d_epp_request_ttft_seconds_count", **ttft) == 1
+    assert lookups == [("base", "base", "t1", str(request.priority))]
+    info = ResponseInfo(request_id="req-0", headers={}, streaming=True)
+    info.usage.completion_tokens = 50
+    stats.on_complete(request, info, 5.0, 1000)
+    tpot = "llm_d_epp_request_streaming_tpot_seconds_count"
+    assert sample(m, tpot, **itl) == 1
+
+
+def test_a_buffered_response_has_ttft_and_no_inter_token_latency() -> None:
+    m = EppMetrics()
+    stats = RequestStats(m)
+    request = make_request()
+    for _ in range(3):
+        stats.on_chunk(request, False, 0.0)
+    families = {f.name: f for f in m.registry.collect()}
+    itl = [s for s in families["llm_d_epp_request_streaming_itl_seconds"].samples]
+    assert itl == []
+    ttft = families["llm_d_epp_request_ttft_seconds"].samples
+    assert any(s.name.endswith("_count") and s.value == 1 for s in ttft)

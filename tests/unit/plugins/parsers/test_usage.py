@@ -393,3 +393,51 @@ def test_token_deltas_are_never_decoded_when_scanning_a_responses_stream(monkeyp
     monkeypatch.setattr(usage_mod, "_decode", spy)
     parse_whole(OpenAIDialect, RESPONSES_STREAM, SSE)
     assert len(decoded) == 2  # response.created and response.completed only
+
+
+ONE_EVENT_CHUNKS = [
+    b'data: {"id":"1","choices":[{"delta":{"content":"Hel"}}]}\n\n',
+    b'data: {"id":"1","choices":[{"delta":{"content":"Hel"}}],"usage":null}\n\n',
+    b"data: [DONE]\n\n",
+    b"data: [DONE]\r\n\n",
+    b"data: \n\n",
+    b'data: {"type":"response.created","response":{"id":"resp_1","store":true}}\n\n',
+    b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":10}}\n\n',
+    b'data: {"a":1}\r\n\r\n',
+    b'data: {"a":1}\n\ndata: {"b":2}\n\n',
+    b'event: x\ndata: {"a":1}\n\n',
+    b'data: {"a":1}\n',
+    b'data: {"a":1}',
+    b": comment\n\n",
+]
+
+
+@pytest.mark.parametrize("dialect", [OpenAIDialect, AnthropicDialect])
+@pytest.mark.parametrize("end", [False, True])
+@pytest.mark.parametrize("chunk", ONE_EVENT_CHUNKS)
+def test_a_chunk_fed_on_its_own_gives_what_the_line_scan_gives(
+    dialect: Dialect, end: bool, chunk: bytes
+) -> None:
+    # The one-event shortcut and the general line scan agree on every chunk shape, and on the
+    # chunk that follows (no tail is left behind by either).
+    state = ResponseUsageState(dialect, SSE)
+    fed = state.feed(chunk, end)
+    if end or chunk.endswith(b"\n"):
+        assert fed == parse_whole(dialect, chunk, SSE)
+    follow = b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'
+    if not end:
+        expected = parse_whole(dialect, chunk + follow, SSE)
+        total = state.feed(follow, True)
+        assert fed.streamed_events + total.streamed_events == expected.streamed_events
+        assert (fed.usage or total.usage) == expected.usage
+
+
+def test_a_one_token_chunk_is_not_line_scanned(monkeypatch: Any) -> None:
+    def scan(*_: Any) -> ParsedResponse:
+        raise AssertionError("line-scanned")
+
+    state = ResponseUsageState(OpenAIDialect, SSE)
+    monkeypatch.setattr(usage_mod, "_scan_lines", scan)
+    token = b'data: {"id":"1","choices":[{"delta":{"content":"x"}}]}\n\n'
+    assert state.feed(token, False) == ParsedResponse(streamed_events=1)
+    assert state.feed(b"data: [DONE]\n\n", False) == ParsedResponse()
