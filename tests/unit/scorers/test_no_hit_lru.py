@@ -160,3 +160,55 @@ def test_consumes_producer_key_when_configured(params: dict[str, Any], key: str)
 def test_params_rejected_when_invalid(params: dict[str, Any], match: str) -> None:
     with pytest.raises(ParamError, match=match):
         decode(NoHitLRUScorer.Params, params)
+
+
+def _reference(lru: list[str], infos: dict[str, PrefixMatchInfo], ids: list[str]) -> list[float]:
+    """The module docstring's formula, written out plainly."""
+    n = len(ids)
+    if any(infos.get(i, PrefixMatchInfo(0, 0, 0)).match_blocks > 0 for i in ids):
+        return [0.5] * n
+    if n == 1:
+        return [1.0]
+    unused = [i for i in ids if i not in lru]
+    out = []
+    for i in ids:
+        if i in unused:
+            out.append(1.0 - unused.index(i) / (n - 1))
+        else:
+            out.append(max(0.0, 1.0 - (len(unused) + lru.index(i)) / (n - 1)))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_cold_scores_follow_the_formula_for_any_lru_state_and_candidate_subset(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    pool = [make_endpoint(i) for i in range(rng.randint(1, 30))]
+    scorer = _scorer(lruSize=rng.choice([0, 5, 64]))
+    for _ in range(rng.randint(0, 60)):  # cold requests routed to random endpoints
+        target = rng.choice(pool)
+        scorer.pre_request(_cold(pool), _result(target))
+    candidates = rng.sample(pool, rng.randint(1, len(pool)))
+    infos = {ep.id: PrefixMatchInfo(rng.choice([0, 0, 0, -1]), 4, 64) for ep in pool}
+    if rng.random() < 0.3:  # a hit on an endpoint that is not a candidate keeps it cold
+        outsider = [ep for ep in pool if ep not in candidates]
+        if outsider:
+            infos[outsider[0].id] = PrefixMatchInfo(3, 4, 64)
+    if rng.random() < 0.2:  # a hit on a candidate makes it warm
+        infos[candidates[-1].id] = PrefixMatchInfo(2, 4, 64)
+    request = make_request(attributes={KEY: infos})
+    lru = list(scorer.dump_state()["leastRecentlyUsedFirst"])
+    ids = [ep.id for ep in candidates]
+    assert scorer.score_list(make_cycle(), request, candidates) == _reference(lru, infos, ids)
+    assert _scores(scorer, request, candidates) == _reference(lru, infos, ids)
+
+
+def test_negative_match_blocks_count_as_no_hit() -> None:
+    endpoints = [make_endpoint(i) for i in range(3)]
+    infos = {ep.id: PrefixMatchInfo(-2, 4, 64) for ep in endpoints}
+    request = make_request(attributes={KEY: infos})
+    assert _scores(_scorer(), request, endpoints) == [1.0, 0.5, 0.0]
+    scorer = _scorer()
+    scorer.pre_request(request, _result(endpoints[1]))  # cold: recorded
+    assert scorer.dump_state()["leastRecentlyUsedFirst"] == [endpoints[1].id]
