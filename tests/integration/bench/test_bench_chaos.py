@@ -40,3 +40,20 @@ def test_pod_kill_and_epp_kill_have_their_expected_outcomes(tmp_path: Path) -> N
     assert fail_closed["recovery_s"] is not None and math.isfinite(fail_closed["recovery_s"])
     assert code == 0
     assert "| epp-kill-closed |" in (tmp_path / "report.md").read_text()
+
+
+def test_api_server_outage_loses_no_request_and_the_changes_take_effect_after(
+    tmp_path: Path,
+) -> None:
+    # Kubernetes mode against the local API server: it stops while a pod is deleted and one is
+    # created; nothing fails, and the new pod serves once the API server is back.
+    code = main(
+        [
+            "--out", str(tmp_path), "--scenarios", "apiserver-gone",
+            "--before", "2", "--fault", "2", "--after", "3", "--clients", "4",
+        ]
+    )  # fmt: skip
+    (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert row["requests"] > 20 and row["failed"] == 0, row
+    assert row["recovery_s"] is not None and math.isfinite(row["recovery_s"]), row
+    assert row["ok"] and code == 0, row
