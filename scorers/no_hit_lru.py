@@ -47,8 +47,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from operator import attrgetter
 from typing import Any, ClassVar, Final
 
 from epp.plugin import (
@@ -68,10 +66,6 @@ DEFAULT_LRU_SIZE: Final = 1024
 DEFAULT_PRODUCER: Final = "approx-prefix-cache-producer"
 PREFILL_PROFILE: Final = "prefill"
 WARM_SCORE: Final = 0.5
-_ID: Final = attrgetter("id")
-_BLOCKS: Final = attrgetter("match_blocks")
-_POSITIVE: Final = (0).__lt__
-_NO_MATCH: Final = PrefixMatchInfo(0, 0, 0)
 
 
 class NoHitLRUScorer(PluginBase):
@@ -121,22 +115,17 @@ class NoHitLRUScorer(PluginBase):
             return [WARM_SCORE] * n
         if n == 1:
             return [1.0]
-        last = n - 1
-        if not self._lru:  # nothing used yet: candidate order
-            return [1.0 - i / last for i in range(n)]
-        position = dict(zip(self._lru, range(len(self._lru)), strict=True))
-        positions = list(map(position.get, map(_ID, endpoints)))
+        position = {ep: i for i, ep in enumerate(self._lru)}
+        positions = [position.get(ep.id) for ep in endpoints]
         offset = positions.count(None)  # never-used endpoints come first
-        if not offset:  # every candidate used before: by LRU position alone
-            return [max(0.0, 1.0 - p / last) for p in positions]  # type: ignore[operator]
         scores: list[float] = []
         rank = 0
         for p in positions:
             if p is None:
-                scores.append(1.0 - rank / last)
+                scores.append(1.0 - rank / (n - 1))
                 rank += 1
             else:
-                scores.append(max(0.0, 1.0 - (offset + p) / last))
+                scores.append(max(0.0, 1.0 - (offset + p) / (n - 1)))
         return scores
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
@@ -157,10 +146,12 @@ class NoHitLRUScorer(PluginBase):
         if not infos:
             return True
         if endpoints is None:
-            return not any(map(_POSITIVE, map(_BLOCKS, infos.values())))
-        # One pass in C over the candidates' match infos, stopping at the first hit.
-        found = map(infos.get, map(_ID, endpoints), repeat(_NO_MATCH))
-        return not any(map(_POSITIVE, map(_BLOCKS, found)))
+            return not any(info.match_blocks > 0 for info in infos.values())
+        for ep in endpoints:
+            info = infos.get(ep.id)
+            if info is not None and info.match_blocks > 0:
+                return False
+        return True
 
     def _touch(self, endpoint_id: str) -> None:
         self._lru[endpoint_id] = None
