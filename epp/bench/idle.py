@@ -89,11 +89,11 @@ def _user_system(pid: int) -> tuple[int, int]:
     return int(fields[11]), int(fields[12])
 
 
-def _scrapes(fleets: list[SimProcess]) -> int:
+def scrapes_answered(fleets: list[SimProcess]) -> int:
     return sum(int(s.get("metrics_scrapes", 0)) for f in fleets for s in f.stats().values())
 
 
-def _start_fleets(pods: int, work: Path, stack: ExitStack) -> list[SimProcess]:
+def start_fleets(pods: int, work: Path, stack: ExitStack) -> list[SimProcess]:
     fleets: list[SimProcess] = []
     for i, first in enumerate(range(0, pods, PODS_PER_SIM)):
         spec = FleetSpec(pods=min(PODS_PER_SIM, pods - first))
@@ -124,14 +124,14 @@ def _measure(
         pid = group.pids()["epp"]
         sims = [f.proc.pid for f in fleets if f.proc is not None]
         time.sleep(warmup)
-        s0, t0 = _scrapes(fleets), time.monotonic()
+        s0, t0 = scrapes_answered(fleets), time.monotonic()
         c0, x0, k0 = run_seconds(pid), context_switches(pid), sum(map(run_seconds, sims))
         u0, y0 = _user_system(pid)
         time.sleep(seconds)
         c1, x1, k1 = run_seconds(pid), context_switches(pid), sum(map(run_seconds, sims))
         u1, y1 = _user_system(pid)
         elapsed = time.monotonic() - t0
-        rate = (_scrapes(fleets) - s0) / (time.monotonic() - t0)
+        rate = (scrapes_answered(fleets) - s0) / (time.monotonic() - t0)
     finally:
         group.stop()
     pods = sum(f.spec.pods for f in fleets)
@@ -158,7 +158,7 @@ def idle_costs(
     out = []
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         work = Path(tmp)
-        fleets = _start_fleets(pods, work, stack)
+        fleets = start_fleets(pods, work, stack)
         eps = _endpoints(fleets, work)
         for r in range(rounds):
             for i, variant in enumerate(variants):

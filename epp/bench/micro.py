@@ -23,7 +23,10 @@ numbers compare across sizes:
   (``promtext.parse``) and the current one (``LineCache``) side by side (``epp.bench.scrapecost``);
 * idle CPU (``epp.bench.idle``): the EPP process with no traffic while it scrapes 4 and 100
   simulated pods every 50 ms, as a share of one core, and the scrape rate the simulators saw
-  (10 s each; also skipped by ``--no-wire``).
+  (10 s each; also skipped by ``--no-wire``);
+* the asyncio floors under those rows (``epp.bench.floors``): a bare asyncio server's CPU per
+  message answered with one read and one write, and a bare asyncio process scraping 4 pods every
+  50 ms without parsing (also skipped by ``--no-wire``).
 
 The plugins are built from the built-in default configuration through the normal loader, so the
 numbers are those of the code the EPP runs. Nothing is asserted: this is a measuring tool.
@@ -349,6 +352,18 @@ def idle_rows() -> list[Row]:
     return rows
 
 
+def floor_rows() -> list[Row]:
+    """What bare asyncio costs for the same traffic as two targets (``epp.bench.floors``)."""
+    from epp.bench import floors
+
+    us = floors.echo_us_per_message()
+    rows = [Row("asyncio floor: one read, one write", "25600 messages", us, us, "µs CPU/message")]
+    floor = floors.scrape_floor()
+    label = "asyncio floor: bare scraper, every 50 ms"
+    rows.append(Row(label, "4 pods", 0.0, floor.share * 100.0, "% of a core"))
+    return rows
+
+
 def table(rows: Sequence[Row], runs: int) -> str:
     head = f"{'step':<48}{'size':>16}{'median µs':>12}{'ratio':>12}  unit"
     lines = [f"EPP hot path, median of {runs} runs", head, "-" * (len(head) + 4)]
@@ -373,5 +388,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_wire:
         rows += wire_rows()
         rows += idle_rows()
+        rows += floor_rows()
     print(table(rows, args.runs))
     return 0

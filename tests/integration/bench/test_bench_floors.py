@@ -1,0 +1,23 @@
+"""``epp.bench.floors``: the bare-asyncio floors under the per-chunk and idle-scraping rows run
+against real processes and report what they measured."""
+
+from __future__ import annotations
+
+import pytest
+
+from epp.bench import floors
+
+pytestmark = [pytest.mark.timeout(300)]
+
+
+def test_the_echo_floor_answers_every_message_and_counts_the_servers_cpu() -> None:
+    us = floors.echo_us_per_message(messages=floors.STREAMS * 40)
+    assert 0.0 < us < 10_000.0
+
+
+def test_the_scrape_floor_reads_whole_answers_from_simulated_pods() -> None:
+    floor = floors.scrape_floor(pods=2, seconds=1.0, warmup=0.5)
+    # 2 pods every 50 ms: about 40 scrapes a second; a loaded machine may reach fewer, but a
+    # client that misread an answer (and so stalled on the next) would reach almost none
+    assert floor.scrapes_per_s > 5.0, floor
+    assert 0.0 < floor.share < 1.0 and floor.switches_per_scrape > 0.0, floor
