@@ -8,6 +8,12 @@ key         what runs
             prefix 3) with file discovery of the pods, plus the workload's extra scorers
 ``epp-h2``  the ``epp`` target with ``--ext-proc-server h2`` (the EPP's own HTTP/2 server instead
             of grpc.aio), to compare the two side by side
+``epp-buffered``  the ``epp`` target behind Envoy's ``buffered-failopen`` config
+            (``deploy/envoy``): the request body BUFFERED, response headers and body not sent
+            to the EPP, failing open to the pods; the request completes when its ext_proc stream
+            ends. No message per response chunk, and so no usage, TTFT or Responses API ids
+            from the response: what a deployment gives up for that CPU
+``epp-h2-buffered``  the same with ``--ext-proc-server h2``
 ``rr``      Envoy alone, ``ROUND_ROBIN`` over the pods
 ``lr``      Envoy alone, ``LEAST_REQUEST`` over the pods
 ``sglang``  sglang-router ``cache_aware`` (see ``epp.bench.peers``)
@@ -65,6 +71,12 @@ TARGETS: dict[str, str] = {
     "vllm": VLLM.label,
 }
 PEERS: dict[str, PeerSpec] = {"sglang": SGLANG, "vllm": VLLM}
+BUFFERED: dict[str, str] = {
+    "epp-buffered": "EPP via Envoy, buffered (no response messages)",
+    "epp-h2-buffered": "EPP (h2 server) via Envoy, buffered (no response messages)",
+}
+"""EPP targets behind Envoy's buffered config, no ext_proc message per response chunk; named on
+the command line only (not in the default list)."""
 PD_TARGET = "epp-pd"
 REPLICA_KEY = re.compile(r"epp-(r([2-8])(-redis)?|w([2-8]))")
 """``epp-r<n>``: n replicas learning alone; ``epp-r<n>-redis``: sharing through Redis;
@@ -129,7 +141,7 @@ def label(key: str) -> str:
         return f"EPP ({pd_config(key).stem}) via Envoy, P/D fleet"
     if key.startswith("epp:"):
         return f"EPP ({Path(key[4:]).stem}) via Envoy"
-    return TARGETS[key]
+    return BUFFERED[key] if key in BUFFERED else TARGETS[key]
 
 
 def is_known(key: str) -> bool:
@@ -137,7 +149,7 @@ def is_known(key: str) -> bool:
         return True
     if key.startswith(("epp:", PD_TARGET + ":")):
         return Path(key.split(":", 1)[1]).is_file()
-    return key in TARGETS
+    return key in TARGETS or key in BUFFERED
 
 
 def fleet_spec(key: str, workload: Workload) -> FleetSpec:
@@ -165,7 +177,7 @@ def _start_epp(
     eps = workdir / "endpoints.yaml"
     eps.write_text(endpoints_yaml(fleet))
     config_text = epp_config_text(eps, workload.epp_extra_scorers, base)
-    args: list[str] = ["--ext-proc-server", "h2"] if key == "epp-h2" else []
+    args: list[str] = ["--ext-proc-server", "h2"] if key in ("epp-h2", "epp-h2-buffered") else []
     if base is not None:  # a config given on the command line may use alpha plugins
         args.append("--allow-experimental-plugins")
     if workload.objectives:
@@ -182,6 +194,9 @@ def _start_epp(
         extra_args=args,
         envoy_max_streams=WORKER_STREAMS if shape.workers > 1 else 0,
     )
+    if key in BUFFERED:
+        group.envoy_config = "buffered-failopen"
+        group.fallback = fleet.hostports
     try:
         group.start()
     except SetupError as exc:
@@ -226,7 +241,7 @@ def prepare(key: str) -> None:
 
 def start(key: str, fleet: SimProcess, workload: Workload, workdir: Path) -> Running:
     workdir.mkdir(parents=True, exist_ok=True)
-    if key in ("epp", "epp-h2") or REPLICA_KEY.fullmatch(key):
+    if key in ("epp", "epp-h2", *BUFFERED) or REPLICA_KEY.fullmatch(key):
         return _start_epp(fleet, workload, workdir, key=key)
     if key.startswith("epp:"):
         return _start_epp(fleet, workload, workdir, Path(key[4:]).read_text())

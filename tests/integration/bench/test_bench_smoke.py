@@ -39,3 +39,25 @@ def test_bench_writes_the_report_when_run_against_epp_and_round_robin(tmp_path: 
     markdown = (out / "report.md").read_text()
     assert "| EPP (default config) via Envoy | 20 / 0 |" in markdown
     assert "| Envoy round robin | 20 / 0 |" in markdown
+
+
+def test_the_buffered_target_routes_every_request_without_response_messages(
+    tmp_path: Path,
+) -> None:
+    # Envoy's buffered config sends the EPP no response messages: every request still routes
+    # through it and is answered, and the report names the target
+    out = tmp_path / "report"
+    done = subprocess.run(
+        [EPP, "bench", "--workloads", "a", "--targets", "epp-h2-buffered", "--requests", "12",
+         "--probe", "2", "--out", str(out)],
+        capture_output=True, text=True, timeout=870, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (workload,) = json.loads((out / "results.json").read_text())["workloads"]
+    (result,) = workload["results"]
+    assert (result["target"], result["status"], result["ok"], result["errors"]) == (
+        "epp-h2-buffered", "ok", 12, 0,
+    )  # fmt: skip
+    assert set(result["cpu_s"]) == {"epp", "envoy"}
+    markdown = (out / "report.md").read_text()
+    assert "| EPP (h2 server) via Envoy, buffered (no response messages) | 12 / 0 |" in markdown
