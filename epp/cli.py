@@ -24,7 +24,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from epp.observability.logs import LogConfig, configure, log_config
-from epp.server.tlsopts import GRPC_CIPHERS_ENV, openssl_ciphers
 from epp.settings import Flag, Settings, SettingsError, flags
 
 log = logging.getLogger("epp.cli")
@@ -210,8 +209,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     warn_compat(args)
     for message in idle_flags(settings):
         log.warning("%s", message)
-    if settings.secure_serving and settings.tls_cipher_suites:  # gRPC reads it when it loads
-        os.environ[GRPC_CIPHERS_ENV] = openssl_ciphers(settings.tls_cipher_suites)
     if settings.workers > 1:
         from epp.workers.supervisor import supervise
 

@@ -60,7 +60,7 @@ each fault's client-visible outcome in numbers, see ``epp/bench/chaos.py``.
 samples RSS, descriptors, asyncio tasks and the bounded maps over time, see
 ``epp/bench/soak.py``.
 
-``epp bench together --workload a --targets epp,epp-h2 [--burners N]`` drives two or more targets
+``epp bench together --workload a --targets epp,sglang [--burners N]`` drives two or more targets
 at the same time, each on its own fleet, optionally beside N busy-looping processes, so that they
 meet the same machine load, see ``epp/bench/together.py``.
 """

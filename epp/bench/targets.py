@@ -6,14 +6,11 @@ key         what runs
 ``epp``     Envoy (``full-duplex`` config) + this EPP as its own process (``epp --config-file
             ... --secure-serving=false``): the built-in default config (queue 2, kv-cache 2,
             prefix 3) with file discovery of the pods, plus the workload's extra scorers
-``epp-h2``  the ``epp`` target with ``--ext-proc-server h2`` (the EPP's own HTTP/2 server instead
-            of grpc.aio), to compare the two side by side
 ``epp-buffered``  the ``epp`` target behind Envoy's ``buffered-failopen`` config
             (``deploy/envoy``): the request body BUFFERED, response headers and body not sent
             to the EPP, failing open to the pods; the request completes when its ext_proc stream
             ends. No message per response chunk, and so no usage, TTFT or Responses API ids
             from the response: what a deployment gives up for that CPU
-``epp-h2-buffered``  the same with ``--ext-proc-server h2``
 ``rr``      Envoy alone, ``ROUND_ROBIN`` over the pods
 ``lr``      Envoy alone, ``LEAST_REQUEST`` over the pods
 ``sglang``  sglang-router ``cache_aware`` (see ``epp.bench.peers``)
@@ -64,7 +61,6 @@ from epp.plugins.sources.file_discovery import dump_endpoints
 
 TARGETS: dict[str, str] = {
     "epp": "EPP (default config) via Envoy",
-    "epp-h2": "EPP (h2 server) via Envoy",
     "rr": "Envoy round robin",
     "lr": "Envoy least request",
     "sglang": SGLANG.label,
@@ -73,7 +69,6 @@ TARGETS: dict[str, str] = {
 PEERS: dict[str, PeerSpec] = {"sglang": SGLANG, "vllm": VLLM}
 BUFFERED: dict[str, str] = {
     "epp-buffered": "EPP via Envoy, buffered (no response messages)",
-    "epp-h2-buffered": "EPP (h2 server) via Envoy, buffered (no response messages)",
 }
 """EPP targets behind Envoy's buffered config, no ext_proc message per response chunk; named on
 the command line only (not in the default list)."""
@@ -177,7 +172,7 @@ def _start_epp(
     eps = workdir / "endpoints.yaml"
     eps.write_text(endpoints_yaml(fleet))
     config_text = epp_config_text(eps, workload.epp_extra_scorers, base)
-    args: list[str] = ["--ext-proc-server", "h2"] if key in ("epp-h2", "epp-h2-buffered") else []
+    args: list[str] = []
     if base is not None:  # a config given on the command line may use alpha plugins
         args.append("--allow-experimental-plugins")
     if workload.objectives:
@@ -241,7 +236,7 @@ def prepare(key: str) -> None:
 
 def start(key: str, fleet: SimProcess, workload: Workload, workdir: Path) -> Running:
     workdir.mkdir(parents=True, exist_ok=True)
-    if key in ("epp", "epp-h2", *BUFFERED) or REPLICA_KEY.fullmatch(key):
+    if key in ("epp", *BUFFERED) or REPLICA_KEY.fullmatch(key):
         return _start_epp(fleet, workload, workdir, key=key)
     if key.startswith("epp:"):
         return _start_epp(fleet, workload, workdir, Path(key[4:]).read_text())

@@ -4,10 +4,10 @@ response chunk, through a real server and a real gRPC client.
 The server runs in a child process (``python -m epp.bench.wire <server> <loop>``): either a whole
 EPP (``App``, the built-in default config, file discovery of 4 endpoints on loopback ports that
 were bound and closed, scraping every 10 s so the scrapes stay out of the figure) serving the
-ext_proc port with ``--ext-proc-server`` ``h2`` or ``grpc``, optionally over TLS; or an empty
-ext_proc servicer (grpc.aio, or grpcio's synchronous server with a thread pool) that answers
-every message with an empty ``BodyResponse``, which is the floor of what a message pair costs in
-that server. The loop is asyncio's or uvloop's.
+ext_proc port, optionally over TLS; or, for reference, an empty ext_proc servicer on grpcio
+(grpc.aio, or grpcio's synchronous server with a thread pool) that answers every message with an
+empty ``BodyResponse``: the floor of what a message pair costs in a grpcio server, which the
+EPP's own HTTP/2 server (``epp.server.h2``) replaced. The loop is asyncio's or uvloop's.
 
 This process is the client (grpc.aio): ``STREAMS`` concurrent streams, each a chat request
 (headers, then a ~300-byte body with end of stream), the response headers, and ``chunks``
@@ -52,7 +52,7 @@ _CHUNK = (
 @dataclass(frozen=True)
 class Variant:
     label: str
-    server: str  # h2 | grpc | empty-aio | empty-sync
+    server: str  # epp | empty-aio | empty-sync
     loop: str = "asyncio"  # asyncio | uvloop
     tls: bool = False
 
@@ -60,11 +60,9 @@ class Variant:
 VARIANTS = (
     Variant("empty servicer, grpc.aio", "empty-aio"),
     Variant("empty servicer, grpcio sync threads", "empty-sync"),
-    Variant("EPP, grpc.aio", "grpc"),
-    Variant("EPP, grpc.aio, uvloop", "grpc", "uvloop"),
-    Variant("EPP, h2", "h2"),
-    Variant("EPP, h2, uvloop", "h2", "uvloop"),
-    Variant("EPP, h2, TLS", "h2", tls=True),
+    Variant("EPP", "epp"),
+    Variant("EPP, uvloop", "epp", "uvloop"),
+    Variant("EPP, TLS", "epp", tls=True),
 )
 
 
@@ -216,7 +214,7 @@ def config(tmp: Path) -> str:
     )
 
 
-async def _serve_app(server: str, tls_dir: str) -> None:
+async def _serve_app(tls_dir: str) -> None:
     from epp.app import App
     from epp.server.tls import self_signed
     from epp.settings import Settings
@@ -236,7 +234,6 @@ async def _serve_app(server: str, tls_dir: str) -> None:
             drain_timeout=0.0,
             config_text=config(Path(tmp)),
             refresh_metrics_interval=10.0,
-            ext_proc_server=server,
         )
         async with App(settings) as app:
             await _announce(app.grpc_port)
@@ -293,7 +290,7 @@ def _child(argv: list[str]) -> None:
     if server.startswith("empty-"):
         asyncio.run(_serve_empty(server == "empty-sync"))
     else:
-        asyncio.run(_serve_app(server, tls_dir))
+        asyncio.run(_serve_app(tls_dir))
 
 
 if __name__ == "__main__":

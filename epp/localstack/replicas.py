@@ -73,7 +73,6 @@ def epp_replica(
     experimental: bool = False,
     seed: int = 0,
     health: bool = False,
-    server: str = "",
 ) -> Replica:
     """An EPP process on free 127.0.0.1 ports (not started)."""
     grpc_port, metrics_port = free_port(), free_port()
@@ -89,8 +88,6 @@ def epp_replica(
         argv += ["--seed", str(seed)]
     if health:
         argv.append("--health-checking")
-    if server:
-        argv += ["--ext-proc-server", server]
     return Replica(Proc(log.stem, argv, log), grpc_port, metrics_port)
 
 
@@ -116,8 +113,6 @@ class EppGroup:
     config_text: str
     replicas: int = 1
     experimental: bool = False
-    server: str = ""
-    """``--ext-proc-server`` of every replica (empty: the EPP's default)."""
     redis: RedisServer | None = None
     members: list[Replica] = field(default_factory=list)
 
@@ -138,7 +133,7 @@ class EppGroup:
                 log = self.workdir / (f"epp-{i}.log" if several else "epp.log")
                 member = epp_replica(
                     config, log, experimental=self.experimental, seed=i + 1 if several else 0,
-                    health=several, server=self.server,
+                    health=several,
                 )  # fmt: skip
                 self.members.append(member)
                 member.proc.start()

@@ -156,15 +156,6 @@ class Settings:
         NAMES,
     )
     health_checking: bool = flag(False, "also serve grpc.health.v1 on the ext_proc port", BOOL)
-    ext_proc_server: str = flag(
-        "grpc",
-        "what serves the ext_proc port: grpc (grpc.aio) or h2 (the EPP's own HTTP/2 server: about "
-        "5x less CPU per message; experimental: no admin API, eviction replies, stream metrics, "
-        "mTLS, TLS tuning or certificate reload)",
-    )
-    """Our addition (``epp.server.h2``). ``grpc`` stays the default until ``h2`` has the features
-    ``_h2_supports`` refuses, the admin API and eviction replies (see README "Per-request
-    cost")."""
     tracing: bool = flag(
         True,
         "OpenTelemetry tracing of requests, exported as the OTEL_* variables say "
@@ -228,10 +219,10 @@ class Settings:
         2.0, "age after which an endpoint's metrics count as stale (default 2s)", DURATION
     )
     grpc_max_recv_msg_size: int = flag(
-        64 << 20, "largest gRPC message accepted (default 64MiB)", QUANTITY
+        4 << 20, "largest gRPC message accepted (default 4MiB, gRPC's)", QUANTITY
     )
     grpc_max_send_msg_size: int = flag(
-        64 << 20, "largest gRPC message sent (default 64MiB)", QUANTITY
+        2**31 - 1, "largest gRPC message sent (default unlimited, gRPC's)", QUANTITY
     )
     max_request_body_bytes: int = flag(
         64 << 20, "request bodies above this get a 413 (default 64MiB)", QUANTITY
@@ -296,24 +287,6 @@ class Settings:
             log_json=(s.zap_encoder or ("console" if s.zap_devel else "json")) == "json",
         )
 
-    def _h2_supports(self) -> None:
-        """``--ext-proc-server h2`` does not implement these yet: refused, never ignored."""
-        given = [
-            name
-            for name, on in (
-                ("--enable-cert-reload", self.enable_cert_reload),
-                ("--grpc-client-ca-file", bool(self.grpc_client_ca_file)),
-                ("--tls-cipher-suites", bool(self.tls_cipher_suites)),
-                ("--tls-min-version", bool(self.tls_min_version)),
-                ("--enable-grpc-stream-metrics", self.enable_grpc_stream_metrics),
-            )
-            if on
-        ]
-        if given:
-            raise SettingsError(
-                f"--ext-proc-server=h2 does not support {', '.join(given)} yet; use grpc"
-            )
-
     def validate(self) -> None:
         """Raise :class:`SettingsError` unless the fields fit together (spec §2): one config
         source; at most one Kubernetes mode, standalone mode with a well-formed selector and its
@@ -335,10 +308,6 @@ class Settings:
                 raise SettingsError("--endpoint-selector needs --endpoint-target-ports")
         elif self.endpoint_target_ports:
             raise SettingsError("--endpoint-target-ports is only used with --endpoint-selector")
-        if self.ext_proc_server not in ("h2", "grpc"):
-            raise SettingsError("--ext-proc-server must be h2 or grpc")
-        if self.ext_proc_server == "h2":
-            self._h2_supports()
         if not 1 <= self.workers <= MAX_WORKERS:
             raise SettingsError(f"--workers must be 1..{MAX_WORKERS}")
         if self.workers > 1 and self.ha_enable_leader_election:
