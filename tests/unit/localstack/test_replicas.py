@@ -33,16 +33,6 @@ from tests.builders import handle
         pytest.param(
             ["--replicas", "2", "--pd"], "--replicas and --pd cannot be combined", id="with-pd"
         ),
-        pytest.param(
-            ["--ext-proc-server", "grpc,quic"],
-            "--ext-proc-server takes grpc and h2, got quic",
-            id="unknown-server",
-        ),
-        pytest.param(
-            ["--ext-proc-server", "h2", "--pd"],
-            "--ext-proc-server and --pd cannot be combined",
-            id="server-with-pd",
-        ),
     ],
 )
 def test_stack_refuses_replicas_it_cannot_run_when_parsing(
