@@ -12,6 +12,8 @@ from typing import Any, Final, NamedTuple
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.metrics_core import Metric
 
+from epp.observability.fasthist import FastHistogram
+
 Family = Counter | Gauge | Histogram
 
 # Upstream's bucket bounds, verbatim (32778 included), packed densely rather than one a line.
@@ -71,13 +73,15 @@ class MetricSpec(NamedTuple):
 
 
 def build_families(spec: MetricSpec, registry: CollectorRegistry) -> list[Family]:
-    """Register the row's family, then its twin if any (that order: the wrappers rely on it)."""
+    """Register the row's family, then its twin if any (that order: the wrappers rely on it).
+    Histograms are ``FastHistogram``s."""
     kw: dict[str, Any] = {} if spec.buckets is None else {"buckets": spec.buckets}
-    families: list[Family] = [spec.kind(spec.name, spec.doc, spec.labels, registry=registry, **kw)]
+    kind = FastHistogram if spec.kind is Histogram else spec.kind
+    families: list[Family] = [kind(spec.name, spec.doc, spec.labels, registry=registry, **kw)]
     if spec.twin is not None:
         doc = f"Deprecated: {spec.name}" if spec.twin_doc is None else spec.twin_doc
         labels = spec.labels if spec.twin_labels is None else spec.twin_labels
-        families.append(spec.kind(spec.twin, doc, labels, registry=registry, **kw))
+        families.append(kind(spec.twin, doc, labels, registry=registry, **kw))
     return families
 
 
