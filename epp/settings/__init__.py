@@ -74,12 +74,12 @@ def flag_of(f: dataclasses.Field[Any]) -> Flag | None:
 
 
 def flags() -> list[tuple[dataclasses.Field[Any], Flag]]:
-    """Every ``Settings`` field that is a flag, with its flag, in declaration (= help) order."""
+    """Every ``Settings`` field that is a flag, with its flag, in declaration order."""
     pairs = ((f, flag_of(f)) for f in dataclasses.fields(Settings))
     return [(f, spec) for f, spec in pairs if spec is not None]
 
 
-# Field order is the order of ``epp --help``. Help texts and defaults are upstream's (spec §2).
+# Help texts and defaults are upstream's (spec §2); ``epp --help`` groups them (cli.FLAG_GROUPS).
 @dataclass(frozen=True)
 class Settings:
     grpc_port: int = flag(9002, "ext_proc gRPC port", INT)

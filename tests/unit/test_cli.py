@@ -371,3 +371,21 @@ def test_version_prints_the_installed_package_version(
         main([flag])
     assert exited.value.code == 0
     assert capsys.readouterr().out == f"epp {declared}\n"
+
+
+def test_help_groups_every_flag_once_and_lists_the_subcommands(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from epp.cli import FLAG_GROUPS, SUBCOMMANDS_HELP, build_parser
+    from epp.settings import flags
+
+    grouped = [name for _, names in FLAG_GROUPS for name in names]
+    assert sorted(grouped) == sorted(spec.name for _, spec in flags())
+    assert len(grouped) == len(set(grouped))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    text = capsys.readouterr().out
+    positions = [text.index(f"\n{title}:\n") for title, _ in FLAG_GROUPS]
+    assert positions == sorted(positions)
+    for name, _ in SUBCOMMANDS_HELP:
+        assert f"  epp {name}" in text
