@@ -74,14 +74,12 @@ UPSTREAM: Final[dict[str, str]] = {
 _LATENCY = "needs upstream's latency-predictor sidecar (XGBoost/LightGBM models); not built"
 _MULTICLUSTER = "multi-cluster routing is not built"
 NOT_HERE: Final[dict[str, str]] = {
-    "utilization-filter": "not built yet",
     "prefix-cache-affinity-filter": "not built yet",
     "slo-headroom-tier-filter": _LATENCY,
     "latency-scorer": _LATENCY,
     "predicted-latency-producer": _LATENCY,
     "latency-slo-admitter": _LATENCY,
     "header-label-affinity-scorer": "not built yet",
-    "header-profile-handler": "not built yet",
     "tokenizer": "deprecated alias of token-producer; not provided (configs name token-producer)",
     "p2p-source-producer": "peer-to-peer KV transfer is not modelled",
     "disaggregatedset-rollout-screener": "needs the DisaggregatedSet rollout objects; not built",
