@@ -80,7 +80,6 @@ NOT_HERE: Final[dict[str, str]] = {
     "predicted-latency-producer": _LATENCY,
     "latency-slo-admitter": _LATENCY,
     "header-label-affinity-scorer": "not built yet",
-    "tokenizer": "deprecated alias of token-producer; not provided (configs name token-producer)",
     "p2p-source-producer": "peer-to-peer KV transfer is not modelled",
     "disaggregatedset-rollout-screener": "needs the DisaggregatedSet rollout objects; not built",
     "request-attribute-reporter": "needs CEL expressions; not built",
