@@ -89,10 +89,6 @@ NOT_HERE: Final[dict[str, str]] = {
     "models-data-source": "not built yet",
     "models-data-extractor": "not built yet",
     "k8s-notification-source": "not built yet (endpoint-notification-source is)",
-    "sheddable-eviction-filter": "eviction is configured with flowControl.enableEviction here",
-    "priority-then-time-eviction-order-policy": (
-        "eviction is configured with flowControl.enableEviction here"
-    ),
     **{t: _MULTICLUSTER for t in UPSTREAM if t.startswith("multicluster-")},
 }
 

@@ -33,6 +33,8 @@ DEFAULT_ORDERING: Final = "fcfs-ordering-policy"
 DEFAULT_FAIRNESS: Final = "global-strict-fairness-policy"
 DEFAULT_USAGE_LIMIT: Final = "static-usage-limit-policy"
 DEFAULT_POLICY_TYPES: Final = (DEFAULT_ORDERING, DEFAULT_FAIRNESS, DEFAULT_USAGE_LIMIT)
+DEFAULT_EVICTION_FILTER: Final = "sheddable-eviction-filter"
+DEFAULT_EVICTION_ORDERING: Final = "priority-then-time-eviction-order-policy"
 
 API_VERSIONS: Final = ("llm-d.ai/v1alpha1", "inference.networking.x-k8s.io/v1alpha1")
 DEPRECATED_API_VERSION: Final = "inference.networking.x-k8s.io/v1alpha1"
