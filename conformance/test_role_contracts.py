@@ -70,6 +70,7 @@ METRICS = b"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 3\
 # extractor type -> a payload of its source
 PAYLOADS: dict[str, bytes] = {
     "dcgm-extractor": b'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1"} 42\n',
+    "models-data-extractor": b'{"object":"list","data":[{"id":"m","object":"model"}]}',
 }
 
 
