@@ -91,6 +91,7 @@ NOT_HERE: Final[dict[str, str]] = {
 }
 
 _KINDS: Final = (
+    ("filters.sheddable_eviction:", "flow control / admission"),  # an eviction filter
     ("scorers.", "scorer"),
     ("filters.", "filter"),
     ("epp.plugins.pickers.", "picker"),
