@@ -172,7 +172,7 @@ class App:
 
     def _wire_sources(self) -> None:
         """Endpoint discovery (config plugin or Kubernetes), objects files, leader election."""
-        s = self.settings
+        s, p = self.settings, self.pipeline
         sink = ObjectSink(
             self.objectives, self.rewrites, pool_name=s.pool_name, pool_group=s.pool_group
         )
@@ -186,7 +186,7 @@ class App:
             from epp.k8s.mode import kubernetes_mode
 
             self.kube, self.elector = kubernetes_mode(
-                s, publish=self._publish, sink=sink, parsers=self.pipeline.parsers
+                s, publish=self._publish, sink=sink, parsers=p.parsers, gates=p.feature_gates
             )
         else:
             if self.pipeline.discovery is None:

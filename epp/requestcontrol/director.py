@@ -2,7 +2,8 @@
 
 Request side (spec §5.3): parse → target model → objective/priority → admission (flow control,
 or legacy shedding) → candidates (pool ∩ subset hint, less what a ``CandidateNarrower`` detector
-excludes) → producers → admitters → scheduler → pre-request hooks. Failures: ``InferenceError``.
+excludes) → producers → admitters → scheduler → conditional-decode gate (``exchange``) → pre-request
+hooks. Failures: ``InferenceError``.
 
 Response side: the response headers run the ``ResponseHeaders`` hooks; body chunks feed the
 parser's usage extraction, then the ``ResponseStreaming`` hooks (a held, non-streamed response:
@@ -56,6 +57,7 @@ from epp.requestcontrol.exchange import (
     Decision,
     Exchange,
     Forward,
+    conditional_decode,
     learn,
     no_candidates,
     restore_model,
@@ -67,7 +69,6 @@ from epp.requestcontrol.rewrites import RewriteStore, served_models, target_mode
 from epp.scheduling.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
-
 
 __all__ = ["Decision", "Director", "Exchange", "Forward"]
 
@@ -272,6 +273,7 @@ class Director:
         t0 = time.perf_counter()
         result = self._scheduler.schedule(cycle, request, pool)
         self._on_scheduled(time.perf_counter() - t0)
+        conditional_decode(request, result)  # ``Prefer: if-available``: 412 without a cached prefix
         for hook in () if dry_run else self._pipeline.pre_request:
             try:
                 hook.pre_request(request, result)

@@ -24,6 +24,8 @@ answered
 response body
 response body or trailers after the response  ``response_after_end``
 ended
+``protocol_config`` on a message other than   ``protocol_config_not_first``
+the first
 ============================================  ==============================
 """
 
@@ -43,6 +45,7 @@ TRAILERS_AFTER_END: Final = "request_trailers_after_end"
 RESPONSE_BEFORE_REQUEST: Final = "response_before_request"
 RESPONSE_HEADERS_REPEATED: Final = "response_headers_repeated"
 RESPONSE_AFTER_END: Final = "response_after_end"
+PROTOCOL_CONFIG_NOT_FIRST: Final = "protocol_config_not_first"
 
 REASONS: Final = (
     UNDECODABLE,
@@ -55,6 +58,7 @@ REASONS: Final = (
     RESPONSE_BEFORE_REQUEST,
     RESPONSE_HEADERS_REPEATED,
     RESPONSE_AFTER_END,
+    PROTOCOL_CONFIG_NOT_FIRST,
 )
 
 LOG_EVERY_S: Final = 30.0

@@ -12,7 +12,7 @@ reply). Request trailers are always answered. Response chunks go through the Dir
 passes streamed (SSE) responses on at once and holds the others until their end (up to the body
 limit in FULL_DUPLEX_STREAMED); outside FULL_DUPLEX_STREAMED every response chunk is answered
 with a plain body reply (``streamed_response`` is a FULL_DUPLEX_STREAMED-only mutation).
-``protocol_config`` is read from the first message only.
+``protocol_config`` is read from the first message (on a later one it is misuse, below).
 
 Protocol misuse. Envoy sends one stream per HTTP request, in the order request headers → body →
 trailers, then response headers → body → trailers. A message outside that order never comes from
@@ -96,6 +96,8 @@ class RequestStream:
             if msg.HasField("protocol_config"):
                 self.request_mode = msg.protocol_config.request_body_mode
                 self.response_mode = msg.protocol_config.response_body_mode
+        elif msg.HasField("protocol_config"):  # Envoy sends it on the first message only
+            raise ProtocolError(m.PROTOCOL_CONFIG_NOT_FIRST, "protocol_config on a later message")
         kind = msg.WhichOneof("request")
         if kind == "request_headers":
             return self._on_request_headers(msg)

@@ -466,13 +466,15 @@ async def test_misuse_names_the_case(sequence: list[pb.ProcessingRequest], messa
     assert err.value.message == message
 
 
-async def test_protocol_config_is_read_from_the_first_message_only() -> None:
-    stream, _ = new_stream()
+async def test_protocol_config_after_the_first_message_is_misuse() -> None:
+    stream, director = new_stream()
     await send(stream, headers())
     late = body(b"{}")
     late.protocol_config.request_body_mode = MODE.BUFFERED
-    kinds = [r.WhichOneof("response") for r in await send(stream, late)]
-    assert kinds == ["request_headers", "request_body"]  # still full duplex
+    with pytest.raises(ProtocolError) as err:
+        await stream.on_message(late)
+    assert err.value.reason == "protocol_config_not_first"
+    assert not any(call[0] == "route" for call in director.calls)  # not routed
 
 
 @pytest.mark.parametrize(
