@@ -12,6 +12,7 @@ from epp.cli import _REJECTED, build_parser, main, settings_from_args
 from epp.settings import (
     BOOL,
     DURATION,
+    FRACTION,
     INT,
     NAMES,
     OPTIONAL_TEXT,
@@ -129,6 +130,7 @@ def _samples(spec: Flag, default: object) -> tuple[str, object]:
         OPTIONAL_TEXT: ("x", "x"),
         INT: ("7", 7),
         DURATION: ("1m30s", 90.0),
+        FRACTION: ("0.5", 0.5),
         QUANTITY: ("1Ki", 1024),
         PORTS: ("81,82", (81, 82)),
         PATHS: ("a,b", ("a", "b")),
