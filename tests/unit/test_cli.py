@@ -100,6 +100,9 @@ def test_flag_values(args: list[str], attr: str, value: object) -> None:
         ),
         pytest.param(["--drain-timeout", "soon"], "invalid duration", id="bad-duration"),
         pytest.param(["--secure-serving=maybe"], "invalid boolean", id="bad-bool"),
+        pytest.param(
+            ["--response-body-sample-ratio", "1.5"], "a fraction from 0 to 1", id="bad-fraction"
+        ),
     ],
 )
 def test_bad_flags_exit_with_a_clear_message(
