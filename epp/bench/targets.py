@@ -14,6 +14,14 @@ key         what runs
             ends. No message per response chunk, and so no usage, TTFT or Responses API ids
             from the response: what a deployment gives up for that CPU
 ``epp-h2-buffered``  the same with ``--ext-proc-server h2``
+``epp-streamed``  the ``epp`` target behind Envoy's ``streamed`` config (``epp envoy-config
+            --body streamed``): the request body BUFFERED, the response body STREAMED, which
+            the EPP switches off (``mode_override``) for an answer nothing needs
+            (``epp.requestcontrol.bodyneed``); ``epp-h2-streamed`` the same with
+            ``--ext-proc-server h2``
+``epp-h2-every-body``  the ``epp-h2`` target reading every response body
+            (``--response-body-sample-ratio 1``), as before the EPP skipped any: the reference
+            the two above are compared with
 ``rr``      Envoy alone, ``ROUND_ROBIN`` over the pods
 ``lr``      Envoy alone, ``LEAST_REQUEST`` over the pods
 ``sglang``  sglang-router ``cache_aware`` (see ``epp.bench.peers``)
@@ -77,6 +85,13 @@ BUFFERED: dict[str, str] = {
 }
 """EPP targets behind Envoy's buffered config, no ext_proc message per response chunk; named on
 the command line only (not in the default list)."""
+STREAMED: dict[str, str] = {
+    "epp-streamed": "EPP via Envoy, streamed (unneeded response bodies switched off)",
+    "epp-h2-streamed": "EPP (h2 server) via Envoy, streamed (unneeded response bodies off)",
+}
+EVERY_BODY: dict[str, str] = {"epp-h2-every-body": "EPP (h2 server) via Envoy, every body read"}
+NAMED_ONLY: dict[str, str] = {**BUFFERED, **STREAMED, **EVERY_BODY}
+"""The targets named on the command line only (not in the default list)."""
 PD_TARGET = "epp-pd"
 REPLICA_KEY = re.compile(r"epp-(r([2-8])(-redis)?|w([2-8]))")
 """``epp-r<n>``: n replicas learning alone; ``epp-r<n>-redis``: sharing through Redis;
@@ -141,7 +156,7 @@ def label(key: str) -> str:
         return f"EPP ({pd_config(key).stem}) via Envoy, P/D fleet"
     if key.startswith("epp:"):
         return f"EPP ({Path(key[4:]).stem}) via Envoy"
-    return BUFFERED[key] if key in BUFFERED else TARGETS[key]
+    return NAMED_ONLY[key] if key in NAMED_ONLY else TARGETS[key]
 
 
 def is_known(key: str) -> bool:
@@ -149,7 +164,7 @@ def is_known(key: str) -> bool:
         return True
     if key.startswith(("epp:", PD_TARGET + ":")):
         return Path(key.split(":", 1)[1]).is_file()
-    return key in TARGETS or key in BUFFERED
+    return key in TARGETS or key in NAMED_ONLY
 
 
 def fleet_spec(key: str, workload: Workload) -> FleetSpec:
@@ -177,7 +192,9 @@ def _start_epp(
     eps = workdir / "endpoints.yaml"
     eps.write_text(endpoints_yaml(fleet))
     config_text = epp_config_text(eps, workload.epp_extra_scorers, base)
-    args: list[str] = ["--ext-proc-server", "h2"] if key in ("epp-h2", "epp-h2-buffered") else []
+    args: list[str] = ["--ext-proc-server", "h2"] if key.startswith("epp-h2") else []
+    if key in EVERY_BODY:
+        args += ["--response-body-sample-ratio", "1"]
     if base is not None:  # a config given on the command line may use alpha plugins
         args.append("--allow-experimental-plugins")
     if workload.objectives:
@@ -197,6 +214,8 @@ def _start_epp(
     if key in BUFFERED:
         group.envoy_config = "buffered-failopen"
         group.fallback = fleet.hostports
+    if key in STREAMED:
+        group.envoy_config = "streamed"
     try:
         group.start()
     except SetupError as exc:
@@ -241,7 +260,7 @@ def prepare(key: str) -> None:
 
 def start(key: str, fleet: SimProcess, workload: Workload, workdir: Path) -> Running:
     workdir.mkdir(parents=True, exist_ok=True)
-    if key in ("epp", "epp-h2", *BUFFERED) or REPLICA_KEY.fullmatch(key):
+    if key in ("epp", "epp-h2", *NAMED_ONLY) or REPLICA_KEY.fullmatch(key):
         return _start_epp(fleet, workload, workdir, key=key)
     if key.startswith("epp:"):
         return _start_epp(fleet, workload, workdir, Path(key[4:]).read_text())
