@@ -229,3 +229,40 @@ async def test_a_client_leaving_during_a_skipped_body_completes_its_request(
         r.close()  # gone after the first token
     text = await settled(app, 1)
     assert sample(text, "llm_d_epp_request_duration_seconds_sum") < MIN_ANSWER_SECONDS
+
+
+LOAD_CONFIG = """\
+plugins:
+- type: kv-cache-utilization-scorer
+- type: estimated-load-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: kv-cache-utilization-scorer
+  - pluginRef: estimated-load-scorer
+"""
+
+
+async def in_flight(app: Any) -> int:
+    """Requests the in-flight load producer holds open (its ``/debug/plugins/state``)."""
+    url = f"http://127.0.0.1:{app.metrics_port}/debug/plugins/state"
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
+        state = await r.json()
+    (open_,) = [v["open"] for v in state.values() if isinstance(v, dict) and "open" in v]
+    return int(open_)
+
+
+async def test_the_in_flight_load_is_held_while_a_skipped_body_streams_and_freed_at_its_end(
+    start_app: Any, gateway: Any, answer_server: int
+) -> None:
+    app = await start_app([answer_server], LOAD_CONFIG, response_body_sample_ratio=0)
+    proxy = gateway(app, "streamed")
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{proxy.url}/v1/chat/completions", json={**CHAT, "stream": True}) as r,
+    ):
+        await r.content.readuntil(b"\n\n")  # the first token: the answer is under way
+        assert await in_flight(app) == 1
+        assert await r.read() == b"".join(STREAMED[1:])
+    await settled(app, 1)
+    assert await in_flight(app) == 0
