@@ -6,7 +6,6 @@ is sent and the chunks are answered as they come."""
 from __future__ import annotations
 
 import pytest
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.plugin import TerminationCause
 from epp.requestcontrol.exchange import Forward
@@ -17,6 +16,7 @@ from tests.unit.server.test_stream import (
     body,
     headers,
     new_stream,
+    pb,
     response_body,
     response_headers,
     send,
@@ -26,8 +26,8 @@ from tests.unit.server.test_stream import (
 
 def with_modes(request_mode: int, response_mode: int) -> pb.ProcessingRequest:
     msg = headers()
-    msg.protocol_config.request_body_mode = request_mode  # type: ignore[assignment]
-    msg.protocol_config.response_body_mode = response_mode  # type: ignore[assignment]
+    msg.protocol_config.request_body_mode = request_mode
+    msg.protocol_config.response_body_mode = response_mode
     return msg
 
 
