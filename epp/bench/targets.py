@@ -11,6 +11,13 @@ key         what runs
             to the EPP, failing open to the pods; the request completes when its ext_proc stream
             ends. No message per response chunk, and so no usage, TTFT or Responses API ids
             from the response: what a deployment gives up for that CPU
+``epp-streamed``  the ``epp`` target behind Envoy's ``streamed`` config (``epp envoy-config
+            --body streamed``): the request body BUFFERED, the response body STREAMED, which
+            the EPP switches off (``mode_override``) for an answer nothing needs
+            (``epp.requestcontrol.bodyneed``)
+``epp-every-body``  the ``epp`` target reading every response body
+            (``--response-body-sample-ratio 1``), as before the EPP skipped any: the reference
+            the one above is compared with
 ``rr``      Envoy alone, ``ROUND_ROBIN`` over the pods
 ``lr``      Envoy alone, ``LEAST_REQUEST`` over the pods
 ``sglang``  sglang-router ``cache_aware`` (see ``epp.bench.peers``)
@@ -72,6 +79,12 @@ BUFFERED: dict[str, str] = {
 }
 """EPP targets behind Envoy's buffered config, no ext_proc message per response chunk; named on
 the command line only (not in the default list)."""
+STREAMED: dict[str, str] = {
+    "epp-streamed": "EPP via Envoy, streamed (unneeded response bodies switched off)",
+}
+EVERY_BODY: dict[str, str] = {"epp-every-body": "EPP via Envoy, every body read"}
+NAMED_ONLY: dict[str, str] = {**BUFFERED, **STREAMED, **EVERY_BODY}
+"""The targets named on the command line only (not in the default list)."""
 PD_TARGET = "epp-pd"
 REPLICA_KEY = re.compile(r"epp-(r([2-8])(-redis)?|w([2-8]))")
 """``epp-r<n>``: n replicas learning alone; ``epp-r<n>-redis``: sharing through Redis;
@@ -136,7 +149,7 @@ def label(key: str) -> str:
         return f"EPP ({pd_config(key).stem}) via Envoy, P/D fleet"
     if key.startswith("epp:"):
         return f"EPP ({Path(key[4:]).stem}) via Envoy"
-    return BUFFERED[key] if key in BUFFERED else TARGETS[key]
+    return NAMED_ONLY[key] if key in NAMED_ONLY else TARGETS[key]
 
 
 def is_known(key: str) -> bool:
@@ -144,7 +157,7 @@ def is_known(key: str) -> bool:
         return True
     if key.startswith(("epp:", PD_TARGET + ":")):
         return Path(key.split(":", 1)[1]).is_file()
-    return key in TARGETS or key in BUFFERED
+    return key in TARGETS or key in NAMED_ONLY
 
 
 def fleet_spec(key: str, workload: Workload) -> FleetSpec:
@@ -173,6 +186,8 @@ def _start_epp(
     eps.write_text(endpoints_yaml(fleet))
     config_text = epp_config_text(eps, workload.epp_extra_scorers, base)
     args: list[str] = []
+    if key in EVERY_BODY:
+        args += ["--response-body-sample-ratio", "1"]
     if base is not None:  # a config given on the command line may use alpha plugins
         args.append("--allow-experimental-plugins")
     if workload.objectives:
@@ -192,6 +207,8 @@ def _start_epp(
     if key in BUFFERED:
         group.envoy_config = "buffered-failopen"
         group.fallback = fleet.hostports
+    if key in STREAMED:
+        group.envoy_config = "streamed"
     try:
         group.start()
     except SetupError as exc:
@@ -236,7 +253,7 @@ def prepare(key: str) -> None:
 
 def start(key: str, fleet: SimProcess, workload: Workload, workdir: Path) -> Running:
     workdir.mkdir(parents=True, exist_ok=True)
-    if key in ("epp", *BUFFERED) or REPLICA_KEY.fullmatch(key):
+    if key in ("epp", *NAMED_ONLY) or REPLICA_KEY.fullmatch(key):
         return _start_epp(fleet, workload, workdir, key=key)
     if key.startswith("epp:"):
         return _start_epp(fleet, workload, workdir, Path(key[4:]).read_text())

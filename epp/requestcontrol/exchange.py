@@ -61,6 +61,15 @@ class Decision:
     def model_rewritten(self) -> bool:
         return self.request.target_model != self.request.incoming_model
 
+    def scores_by_hostport(self) -> dict[str, float]:
+        """The primary profile's scores keyed by ``ip:port`` (by id for an unknown endpoint)."""
+        by_id = {e.id: e for e in self.candidates}
+        out = {}
+        for eid, score in self.result.primary.scores.items():
+            ep = by_id.get(eid)
+            out[ep.hostport if ep else eid] = score
+        return out
+
 
 @dataclass(slots=True, eq=False)
 class Exchange:
@@ -77,6 +86,9 @@ class Exchange:
     completed: bool = False
     trace: RequestTrace | None = None
     """The request's spans when tracing is on (``epp.observability.tracing``)."""
+    skip_body: bool = False
+    """Nothing needs this response's body (decided at its headers): chunks that arrive anyway
+    go back untouched, unread."""
 
 
 class Forward(NamedTuple):

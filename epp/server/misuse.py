@@ -27,6 +27,15 @@ ended
 ``protocol_config`` on a message other than   ``protocol_config_not_first``
 the first
 ============================================  ==============================
+
+Why a gRPC error and not an ImmediateResponse: these are faults of the data plane (a
+misconfigured processing mode, a proxy bug, a foreign client), not of the HTTP client, and they
+can arrive in the response phase. On a gRPC error Envoy applies the operator's failure mode:
+``failure_mode_allow: true`` lets the request or the response go on without the EPP (in the
+response phase the client still gets the model server's answer), fail-closed answers 500. An
+ImmediateResponse would override that choice and, once the response has started, cut it off.
+What the *client* got wrong (a body over the limit, JSON that does not parse, no model) is still
+an ImmediateResponse with its HTTP status (413, 400, …).
 """
 
 from __future__ import annotations

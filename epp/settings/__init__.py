@@ -19,6 +19,7 @@ from epp.settings.kinds import (
     _FLAG_KEY,
     BOOL,
     DURATION,
+    FRACTION,
     INT,
     NAMES,
     OPTIONAL_TEXT,
@@ -228,6 +229,14 @@ class Settings:
         64 << 20, "request bodies above this get a 413 (default 64MiB)", QUANTITY
     )
     """Our addition: larger bodies are answered with a 413."""
+    response_body_sample_ratio: float = flag(
+        0.1,
+        "share of the streamed responses no plugin needs that the EPP still reads, for TTFT, "
+        "inter-token latency, token and size metrics; the others it does not take (default 0.1; "
+        "1: every one)",
+        FRACTION,
+    )
+    """Our addition (``epp.requestcontrol.bodyneed``)."""
     seed: int | None = flag(None, "seed the scheduler's random source", INT)
     """Our addition: seeds the scheduler's random source (reproducible tie-breaks in tests)."""
     verbosity: int = flag(

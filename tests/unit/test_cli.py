@@ -12,6 +12,7 @@ from epp.cli import _REJECTED, build_parser, main, settings_from_args
 from epp.settings import (
     BOOL,
     DURATION,
+    FRACTION,
     INT,
     NAMES,
     OPTIONAL_TEXT,
@@ -99,6 +100,9 @@ def test_flag_values(args: list[str], attr: str, value: object) -> None:
         ),
         pytest.param(["--drain-timeout", "soon"], "invalid duration", id="bad-duration"),
         pytest.param(["--secure-serving=maybe"], "invalid boolean", id="bad-bool"),
+        pytest.param(
+            ["--response-body-sample-ratio", "1.5"], "a fraction from 0 to 1", id="bad-fraction"
+        ),
     ],
 )
 def test_bad_flags_exit_with_a_clear_message(
@@ -129,6 +133,7 @@ def _samples(spec: Flag, default: object) -> tuple[str, object]:
         OPTIONAL_TEXT: ("x", "x"),
         INT: ("7", 7),
         DURATION: ("1m30s", 90.0),
+        FRACTION: ("0.5", 0.5),
         QUANTITY: ("1Ki", 1024),
         PORTS: ("81,82", (81, 82)),
         PATHS: ("a,b", ("a", "b")),

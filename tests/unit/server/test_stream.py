@@ -49,6 +49,9 @@ class Director:
         self.skip_response = False
         self.forward: Forward | None = Forward(b"out", whole=False, changed=False)
         self.flow_controlled = False
+        self.skip_body = False  # what on_response_headers decides for the body
+        self.response_set_headers = {"x-resp": "r"}
+        self.copy_held: list[bool] = []  # per response chunk or trailers call
 
     def begin(self, headers: dict[str, str]) -> Exchange:
         self.calls.append(("begin", headers))
@@ -92,18 +95,21 @@ class Director:
     ) -> dict[str, str]:
         assert isinstance(ex, Exchange)
         self.calls.append(("response_headers", headers, served))
-        return {"x-resp": "r"}
+        ex.skip_body = self.skip_body
+        return dict(self.response_set_headers)
 
     def on_response_chunk(
-        self, ex: Exchange, body: bytes, eos: bool, *, hold_limit: int | None
+        self, ex: Exchange, body: bytes, eos: bool, *, hold_limit: int | None, copy_held: bool
     ) -> Forward | None:
         assert isinstance(ex, Exchange)
         self.calls.append(("chunk", body, eos, hold_limit))
+        self.copy_held.append(copy_held)
         return self.forward
 
-    def on_response_trailers(self, ex: Exchange) -> Forward | None:
+    def on_response_trailers(self, ex: Exchange, *, copy_held: bool) -> Forward | None:
         assert isinstance(ex, Exchange)
         self.calls.append(("trailers",))
+        self.copy_held.append(copy_held)
         return self.forward
 
     def names(self) -> list[str]:
