@@ -1,38 +1,102 @@
-"""One HTTP/2 connection of the ext_proc server (``epp.server.h2``): frames in, calls driven,
-frames out.
+"""One HTTP/2 connection of the ext_proc server (``epp.server.h2``): bytes in, calls driven,
+bytes out, with libnghttp2 (through ``ngh2``) as the HTTP/2 engine.
 
-A gRPC call is one HTTP/2 stream. Each complete length-prefixed message goes to the stream's
-``Call`` (``on_message``), the client's END_STREAM to ``on_half_close``, a peer reset or a lost
-connection to ``on_reset``. The call answers through ``send`` (one message) and ``finish``
-(status trailers; the stream is reset with NO_ERROR if the client is still sending, as RFC 9113
-§8.1 asks).
+libnghttp2 is the engine behind curl, nghttpx and Apache's mod_http2: it parses and validates
+every frame, decodes HPACK, keeps the stream states and both directions' flow-control windows,
+and answers what a peer gets wrong with the RST_STREAM or GOAWAY RFC 9113 names (a SETTINGS
+payload that is not a multiple of 6, a window pushed past 2^31-1, DATA on stream 0 or on an
+idle stream, a frame over the frame size, a broken header block). Its limits bound what a peer
+can make the server do: CONTINUATION frames per header block, the decoded header list, queued
+PING and SETTINGS acknowledgements, stream resets per second (CVE-2023-44487) and protocol
+"glitches" per second. Why an engine and not our own framing: ``epp bench engines`` and README
+"ext_proc server".
 
-Everything the frames of one read produce goes out in one ``transport.write``. A stream that
-ends lets go of its call, so that a request's objects are freed by reference counting. Flow control:
-the server grants the largest windows HTTP/2 allows (it bounds memory by
-``--grpc-max-recv-msg-size`` per message instead) and keeps the peer's send windows exactly,
-queueing what does not fit until the peer's WINDOW_UPDATE. Pings are answered, the peer's
-SETTINGS applied and acknowledged, header blocks decoded in order (CONTINUATION included) so the
-HPACK table stays in step even for streams already closed.
+This module turns the engine's events into calls. A gRPC call is one HTTP/2 stream: each
+complete length-prefixed message goes to the stream's ``Call`` (``on_message``), the client's
+END_STREAM (or trailers) to ``on_half_close``, a peer reset, a stream the engine closed or a
+lost connection to ``on_reset``. The call answers through its ``CallIO``: ``send`` (one
+message), ``finish`` (status trailers; if the client is still sending, its stream is then reset
+with NO_ERROR, as RFC 9113 §8.1 allows, once the trailers are out) and ``headers`` (the
+request's header fields). Everything one read produces goes out in one ``transport.write``.
+A stream that ends lets go of its call, so that a request's objects are freed by reference
+counting.
+
+Limits and why:
+
+* ``MAX_CONCURRENT_STREAMS`` = 1000 per connection, advertised in SETTINGS; a stream over it
+  is refused (REFUSED_STREAM before the client acknowledged the setting, a PROTOCOL_ERROR
+  GOAWAY after). grpc-go, and so llm-d's Go EPP (``grpc.NewServer()`` without
+  ``MaxConcurrentStreams``), advertises no limit at all. Envoy multiplexes every ext_proc stream
+  of a worker over one connection and opens another when the server's limit is reached; its
+  default circuit breaker allows 1024 requests in flight to a cluster, so a default Envoy
+  rarely needs a second connection while one connection's streams, each a few KB of request
+  state, stay bounded.
+* Messages: ``max_message`` (``--grpc-max-recv-msg-size``) per message, checked from its
+  5-byte prefix before the message is buffered; the windows are the largest HTTP/2 allows and
+  are refilled as data arrives, so a connection buffers at most one partial message per stream.
+* Header lists: 64 KiB decoded (``SETTINGS_MAX_HEADER_LIST_SIZE``); ext_proc's HTTP headers
+  travel inside messages, the HTTP/2 headers of a call are a handful of short fields.
+* Stream resets by the client: a burst of 1000, then 200 a second (libnghttp2's default is 33
+  a second). Envoy resets an ext_proc stream when its downstream request is aborted, so under
+  overload legitimate resets come at the request rate; a connection over the limit gets a
+  GOAWAY and new streams go to a new connection while its open streams finish.
+* Writes: while the transport holds more than ``WRITE_HIGH_WATER`` unsent bytes (a client that
+  does not read), the connection stops reading, so it takes no new frames that would make
+  more to send, until the buffer is back under ``WRITE_LOW_WATER``.
+* Keepalive: after ``KEEPALIVE_TIME`` (60 s) with nothing read, the server sends a PING; with
+  still nothing read ``KEEPALIVE_TIMEOUT`` (20 s, grpc-go's default) later it closes the
+  connection, whose calls hear a reset. grpc-go pings after 2 hours; an EPP's peers are a few
+  Envoys on a cluster network, where a minute finds a vanished peer (and its streams) sooner
+  at the cost of one PING a minute on an idle connection. llm-d has no flag for it.
+* Client PINGs: as grpc-go enforces (``keepalive.EnforcementPolicy``), a PING that comes less
+  than ``MIN_PING_INTERVAL`` (10 s; grpc-go: 5 min) after the previous one is a strike unless
+  the server sent headers or data in between, and the third strike ends the connection with
+  GOAWAY ENHANCE_YOUR_CALM "too_many_pings". Unlike grpc-go's default, PINGs on a connection
+  without streams are allowed at that interval: Envoy's ``connection_keepalive`` pings idle
+  connections, and 10 s is below any interval it is configured with in practice.
+
+Graceful shutdown (``goaway``) is two-step, as gRPC servers do: a GOAWAY naming the highest
+stream id and a PING; once the PING is answered, every stream the peer opened before it saw the
+GOAWAY has arrived, and a final GOAWAY names the last one. The engine ignores streams opened
+after it (the client knows from the GOAWAY that they were not processed); the open ones finish.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import struct
-from collections.abc import Callable, Iterable
-from typing import Any, Protocol, cast
+from collections.abc import Callable, Sequence
+from typing import Protocol, cast
 
-import hpack
+import ngh2
 
 from epp.server import h2wire as w
 
 log = logging.getLogger(__name__)
 
-_U32 = struct.Struct(">I")
-_WINDOW_REFILL = 1 << 30
+MAX_CONCURRENT_STREAMS = 1000
+MAX_HEADER_LIST = 64 << 10
+RESET_BURST = 1000
+RESET_RATE = 200
+WRITE_HIGH_WATER = 1 << 20
+WRITE_LOW_WATER = 256 << 10
+KEEPALIVE_TIME = 60.0
+KEEPALIVE_TIMEOUT = 20.0
+MIN_PING_INTERVAL = 10.0
+MAX_PING_STRIKES = 2
+
 _DRAIN_PING = b"epp-gone"
+_KEEPALIVE_PING = b"epp-kal?"
+_SETTINGS = {
+    ngh2.Setting.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
+    ngh2.Setting.INITIAL_WINDOW_SIZE: w.MAX_WINDOW,
+    ngh2.Setting.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
+    ngh2.Setting.ENABLE_PUSH: 0,
+}
+_CONFIG = ngh2.Configuration(
+    max_inbound_header_list_size=MAX_HEADER_LIST,
+    stream_reset_rate_limit=(RESET_BURST, RESET_RATE),
+)
 
 
 class Call(Protocol):
@@ -42,7 +106,13 @@ class Call(Protocol):
 
 
 class CallIO(Protocol):
-    """What a call answers through."""
+    """What a call answers through, and the request it answers."""
+
+    @property
+    def headers(self) -> Sequence[tuple[bytes, bytes]]:
+        """The request's header fields in order, as (name, value) byte pairs, pseudo-headers
+        (``:path``, ...) included."""
+        ...
 
     def send(self, payload: bytes) -> None: ...
     def finish(self, code: int, message: str = "") -> None: ...
@@ -53,39 +123,26 @@ Router = Callable[[str, CallIO], Call | None]
 
 
 class _Stream:
-    __slots__ = (
-        "call",
-        "conn",
-        "ended",
-        "finished",
-        "headers_sent",
-        "inbox",
-        "pending",
-        "sid",
-        "trailers",
-        "window",
-    )
+    __slots__ = ("call", "conn", "ended", "finished", "headers", "headers_sent", "inbox", "sid")
 
-    def __init__(self, conn: Connection, sid: int, window: int) -> None:
+    def __init__(self, conn: Connection, sid: int, headers: Sequence[tuple[bytes, bytes]]):
         self.conn = conn
         self.sid = sid
-        self.window = window
+        self.headers = headers
         self.call: Call | None = None
         self.inbox = bytearray()
-        self.pending = bytearray()
-        self.trailers: bytes | None = None
         self.headers_sent = False
         self.ended = False  # the client sent END_STREAM
-        self.finished = False  # our trailers are written or queued
+        self.finished = False  # our trailers are submitted
 
     def send(self, payload: bytes) -> None:
         if not self.finished:
-            self.conn.send_data(self, w.grpc_message(payload))
+            self.conn.send_message(self, w.grpc_message(payload))
 
     def finish(self, code: int, message: str = "") -> None:
         if not self.finished:
             self.finished = True
-            self.conn.send_trailers(self, w.status_block(code, message))
+            self.conn.send_trailers(self, w.status_headers(code, message))
 
 
 class Connection(asyncio.Protocol):
@@ -93,211 +150,113 @@ class Connection(asyncio.Protocol):
         self._route = route
         self._max_message = max_message
         self._on_close = on_close
+        self._h2 = ngh2.Connection(ngh2.Role.SERVER, _CONFIG)
         self._transport: asyncio.Transport | None = None
-        self._buf = bytearray()
-        self._preface = False
-        self._out: list[bytes] | None = None  # collecting while handling one read
-        self._decoder = hpack.Decoder()
-        self._block = bytearray()  # a header block awaiting CONTINUATION
-        self._block_stream = 0
-        self._block_end = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.streams: dict[int, _Stream] = {}
+        self._to_reset: list[int] = []  # finished before the client ended: reset once sent
         self._last_sid = 0
-        self._peer_window = w.DEFAULT_WINDOW  # the peer's SETTINGS_INITIAL_WINDOW_SIZE
-        self._peer_frame = w.DEFAULT_MAX_FRAME
-        self._conn_window = w.DEFAULT_WINDOW
-        self._received = 0
+        self._reading = False  # handling a read: one write at its end
+        self._flush_soon = False
+        self._dead = False  # the engine failed or the connection is ending
         self.goaway_sent = False  # draining: the first GOAWAY went out
-        self._refusing = False  # the final GOAWAY went out: new streams are refused
+        self._final_goaway = False
+        self._last_read = 0.0
+        self._ping_sent: float | None = None  # a keepalive PING awaits any sign of life
+        self._timer: asyncio.TimerHandle | None = None
+        self._last_ping = float("-inf")  # the client's
+        self._strikes = 0
+        self._sent_since_ping = False
 
     # ---- transport events -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        settings = w.settings_frame(
-            {w.SETTINGS_INITIAL_WINDOW_SIZE: w.MAX_WINDOW, w.SETTINGS_ENABLE_PUSH: 0}
-        )
-        grant = w.window_update(0, w.MAX_WINDOW - w.DEFAULT_WINDOW)
-        self._transport.write(settings + grant)
+        self._transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
+        self._loop = asyncio.get_running_loop()
+        self._last_read = self._loop.time()
+        self._h2.initiate_connection(_SETTINGS)
+        self._h2.set_local_window_size(w.MAX_WINDOW)
+        self._flush()
+        self._timer = self._loop.call_later(KEEPALIVE_TIME, self._keepalive)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._dead = True
+        if self._timer is not None:
+            self._timer.cancel()
         streams, self.streams = self.streams, {}
         for st in streams.values():
-            if st.call is not None and not st.finished:
-                st.finished = True
-                st.call.on_reset()
-            st.call = None
+            self._reset_call(st)
         self._on_close(self)
 
+    def pause_writing(self) -> None:
+        assert self._transport is not None
+        self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        assert self._transport is not None
+        if not self._dead:
+            self._transport.resume_reading()
+
     def data_received(self, data: bytes) -> None:
-        self._out = []
-        try:
-            self._buf += data
-            self._frames()
-        except w.H2Error as err:
-            log.warning("ext_proc HTTP/2 connection error: %s", err)
-            self._out.append(w.goaway(self._last_sid, err.code, str(err).encode()[:200]))
-            self._flush()
-            assert self._transport is not None
-            self._transport.close()
+        if self._dead:
             return
+        assert self._loop is not None
+        self._last_read = self._loop.time()
+        self._reading = True
+        try:
+            self._h2.receive_data(data)
+        except ngh2.NGH2Error as err:  # the engine is unusable after it raised
+            self._fail(err)
+            return
+        try:
+            self._events(self._h2.events())
+        finally:
+            self._reading = False
         self._flush()
 
-    def _flush(self) -> None:
-        out, self._out = self._out, None
-        if out and self._transport is not None and not self._transport.is_closing():
-            self._transport.write(b"".join(out))
-
-    def _write(self, data: bytes) -> None:
-        if self._out is not None:
-            self._out.append(data)
-        elif self._transport is not None and not self._transport.is_closing():
-            self._transport.write(data)
-
     def goaway(self) -> None:
-        """Graceful shutdown in two steps, as gRPC servers do: a GOAWAY naming the highest
-        stream id and a PING; once the PING is answered, every stream the peer opened before
-        it saw the GOAWAY has arrived, and a second GOAWAY names the last one. Streams opened
-        after that are refused; the open ones finish."""
-        if not self.goaway_sent:
+        """Start the graceful shutdown described in the module docstring."""
+        if not self.goaway_sent and not self._dead:
+            try:
+                self._h2.send_shutdown_notice()
+                self._h2.ping(_DRAIN_PING)
+            except ngh2.NGH2Error:
+                return  # the connection is ending already (the client's GOAWAY, an error)
             self.goaway_sent = True
-            self._write(w.goaway(w.MAX_WINDOW, w.NO_ERROR) + w.frame(w.PING, 0, 0, _DRAIN_PING))
+            if not self._reading:
+                self._flush()
 
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
 
-    # ---- frames in --------------------------------------------------------------------------
+    # ---- events in --------------------------------------------------------------------------
 
-    def _frames(self) -> None:
-        buf = self._buf
-        pos = 0
-        if not self._preface:
-            if len(buf) < len(w.PREFACE):
-                return
-            if buf[: len(w.PREFACE)] != w.PREFACE:
-                raise w.H2Error(w.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-            self._preface = True
-            pos = len(w.PREFACE)
-        end = len(buf)
-        while end - pos >= 9:
-            hi, lo, ftype, flags, sid = w.FRAME_HEADER.unpack_from(buf, pos)
-            length = (hi << 16) | lo
-            if length > w.DEFAULT_MAX_FRAME:  # the largest frame we allow (SETTINGS default)
-                raise w.H2Error(w.FRAME_SIZE_ERROR, f"a {length}-byte frame")
-            if end - pos - 9 < length:
-                break
-            payload = bytes(buf[pos + 9 : pos + 9 + length])
-            pos += 9 + length
-            self._frame(ftype, flags, sid & 0x7FFFFFFF, payload)
-        del buf[:pos]
+    def _events(self, events: list[ngh2.Event]) -> None:
+        for ev in events:
+            if isinstance(ev, ngh2.DataReceived):
+                self._on_data(ev.stream_id, ev.data, ev.end_stream)
+            elif isinstance(ev, ngh2.RequestReceived):
+                self._on_request(ev.stream_id, ev.headers, ev.end_stream)
+            elif isinstance(ev, ngh2.StreamClosed):
+                st = self.streams.pop(ev.stream_id, None)
+                if st is not None:
+                    self._reset_call(st)
+            elif isinstance(ev, ngh2.TrailersReceived):
+                if (st := self.streams.get(ev.stream_id)) is not None:
+                    self._half_close(st)
+            elif isinstance(ev, ngh2.PingReceived):
+                self._on_ping()
+            elif isinstance(ev, ngh2.PingAcknowledged):
+                self._on_ping_ack(ev.opaque_data)
+            # StreamReset precedes a StreamClosed. SETTINGS, WINDOW_UPDATE and PRIORITY are the
+            # engine's own business, and so is the client's GOAWAY: the open streams finish,
+            # then the connection closes.
 
-    def _frame(self, ftype: int, flags: int, sid: int, payload: bytes) -> None:
-        if self._block_stream and ftype != w.CONTINUATION:
-            raise w.H2Error(w.PROTOCOL_ERROR, "header block interrupted")
-        if ftype == w.DATA:
-            self._on_data(flags, sid, payload)
-        elif ftype in (w.HEADERS, w.CONTINUATION):
-            self._on_headers(ftype, flags, sid, payload)
-        elif ftype == w.WINDOW_UPDATE:
-            self._on_window_update(sid, payload)
-        elif ftype == w.SETTINGS:
-            self._on_settings(flags, payload)
-        elif ftype == w.PING:
-            if not flags & w.ACK:
-                self._write(w.frame(w.PING, w.ACK, 0, payload))
-            elif payload == _DRAIN_PING and not self._refusing:
-                self._refusing = True
-                self._write(w.goaway(self._last_sid, w.NO_ERROR))
-        elif ftype == w.RST_STREAM:
-            st = self.streams.pop(sid, None)
-            if st is not None and st.call is not None and not st.finished:
-                st.finished = True
-                st.call.on_reset()
-            if st is not None:
-                st.call = None
-        elif ftype == w.GOAWAY:
-            self.goaway()
-        # PRIORITY, PUSH_PROMISE (never from a client) and unknown types are ignored
-
-    def _on_data(self, flags: int, sid: int, payload: bytes) -> None:
-        self._received += len(payload)
-        if self._received >= _WINDOW_REFILL:
-            self._write(w.window_update(0, self._received))
-            self._received = 0
-        if flags & w.PADDED:
-            payload = payload[1 : len(payload) - payload[0]]
-        st = self.streams.get(sid)
-        if st is None or st.ended or st.finished:
-            if st is not None and flags & w.END_STREAM:
-                self._half_close(st)
-            return  # a stream we already answered: its data is dropped
-        inbox = st.inbox
-        inbox += payload
-        while len(inbox) >= 5 and not st.finished:
-            compressed, size = w.MESSAGE_PREFIX.unpack_from(inbox, 0)
-            if size > self._max_message:
-                self._abort(
-                    st, w.GRPC_RESOURCE_EXHAUSTED, f"message over {self._max_message} bytes"
-                )
-                return
-            if len(inbox) < 5 + size:
-                break
-            message = bytes(inbox[5 : 5 + size])
-            del inbox[: 5 + size]
-            if compressed:
-                self._abort(st, w.GRPC_UNIMPLEMENTED, "compressed messages are not accepted")
-                return
-            assert st.call is not None
-            st.call.on_message(message)
-        if flags & w.END_STREAM:
-            self._half_close(st)
-
-    def _half_close(self, st: _Stream) -> None:
-        st.ended = True
-        if st.finished:
-            if st.trailers is None:  # else _end drops it once the queued data is out
-                self._forget(st)
-        elif st.call is not None:
-            st.call.on_half_close()
-
-    def _on_headers(self, ftype: int, flags: int, sid: int, payload: bytes) -> None:
-        if ftype == w.HEADERS:
-            if flags & w.PADDED:
-                payload = payload[1 : len(payload) - payload[0]]
-            if flags & w.PRIORITY_FLAG:
-                payload = payload[5:]
-            self._block_stream = sid
-            self._block_end = bool(flags & w.END_STREAM)
-            self._block = bytearray(payload)
-        elif sid != self._block_stream:
-            raise w.H2Error(w.PROTOCOL_ERROR, "CONTINUATION without HEADERS")
-        else:
-            self._block += payload
-        if len(self._block) > 1 << 20:
-            raise w.H2Error(w.PROTOCOL_ERROR, "header block over 1 MiB")
-        if not flags & w.END_HEADERS:
-            return
-        self._block_stream = 0
-        try:
-            headers = self._decoder.decode(bytes(self._block), raw=True)
-        except Exception as exc:
-            raise w.H2Error(w.COMPRESSION_ERROR, f"bad header block: {exc}") from None
-        self._header_block(sid, headers, self._block_end)
-
-    def _header_block(self, sid: int, headers: Iterable[Any], end: bool) -> None:
-        known = self.streams.get(sid)
-        if known is not None:  # trailers
-            if end:
-                self._half_close(known)
-            return
-        if sid <= self._last_sid or sid % 2 == 0:
-            return  # a stream already closed (or not the client's): its headers only kept HPACK
+    def _on_request(self, sid: int, headers: Sequence[tuple[bytes, bytes]], end: bool) -> None:
         self._last_sid = sid
-        st = _Stream(self, sid, self._peer_window)
-        if self._refusing:
-            self._write(w.rst_stream(sid, w.REFUSED_STREAM))
-            return
+        st = _Stream(self, sid, headers)
         self.streams[sid] = st
         path = next((str(v, "latin-1") for k, v in headers if k == b":path"), "")
         st.ended = end
@@ -307,74 +266,100 @@ class Connection(asyncio.Protocol):
         elif end:
             st.call.on_half_close()
 
-    def _on_window_update(self, sid: int, payload: bytes) -> None:
-        increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
-        if sid == 0:
-            self._conn_window += increment
-            for st in list(self.streams.values()):
-                if st.pending:
-                    self._drain(st)
-        elif (one := self.streams.get(sid)) is not None:
-            one.window += increment
-            self._drain(one)
+    def _on_data(self, sid: int, data: bytes, end: bool) -> None:
+        st = self.streams.get(sid)
+        if st is None:
+            return  # a stream already answered: its data is dropped
+        if data and not st.finished:
+            inbox = st.inbox
+            if inbox:
+                inbox += data
+                self._messages(st, inbox)
+            else:  # the usual case, a frame holding whole messages: no copy into the inbox
+                rest = self._messages(st, data)
+                if rest and not st.finished:
+                    inbox += rest
+        if end:
+            self._half_close(st)
 
-    def _on_settings(self, flags: int, payload: bytes) -> None:
-        if flags & w.ACK:
-            return
-        for i in range(0, len(payload) - 5, 6):
-            key, value = struct.unpack_from(">HI", payload, i)
-            if key == w.SETTINGS_INITIAL_WINDOW_SIZE:
-                delta = value - self._peer_window
-                self._peer_window = value
-                for st in self.streams.values():
-                    st.window += delta
-            elif key == w.SETTINGS_MAX_FRAME_SIZE:
-                self._peer_frame = value
-        self._write(w.frame(w.SETTINGS, w.ACK, 0))
+    def _messages(self, st: _Stream, buf: bytes | bytearray) -> bytes | bytearray:
+        """Hand every whole message in ``buf`` to the call; what is left over (an inbox is
+        trimmed in place)."""
+        pos, size_of = 0, len(buf)
+        while size_of - pos >= 5 and not st.finished:
+            compressed, size = w.MESSAGE_PREFIX.unpack_from(buf, pos)
+            if size > self._max_message:
+                too_large = f"message over {self._max_message} bytes"
+                self._abort(st, w.GRPC_RESOURCE_EXHAUSTED, too_large)
+                return b""
+            if size_of - pos - 5 < size:
+                break
+            message = bytes(buf[pos + 5 : pos + 5 + size])
+            pos += 5 + size
+            if compressed:
+                self._abort(st, w.GRPC_UNIMPLEMENTED, "compressed messages are not accepted")
+                return b""
+            assert st.call is not None
+            st.call.on_message(message)
+        if isinstance(buf, bytearray):
+            del buf[:pos]
+            return buf
+        return buf[pos:]
+
+    def _half_close(self, st: _Stream) -> None:
+        st.ended = True
+        if st.finished:
+            self.streams.pop(st.sid, None)
+        elif st.call is not None:
+            st.call.on_half_close()
+
+    def _on_ping_ack(self, opaque: bytes) -> None:
+        if opaque == _DRAIN_PING and not self._final_goaway:
+            self._final_goaway = True
+            self._h2.send_goaway(w.NO_ERROR)
+
+    def _on_ping(self) -> None:
+        """The client-ping policy of the module docstring."""
+        assert self._loop is not None
+        now = self._loop.time()
+        if self._sent_since_ping:
+            self._sent_since_ping = False
+            self._strikes = 0
+        elif now - self._last_ping < MIN_PING_INTERVAL:
+            self._strikes += 1
+        self._last_ping = now
+        if self._strikes > MAX_PING_STRIKES:
+            log.warning("ext_proc HTTP/2 client pings too often: closing its connection")
+            self._h2.send_goaway(w.ENHANCE_YOUR_CALM, debug_data=b"too_many_pings")
+            self._dead = True
 
     # ---- frames out -------------------------------------------------------------------------
 
-    def send_data(self, st: _Stream, data: bytes) -> None:
-        if not st.headers_sent:
-            st.headers_sent = True
-            self._write(w.frame(w.HEADERS, w.END_HEADERS, st.sid, w.RESPONSE_HEADERS))
-        n = len(data)
-        if not st.pending and n <= st.window and n <= self._conn_window and n <= self._peer_frame:
-            st.window -= n
-            self._conn_window -= n
-            self._write(w.frame_header(w.DATA, 0, st.sid, n) + data)
-            return
-        st.pending += data
-        self._drain(st)
+    def send_message(self, st: _Stream, framed: bytes) -> None:
+        try:
+            if not st.headers_sent:
+                st.headers_sent = True
+                self._h2.send_response(st.sid, w.RESPONSE_HEADERS)
+            self._h2.send_data(st.sid, framed)
+        except ngh2.NGH2Error:
+            return  # the stream or the connection is gone; its close event resets the call
+        self._sent_since_ping = True
+        self._write_soon()
 
-    def send_trailers(self, st: _Stream, block: bytes) -> None:
-        if not st.headers_sent:  # trailers-only response
-            block = w.RESPONSE_HEADERS + block
-        st.trailers = block
-        if not st.pending:
-            self._end(st)
-
-    def _drain(self, st: _Stream) -> None:
-        pending = st.pending
-        while pending:
-            n = min(len(pending), st.window, self._conn_window, self._peer_frame)
-            if n <= 0:
-                return
-            chunk = bytes(pending[:n])
-            del pending[:n]
-            st.window -= n
-            self._conn_window -= n
-            self._write(w.frame_header(w.DATA, 0, st.sid, n) + chunk)
-        if st.trailers is not None:
-            self._end(st)
-
-    def _end(self, st: _Stream) -> None:
-        assert st.trailers is not None
-        self._write(w.frame(w.HEADERS, w.END_HEADERS | w.END_STREAM, st.sid, st.trailers))
-        st.trailers = None
-        if not st.ended:  # the client is still sending: tell it to stop
-            self._write(w.rst_stream(st.sid, w.NO_ERROR))
+    def send_trailers(self, st: _Stream, trailers: list[tuple[bytes, bytes]]) -> None:
+        try:
+            if st.headers_sent:
+                self._h2.send_trailers(st.sid, trailers)
+            else:  # trailers-only response
+                self._h2.send_response(st.sid, w.RESPONSE_HEADERS + trailers, end_stream=True)
+        except ngh2.NGH2Error:
+            pass
+        else:
+            self._sent_since_ping = True
+            if not st.ended:  # the client is still sending: tell it to stop, after the trailers
+                self._to_reset.append(st.sid)
         self._forget(st)
+        self._write_soon()
 
     def _forget(self, st: _Stream) -> None:
         """Drop a stream that has ended. The call and the stream refer to each other (``io``
@@ -384,10 +369,100 @@ class Connection(asyncio.Protocol):
         second (``epp bench rate``)."""
         self.streams.pop(st.sid, None)
         st.call = None
+        st.inbox.clear()
+
+    def _reset_call(self, st: _Stream) -> None:
+        call, st.call = st.call, None
+        if call is not None and not st.finished:
+            st.finished = True
+            call.on_reset()
 
     def _abort(self, st: _Stream, code: int, message: str) -> None:
         """End a call the connection cannot carry on (the call hears a reset)."""
-        call = st.call  # finishing may already forget the stream
+        call = st.call  # finishing forgets the stream
         st.finish(code, message)
         if call is not None:
             call.on_reset()
+
+    def _write_soon(self) -> None:
+        """Replies made while a read is handled go out with its write; others (a routed
+        answer, from a task) in one write at the loop's next turn."""
+        if not self._reading and not self._flush_soon and self._loop is not None:
+            self._flush_soon = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_soon = False
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        h2 = self._h2
+        try:
+            out = h2.data_to_send()
+            if self._to_reset:
+                out += self._resets()
+            done = not h2.want_read and not h2.want_write
+        except ngh2.NGH2Error as err:
+            self._fail(err)
+            return
+        if out:
+            transport.write(out)
+        if self._dead or (done and not self.goaway_sent):
+            # A GOAWAY for an error went out (the engine's or ours); a drain that we started
+            # leaves the close to the client, who may read its last trailers and an EOF
+            # together, or to ``H2Server.stop`` after its grace period.
+            self._dead = True
+            transport.close()
+
+    def _resets(self) -> bytes:
+        """RST_STREAM(NO_ERROR) for each finished stream whose trailers are out: submitted any
+        earlier, the engine would drop the data and trailers still queued for it."""
+        h2, waiting = self._h2, []
+        for sid in self._to_reset:
+            try:
+                if h2.queued_body_size(sid):
+                    waiting.append(sid)
+                    continue
+                h2.reset_stream(sid, w.NO_ERROR)
+            except ngh2.NGH2Error:
+                pass  # the client ended or reset it meanwhile
+        self._to_reset = waiting
+        return h2.data_to_send()
+
+    def _fail(self, err: Exception) -> None:
+        """The engine raised (a peer over one of its limits, a bad connection preface): it can
+        no longer write, so the GOAWAY is ours."""
+        log.warning("ext_proc HTTP/2 connection error: %s", err)
+        self._dead = True
+        self._reading = False
+        calm = isinstance(err, ngh2.DenialOfServiceError)
+        code = w.ENHANCE_YOUR_CALM if calm else w.PROTOCOL_ERROR
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(w.goaway(self._last_sid, code, str(err).encode()[:200]))
+            self._transport.close()
+
+    # ---- keepalive --------------------------------------------------------------------------
+
+    def _keepalive(self) -> None:
+        """The server's keepalive of the module docstring: a PING after ``KEEPALIVE_TIME``
+        with nothing read; the close if nothing is read ``KEEPALIVE_TIMEOUT`` after it."""
+        assert self._loop is not None
+        if self._dead:
+            return
+        now = self._loop.time()
+        if self._ping_sent is not None and self._last_read <= self._ping_sent:
+            if now - self._ping_sent >= KEEPALIVE_TIMEOUT:
+                log.warning("ext_proc HTTP/2 client silent after a keepalive PING: closing")
+                self._dead = True
+                self.close()
+                return
+            wait = self._ping_sent + KEEPALIVE_TIMEOUT - now
+        elif now - self._last_read >= KEEPALIVE_TIME:
+            self._ping_sent = now
+            self._h2.ping(_KEEPALIVE_PING)
+            self._flush()
+            wait = KEEPALIVE_TIMEOUT
+        else:
+            self._ping_sent = None
+            wait = self._last_read + KEEPALIVE_TIME - now
+        self._timer = self._loop.call_later(wait, self._keepalive)
