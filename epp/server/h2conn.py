@@ -21,39 +21,8 @@ request's header fields). Everything one read produces goes out in one ``transpo
 A stream that ends lets go of its call, so that a request's objects are freed by reference
 counting.
 
-Limits and why:
-
-* ``MAX_CONCURRENT_STREAMS`` = 1000 per connection, advertised in SETTINGS; a stream over it
-  is refused (REFUSED_STREAM before the client acknowledged the setting, a PROTOCOL_ERROR
-  GOAWAY after). grpc-go, and so llm-d's Go EPP (``grpc.NewServer()`` without
-  ``MaxConcurrentStreams``), advertises no limit at all. Envoy multiplexes every ext_proc stream
-  of a worker over one connection and opens another when the server's limit is reached; its
-  default circuit breaker allows 1024 requests in flight to a cluster, so a default Envoy
-  rarely needs a second connection while one connection's streams, each a few KB of request
-  state, stay bounded.
-* Messages: ``max_message`` (``--grpc-max-recv-msg-size``) per message, checked from its
-  5-byte prefix before the message is buffered; the windows are the largest HTTP/2 allows and
-  are refilled as data arrives, so a connection buffers at most one partial message per stream.
-* Header lists: 64 KiB decoded (``SETTINGS_MAX_HEADER_LIST_SIZE``); ext_proc's HTTP headers
-  travel inside messages, the HTTP/2 headers of a call are a handful of short fields.
-* Stream resets by the client: a burst of 1000, then 200 a second (libnghttp2's default is 33
-  a second). Envoy resets an ext_proc stream when its downstream request is aborted, so under
-  overload legitimate resets come at the request rate; a connection over the limit gets a
-  GOAWAY and new streams go to a new connection while its open streams finish.
-* Writes: while the transport holds more than ``WRITE_HIGH_WATER`` unsent bytes (a client that
-  does not read), the connection stops reading, so it takes no new frames that would make
-  more to send, until the buffer is back under ``WRITE_LOW_WATER``.
-* Keepalive: after ``KEEPALIVE_TIME`` (60 s) with nothing read, the server sends a PING; with
-  still nothing read ``KEEPALIVE_TIMEOUT`` (20 s, grpc-go's default) later it closes the
-  connection, whose calls hear a reset. grpc-go pings after 2 hours; an EPP's peers are a few
-  Envoys on a cluster network, where a minute finds a vanished peer (and its streams) sooner
-  at the cost of one PING a minute on an idle connection. llm-d has no flag for it.
-* Client PINGs: as grpc-go enforces (``keepalive.EnforcementPolicy``), a PING that comes less
-  than ``MIN_PING_INTERVAL`` (10 s; grpc-go: 5 min) after the previous one is a strike unless
-  the server sent headers or data in between, and the third strike ends the connection with
-  GOAWAY ENHANCE_YOUR_CALM "too_many_pings". Unlike grpc-go's default, PINGs on a connection
-  without streams are allowed at that interval: Envoy's ``connection_keepalive`` pings idle
-  connections, and 10 s is below any interval it is configured with in practice.
+What the connection allows its peer (streams, header lists, resets, pings, keepalive, what it
+buffers for a client that does not read), and why: ``epp.server.h2limits``.
 
 Graceful shutdown (``goaway``) is two-step, as gRPC servers do: a GOAWAY naming the highest
 stream id and a PING; once the PING is answered, every stream the peer opened before it saw the
@@ -70,33 +39,14 @@ from typing import Protocol, cast
 
 import ngh2
 
+from epp.server import h2limits as limits
 from epp.server import h2wire as w
+from epp.server.h2limits import Keepalive, PingPolicy
 
 log = logging.getLogger(__name__)
 
-MAX_CONCURRENT_STREAMS = 1000
-MAX_HEADER_LIST = 64 << 10
-RESET_BURST = 1000
-RESET_RATE = 200
-WRITE_HIGH_WATER = 1 << 20
-WRITE_LOW_WATER = 256 << 10
-KEEPALIVE_TIME = 60.0
-KEEPALIVE_TIMEOUT = 20.0
-MIN_PING_INTERVAL = 10.0
-MAX_PING_STRIKES = 2
-
 _DRAIN_PING = b"epp-gone"
 _KEEPALIVE_PING = b"epp-kal?"
-_SETTINGS = {
-    ngh2.Setting.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
-    ngh2.Setting.INITIAL_WINDOW_SIZE: w.MAX_WINDOW,
-    ngh2.Setting.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
-    ngh2.Setting.ENABLE_PUSH: 0,
-}
-_CONFIG = ngh2.Configuration(
-    max_inbound_header_list_size=MAX_HEADER_LIST,
-    stream_reset_rate_limit=(RESET_BURST, RESET_RATE),
-)
 
 
 class Call(Protocol):
@@ -150,7 +100,7 @@ class Connection(asyncio.Protocol):
         self._route = route
         self._max_message = max_message
         self._on_close = on_close
-        self._h2 = ngh2.Connection(ngh2.Role.SERVER, _CONFIG)
+        self._h2 = ngh2.Connection(ngh2.Role.SERVER, limits.CONFIG)
         self._transport: asyncio.Transport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.streams: dict[int, _Stream] = {}
@@ -161,24 +111,21 @@ class Connection(asyncio.Protocol):
         self._dead = False  # the engine failed or the connection is ending
         self.goaway_sent = False  # draining: the first GOAWAY went out
         self._final_goaway = False
-        self._last_read = 0.0
-        self._ping_sent: float | None = None  # a keepalive PING awaits any sign of life
+        self._keepalive = Keepalive(0.0)
         self._timer: asyncio.TimerHandle | None = None
-        self._last_ping = float("-inf")  # the client's
-        self._strikes = 0
-        self._sent_since_ping = False
+        self._pings = PingPolicy()
 
     # ---- transport events -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self._transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
+        self._transport.set_write_buffer_limits(limits.WRITE_HIGH_WATER, limits.WRITE_LOW_WATER)
         self._loop = asyncio.get_running_loop()
-        self._last_read = self._loop.time()
-        self._h2.initiate_connection(_SETTINGS)
+        self._keepalive = Keepalive(self._loop.time())
+        self._h2.initiate_connection(limits.SETTINGS)
         self._h2.set_local_window_size(w.MAX_WINDOW)
         self._flush()
-        self._timer = self._loop.call_later(KEEPALIVE_TIME, self._keepalive)
+        self._timer = self._loop.call_later(limits.KEEPALIVE_TIME, self._check_alive)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._dead = True
@@ -202,7 +149,7 @@ class Connection(asyncio.Protocol):
         if self._dead:
             return
         assert self._loop is not None
-        self._last_read = self._loop.time()
+        self._keepalive.last_read = self._loop.time()
         self._reading = True
         try:
             self._h2.receive_data(data)
@@ -319,16 +266,8 @@ class Connection(asyncio.Protocol):
             self._h2.send_goaway(w.NO_ERROR)
 
     def _on_ping(self) -> None:
-        """The client-ping policy of the module docstring."""
         assert self._loop is not None
-        now = self._loop.time()
-        if self._sent_since_ping:
-            self._sent_since_ping = False
-            self._strikes = 0
-        elif now - self._last_ping < MIN_PING_INTERVAL:
-            self._strikes += 1
-        self._last_ping = now
-        if self._strikes > MAX_PING_STRIKES:
+        if self._pings.too_many(self._loop.time()):
             log.warning("ext_proc HTTP/2 client pings too often: closing its connection")
             self._h2.send_goaway(w.ENHANCE_YOUR_CALM, debug_data=b"too_many_pings")
             self._dead = True
@@ -343,7 +282,7 @@ class Connection(asyncio.Protocol):
             self._h2.send_data(st.sid, framed)
         except ngh2.NGH2Error:
             return  # the stream or the connection is gone; its close event resets the call
-        self._sent_since_ping = True
+        self._pings.sent = True
         self._write_soon()
 
     def send_trailers(self, st: _Stream, trailers: list[tuple[bytes, bytes]]) -> None:
@@ -355,7 +294,7 @@ class Connection(asyncio.Protocol):
         except ngh2.NGH2Error:
             pass
         else:
-            self._sent_since_ping = True
+            self._pings.sent = True
             if not st.ended:  # the client is still sending: tell it to stop, after the trailers
                 self._to_reset.append(st.sid)
         self._forget(st)
@@ -443,26 +382,17 @@ class Connection(asyncio.Protocol):
 
     # ---- keepalive --------------------------------------------------------------------------
 
-    def _keepalive(self) -> None:
-        """The server's keepalive of the module docstring: a PING after ``KEEPALIVE_TIME``
-        with nothing read; the close if nothing is read ``KEEPALIVE_TIMEOUT`` after it."""
+    def _check_alive(self) -> None:
         assert self._loop is not None
         if self._dead:
             return
-        now = self._loop.time()
-        if self._ping_sent is not None and self._last_read <= self._ping_sent:
-            if now - self._ping_sent >= KEEPALIVE_TIMEOUT:
-                log.warning("ext_proc HTTP/2 client silent after a keepalive PING: closing")
-                self._dead = True
-                self.close()
-                return
-            wait = self._ping_sent + KEEPALIVE_TIMEOUT - now
-        elif now - self._last_read >= KEEPALIVE_TIME:
-            self._ping_sent = now
+        action, wait = self._keepalive.due(self._loop.time())
+        if action == Keepalive.CLOSE:
+            log.warning("ext_proc HTTP/2 client silent after a keepalive PING: closing")
+            self._dead = True
+            self.close()
+            return
+        if action == Keepalive.PING:
             self._h2.ping(_KEEPALIVE_PING)
             self._flush()
-            wait = KEEPALIVE_TIMEOUT
-        else:
-            self._ping_sent = None
-            wait = self._last_read + KEEPALIVE_TIME - now
-        self._timer = self._loop.call_later(wait, self._keepalive)
+        self._timer = self._loop.call_later(wait, self._check_alive)

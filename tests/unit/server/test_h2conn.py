@@ -13,7 +13,7 @@ from typing import Any
 import hpack
 import pytest
 
-from epp.server import h2conn
+from epp.server import h2conn, h2limits
 from epp.server import h2wire as w
 from epp.server.h2conn import CallIO, Connection
 
@@ -387,14 +387,14 @@ async def test_the_server_announces_its_limits_and_the_largest_windows() -> None
     assert settings[:3] == (w.SETTINGS, 0, 0)
     pairs = [struct.unpack(">HI", settings[3][i : i + 6]) for i in range(0, len(settings[3]), 6)]
     assert dict(pairs) == {
-        w.SETTINGS_MAX_CONCURRENT_STREAMS: h2conn.MAX_CONCURRENT_STREAMS,
+        w.SETTINGS_MAX_CONCURRENT_STREAMS: h2limits.MAX_CONCURRENT_STREAMS,
         w.SETTINGS_INITIAL_WINDOW_SIZE: w.MAX_WINDOW,
-        w.SETTINGS_MAX_HEADER_LIST_SIZE: h2conn.MAX_HEADER_LIST,
+        w.SETTINGS_MAX_HEADER_LIST_SIZE: h2limits.MAX_HEADER_LIST,
         w.SETTINGS_ENABLE_PUSH: 0,
     }
     assert grant[:3] == (w.WINDOW_UPDATE, 0, 0)
     assert struct.unpack(">I", grant[3])[0] == w.MAX_WINDOW - w.DEFAULT_WINDOW
-    assert t.limits == (h2conn.WRITE_HIGH_WATER, h2conn.WRITE_LOW_WATER)
+    assert t.limits == (h2limits.WRITE_HIGH_WATER, h2limits.WRITE_LOW_WATER)
     conn.connection_lost(None)
 
 
@@ -505,7 +505,7 @@ async def test_pings_between_answers_or_far_enough_apart_are_no_strikes(
     for _ in range(10):  # each PING follows data the server sent
         conn.data_received(data(1, w.grpc_message(b"e")) + w.frame(w.PING, 0, 0, b"12345678"))
     assert not t.closed
-    monkeypatch.setattr(h2conn, "MIN_PING_INTERVAL", 0.0)
+    monkeypatch.setattr(h2limits, "MIN_PING_INTERVAL", 0.0)
     for _ in range(10):
         conn.data_received(w.frame(w.PING, 0, 0, b"12345678"))
     assert not t.closed
@@ -514,8 +514,8 @@ async def test_pings_between_answers_or_far_enough_apart_are_no_strikes(
 async def test_keepalive_pings_a_silent_client_and_closes_it_when_it_stays_silent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(h2conn, "KEEPALIVE_TIME", 0.05)
-    monkeypatch.setattr(h2conn, "KEEPALIVE_TIMEOUT", 0.05)
+    monkeypatch.setattr(h2limits, "KEEPALIVE_TIME", 0.05)
+    monkeypatch.setattr(h2limits, "KEEPALIVE_TIMEOUT", 0.05)
     conn, t, log = connect()
     conn.data_received(headers(1))
     await asyncio.sleep(0.08)
