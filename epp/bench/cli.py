@@ -129,6 +129,7 @@ SUBCOMMANDS = {
     "soak": "epp.bench.soak",
     "rate": "epp.bench.rate",
     "together": "epp.bench.together",
+    "engines": "epp.bench.engines",
 }
 """``epp bench <name>``: the module whose ``main(argv)`` runs it (imported only when asked)."""
 

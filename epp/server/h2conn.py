@@ -1,28 +1,19 @@
 """One HTTP/2 connection of the ext_proc server (``epp.server.h2``): bytes in, calls driven,
-bytes out, with libnghttp2 (through ``ngh2``) as the HTTP/2 engine.
+bytes out, with libnghttp2 (through ``ngh2``, the engine of curl and nghttpx) as the HTTP/2
+engine: it parses and validates every frame, decodes HPACK, keeps the stream states and both
+flow-control windows, and answers what a peer gets wrong with the RST_STREAM or GOAWAY RFC 9113
+names. A window pushed past 2^31-1 ends the connection with FLOW_CONTROL_ERROR even when it is a
+stream's (RFC 9113 §5.4 lets an endpoint treat any stream error as a connection error). What a
+peer may do, and why: ``epp.server.h2limits``; why this engine: ``epp bench engines``.
 
-libnghttp2 is the engine behind curl, nghttpx and Apache's mod_http2: it parses and validates
-every frame, decodes HPACK, keeps the stream states and both directions' flow-control windows,
-and answers what a peer gets wrong with the RST_STREAM or GOAWAY RFC 9113 names (a SETTINGS
-payload that is not a multiple of 6, a window pushed past 2^31-1, DATA on stream 0 or on an
-idle stream, a frame over the frame size, a broken header block). Its limits bound what a peer
-can make the server do: CONTINUATION frames per header block, the decoded header list, queued
-PING and SETTINGS acknowledgements, stream resets per second (CVE-2023-44487) and protocol
-"glitches" per second. Why an engine and not our own framing: ``epp bench engines`` and README
-"ext_proc server".
-
-This module turns the engine's events into calls. A gRPC call is one HTTP/2 stream: each
-complete length-prefixed message goes to the stream's ``Call`` (``on_message``), the client's
-END_STREAM (or trailers) to ``on_half_close``, a peer reset, a stream the engine closed or a
-lost connection to ``on_reset``. The call answers through its ``CallIO``: ``send`` (one
-message), ``finish`` (status trailers; if the client is still sending, its stream is then reset
-with NO_ERROR, as RFC 9113 §8.1 allows, once the trailers are out) and ``headers`` (the
-request's header fields). Everything one read produces goes out in one ``transport.write``.
-A stream that ends lets go of its call, so that a request's objects are freed by reference
-counting.
-
-What the connection allows its peer (streams, header lists, resets, pings, keepalive, what it
-buffers for a client that does not read), and why: ``epp.server.h2limits``.
+A gRPC call is one HTTP/2 stream: each complete length-prefixed message goes to the stream's
+``Call`` (``on_message``), the client's END_STREAM (or trailers) to ``on_half_close``, a peer
+reset, a stream the engine closed or a lost connection to ``on_reset``. The call answers
+through its ``CallIO``: ``send`` (one message), ``finish`` (status trailers; if the client is
+still sending, its stream is then reset with NO_ERROR, as RFC 9113 §8.1 allows, once the
+trailers are out) and ``headers`` (the request's header fields). Everything one read produces
+goes out in one ``transport.write``. A stream that ends lets go of its call, so that a
+request's objects are freed by reference counting.
 
 Graceful shutdown (``goaway``) is two-step, as gRPC servers do: a GOAWAY naming the highest
 stream id and a PING; once the PING is answered, every stream the peer opened before it saw the
@@ -34,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
@@ -45,6 +37,8 @@ from epp.server.h2limits import Keepalive, PingPolicy
 
 log = logging.getLogger(__name__)
 
+_now = time.monotonic  # the event loop's clock
+_PREFIX = w.MESSAGE_PREFIX.unpack_from
 _DRAIN_PING = b"epp-gone"
 _KEEPALIVE_PING = b"epp-kal?"
 
@@ -121,7 +115,7 @@ class Connection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self._transport.set_write_buffer_limits(limits.WRITE_HIGH_WATER, limits.WRITE_LOW_WATER)
         self._loop = asyncio.get_running_loop()
-        self._keepalive = Keepalive(self._loop.time())
+        self._keepalive = Keepalive(_now())
         self._h2.initiate_connection(limits.SETTINGS)
         self._h2.set_local_window_size(w.MAX_WINDOW)
         self._flush()
@@ -148,8 +142,7 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._dead:
             return
-        assert self._loop is not None
-        self._keepalive.last_read = self._loop.time()
+        self._keepalive.last_read = _now()
         self._reading = True
         try:
             self._h2.receive_data(data)
@@ -219,10 +212,18 @@ class Connection(asyncio.Protocol):
             return  # a stream already answered: its data is dropped
         if data and not st.finished:
             inbox = st.inbox
+            if not inbox and len(data) >= 5:  # the usual case: a frame holding one message
+                compressed, size = _PREFIX(data)
+                if len(data) == size + 5 and not compressed and size <= self._max_message:
+                    assert st.call is not None
+                    st.call.on_message(data[5:])
+                    if end:
+                        self._half_close(st)
+                    return
             if inbox:
                 inbox += data
                 self._messages(st, inbox)
-            else:  # the usual case, a frame holding whole messages: no copy into the inbox
+            else:  # whole messages: no copy into the inbox
                 rest = self._messages(st, data)
                 if rest and not st.finished:
                     inbox += rest
@@ -266,8 +267,7 @@ class Connection(asyncio.Protocol):
             self._h2.send_goaway(w.NO_ERROR)
 
     def _on_ping(self) -> None:
-        assert self._loop is not None
-        if self._pings.too_many(self._loop.time()):
+        if self._pings.too_many(_now()):
             log.warning("ext_proc HTTP/2 client pings too often: closing its connection")
             self._h2.send_goaway(w.ENHANCE_YOUR_CALM, debug_data=b"too_many_pings")
             self._dead = True
@@ -340,7 +340,7 @@ class Connection(asyncio.Protocol):
             out = h2.data_to_send()
             if self._to_reset:
                 out += self._resets()
-            done = not h2.want_read and not h2.want_write
+            done = not h2.want_read and not h2.want_write  # the engine has finished
         except ngh2.NGH2Error as err:
             self._fail(err)
             return
@@ -386,7 +386,7 @@ class Connection(asyncio.Protocol):
         assert self._loop is not None
         if self._dead:
             return
-        action, wait = self._keepalive.due(self._loop.time())
+        action, wait = self._keepalive.due(_now())
         if action == Keepalive.CLOSE:
             log.warning("ext_proc HTTP/2 client silent after a keepalive PING: closing")
             self._dead = True
