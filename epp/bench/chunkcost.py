@@ -69,6 +69,9 @@ class CountingTransport:
     def close(self) -> None:
         pass
 
+    def abort(self) -> None:
+        pass
+
     def set_write_buffer_limits(self, high: int, low: int) -> None:
         pass
 

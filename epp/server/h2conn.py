@@ -54,8 +54,7 @@ class CallIO(Protocol):
 
     @property
     def headers(self) -> Sequence[tuple[bytes, bytes]]:
-        """The request's header fields in order, as (name, value) byte pairs, pseudo-headers
-        (``:path``, ...) included."""
+        """The request's header fields, in order, (name, value) byte pairs (``:path`` too)."""
         ...
 
     def send(self, payload: bytes) -> None: ...
@@ -131,13 +130,11 @@ class Connection(asyncio.Protocol):
         self._on_close(self)
 
     def pause_writing(self) -> None:
-        assert self._transport is not None
-        self._transport.pause_reading()
+        cast(asyncio.Transport, self._transport).pause_reading()
 
     def resume_writing(self) -> None:
-        assert self._transport is not None
         if not self._dead:
-            self._transport.resume_reading()
+            cast(asyncio.Transport, self._transport).resume_reading()
 
     def data_received(self, data: bytes) -> None:
         if self._dead:
@@ -190,9 +187,8 @@ class Connection(asyncio.Protocol):
                 self._on_ping()
             elif isinstance(ev, ngh2.PingAcknowledged):
                 self._on_ping_ack(ev.opaque_data)
-            # StreamReset precedes a StreamClosed. SETTINGS, WINDOW_UPDATE and PRIORITY are the
-            # engine's own business, and so is the client's GOAWAY: the open streams finish,
-            # then the connection closes.
+            # the rest (StreamReset before a StreamClosed, SETTINGS, WINDOW_UPDATE, PRIORITY,
+            # the client's GOAWAY) is the engine's own business
 
     def _on_request(self, sid: int, headers: Sequence[tuple[bytes, bytes]], end: bool) -> None:
         self._last_sid = sid
@@ -301,16 +297,14 @@ class Connection(asyncio.Protocol):
         self._write_soon()
 
     def _forget(self, st: _Stream) -> None:
-        """Drop a stream that has ended. The call and the stream refer to each other (``io``
-        and ``call``); cutting that here lets reference counting free a request's objects at
-        once instead of leaving a cycle per request to the cyclic garbage collector, whose
-        full collections then take hundreds of milliseconds at a few hundred requests a
-        second (``epp bench rate``)."""
+        """Drop a stream that has ended, cutting the call <-> stream cycle (``io``, ``call``) so
+        that reference counting frees a request's objects at once: left to the cyclic garbage
+        collector, they cost full collections of hundreds of milliseconds (``epp bench rate``)."""
         self.streams.pop(st.sid, None)
         st.call = None
         st.inbox.clear()
 
-    def _reset_call(self, st: _Stream) -> None:
+    def _reset_call(self, st: _Stream) -> None:  # the call hears a reset, once
         call, st.call = st.call, None
         if call is not None and not st.finished:
             st.finished = True
@@ -324,8 +318,8 @@ class Connection(asyncio.Protocol):
             call.on_reset()
 
     def _write_soon(self) -> None:
-        """Replies made while a read is handled go out with its write; others (a routed
-        answer, from a task) in one write at the loop's next turn."""
+        """Replies made while a read is handled go out with its write, others (from a task) in
+        one write at the loop's next turn."""
         if not self._reading and not self._flush_soon and self._loop is not None:
             self._flush_soon = True
             self._loop.call_soon(self._flush)
@@ -350,8 +344,7 @@ class Connection(asyncio.Protocol):
             # A GOAWAY for an error went out (the engine's or ours); a drain that we started
             # leaves the close to the client, who may read its last trailers and an EOF
             # together, or to ``H2Server.stop`` after its grace period.
-            self._dead = True
-            transport.close()
+            self._end(transport)
 
     def _resets(self) -> bytes:
         """RST_STREAM(NO_ERROR) for each finished stream whose trailers are out: submitted any
@@ -378,7 +371,15 @@ class Connection(asyncio.Protocol):
         code = w.ENHANCE_YOUR_CALM if calm else w.PROTOCOL_ERROR
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(w.goaway(self._last_sid, code, str(err).encode()[:200]))
-            self._transport.close()
+            self._end(self._transport)
+
+    def _end(self, transport: asyncio.Transport) -> None:
+        """Close once what is written is sent; a client that does not read it within the
+        keepalive timeout loses it."""
+        self._dead = True
+        transport.close()
+        if self._loop is not None:
+            self._loop.call_later(limits.KEEPALIVE_TIMEOUT, transport.abort)
 
     # ---- keepalive --------------------------------------------------------------------------
 
@@ -390,7 +391,8 @@ class Connection(asyncio.Protocol):
         if action == Keepalive.CLOSE:
             log.warning("ext_proc HTTP/2 client silent after a keepalive PING: closing")
             self._dead = True
-            self.close()
+            if self._transport is not None:
+                self._transport.abort()  # what it has not read is lost with it
             return
         if action == Keepalive.PING:
             self._h2.ping(_KEEPALIVE_PING)

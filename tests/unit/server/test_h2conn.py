@@ -38,6 +38,9 @@ class FakeTransport:
     def close(self) -> None:
         self.closed = True
 
+    def abort(self) -> None:
+        self.closed = True
+
     def set_write_buffer_limits(self, high: int, low: int) -> None:
         self.limits = (high, low)
 
