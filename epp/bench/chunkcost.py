@@ -69,6 +69,9 @@ class CountingTransport:
     def close(self) -> None:
         pass
 
+    def can_write_eof(self) -> bool:
+        return False
+
     def abort(self) -> None:
         pass
 

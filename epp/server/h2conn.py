@@ -1,24 +1,20 @@
-"""One HTTP/2 connection of the ext_proc server (``epp.server.h2``): bytes in, calls driven,
-bytes out, with libnghttp2 (through ``ngh2``, the engine of curl and nghttpx) as the HTTP/2
-engine: it parses and validates every frame, decodes HPACK, keeps the stream states and both
-flow-control windows, and answers what a peer gets wrong with the RST_STREAM or GOAWAY RFC 9113
-names. A window pushed past 2^31-1 ends the connection with FLOW_CONTROL_ERROR even when it is a
-stream's (RFC 9113 §5.4 lets an endpoint treat any stream error as a connection error). What a
-peer may do, and why: ``epp.server.h2limits``; why this engine: ``epp bench engines``.
+"""One HTTP/2 connection of the ext_proc server (``epp.server.h2``), on libnghttp2 (``ngh2``,
+the engine of curl and nghttpx): it validates every frame, decodes HPACK, keeps stream states
+and windows, and answers a peer's error with the RST_STREAM or GOAWAY RFC 9113 names (a window
+past 2^31-1 is a connection FLOW_CONTROL_ERROR even when it is a stream's, as §5.4 allows).
+Limits and why: ``epp.server.h2limits``; why this engine: ``epp bench engines``.
 
-A gRPC call is one HTTP/2 stream: each complete length-prefixed message goes to the stream's
-``Call`` (``on_message``), the client's END_STREAM (or trailers) to ``on_half_close``, a peer
-reset, a stream the engine closed or a lost connection to ``on_reset``. The call answers
-through its ``CallIO``: ``send`` (one message), ``finish`` (status trailers; if the client is
-still sending, its stream is then reset with NO_ERROR, as RFC 9113 §8.1 allows, once the
-trailers are out) and ``headers`` (the request's header fields). Everything one read produces
-goes out in one ``transport.write``. A stream that ends lets go of its call, so that a
-request's objects are freed by reference counting.
+A gRPC call is one stream: each whole length-prefixed message goes to its ``Call``
+(``on_message``), the client's END_STREAM or trailers to ``on_half_close``, a reset (the
+peer's, the engine's, a lost connection) to ``on_reset``. The call answers through its
+``CallIO``: ``send``, ``finish`` (trailers; a client still sending then gets RST_STREAM
+NO_ERROR once they are out, RFC 9113 §8.1) and ``headers``. What one read produces goes out
+in one write. A stream that ends lets go of its call (reference counting frees it).
 
-Graceful shutdown (``goaway``) is two-step, as gRPC servers do: a GOAWAY naming the highest
-stream id and a PING; once the PING is answered, every stream the peer opened before it saw the
-GOAWAY has arrived, and a final GOAWAY names the last one. The engine ignores streams opened
-after it (the client knows from the GOAWAY that they were not processed); the open ones finish.
+Graceful shutdown (``goaway``), as gRPC servers do it: a GOAWAY naming the highest stream id
+and a PING; once the PING is answered, every stream the peer opened before it saw the GOAWAY
+has arrived, and a final GOAWAY names the last one. The engine ignores streams opened after it
+(the client knows they were not processed); the open ones finish.
 """
 
 from __future__ import annotations
@@ -310,16 +306,14 @@ class Connection(asyncio.Protocol):
             st.finished = True
             call.on_reset()
 
-    def _abort(self, st: _Stream, code: int, message: str) -> None:
-        """End a call the connection cannot carry on (the call hears a reset)."""
+    def _abort(self, st: _Stream, code: int, message: str) -> None:  # the call hears a reset
         call = st.call  # finishing forgets the stream
         st.finish(code, message)
         if call is not None:
             call.on_reset()
 
     def _write_soon(self) -> None:
-        """Replies made while a read is handled go out with its write, others (from a task) in
-        one write at the loop's next turn."""
+        """Replies made by a task (not while a read is handled) go out at the next turn."""
         if not self._reading and not self._flush_soon and self._loop is not None:
             self._flush_soon = True
             self._loop.call_soon(self._flush)
@@ -374,12 +368,18 @@ class Connection(asyncio.Protocol):
             self._end(self._transport)
 
     def _end(self, transport: asyncio.Transport) -> None:
-        """Close once what is written is sent; a client that does not read it within the
-        keepalive timeout loses it."""
+        """Close after an error GOAWAY, still reading (and dropping) for ``CLOSE_LINGER`` after
+        our FIN: closed with unread data, the socket would send a TCP reset that can destroy the
+        GOAWAY unread. A client that does not read loses it after the keepalive timeout."""
         self._dead = True
-        transport.close()
-        if self._loop is not None:
-            self._loop.call_later(limits.KEEPALIVE_TIMEOUT, transport.abort)
+        loop = self._loop
+        if loop is None or not transport.can_write_eof():  # TLS: a plain close
+            transport.close()
+        else:
+            transport.write_eof()
+            loop.call_later(limits.CLOSE_LINGER, transport.close)
+        if loop is not None:
+            loop.call_later(limits.KEEPALIVE_TIMEOUT, transport.abort)
 
     # ---- keepalive --------------------------------------------------------------------------
 

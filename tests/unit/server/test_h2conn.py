@@ -38,6 +38,9 @@ class FakeTransport:
     def close(self) -> None:
         self.closed = True
 
+    def can_write_eof(self) -> bool:
+        return False
+
     def abort(self) -> None:
         self.closed = True
 
