@@ -166,9 +166,7 @@ async def black_hole(opts: ChaosOptions, *, exclude: bool) -> Row:
     row.count(shots)
     # A request to the black hole gets no answer: it fails with the client's timeout, with no pod
     # (or, released when the fault clears, with pod-3 and a stream cut by the same timeout).
-    held = [
-        s for s in failures(shots) if sim_pod(s.pod) in ("", "pod-3") and "Timeout" in s.error
-    ]
+    held = [s for s in failures(shots) if sim_pod(s.pod) in ("", "pod-3") and "Timeout" in s.error]
     row.attributed = len(held)
     row.stop_routing_ms = last_sent_after([s for s in held if s.sent >= t0], t0)
     if exclude:

@@ -60,6 +60,10 @@ each fault's client-visible outcome in numbers, see ``epp/bench/chaos.py``.
 samples RSS, descriptors, asyncio tasks and the bounded maps over time, see
 ``epp/bench/soak.py``.
 
+``epp bench engines [--chunks N] [--requests N] [--rounds N]`` measures the ext_proc server's
+CPU per streamed chunk and per request on libnghttp2, hyper's ``h2`` and the previous
+hand-written framing, side by side, see ``epp/bench/engines.py``.
+
 ``epp bench together --workload a --targets epp,sglang [--burners N]`` drives two or more targets
 at the same time, each on its own fleet, optionally beside N busy-looping processes, so that they
 meet the same machine load, see ``epp/bench/together.py``.
@@ -129,6 +133,7 @@ SUBCOMMANDS = {
     "soak": "epp.bench.soak",
     "rate": "epp.bench.rate",
     "together": "epp.bench.together",
+    "engines": "epp.bench.engines",
 }
 """``epp bench <name>``: the module whose ``main(argv)`` runs it (imported only when asked)."""
 

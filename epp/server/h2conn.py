@@ -1,38 +1,42 @@
-"""One HTTP/2 connection of the ext_proc server (``epp.server.h2``): frames in, calls driven,
-frames out.
+"""One HTTP/2 connection of the ext_proc server (``epp.server.h2``), on libnghttp2 (``ngh2``,
+the engine of curl and nghttpx): it validates every frame, decodes HPACK, keeps stream states
+and windows, and answers a peer's error with the RST_STREAM or GOAWAY RFC 9113 names (a window
+past 2^31-1 is a connection FLOW_CONTROL_ERROR even when it is a stream's, as §5.4 allows).
+Limits and why: ``epp.server.h2limits``; why this engine: ``epp bench engines``.
 
-A gRPC call is one HTTP/2 stream. Each complete length-prefixed message goes to the stream's
-``Call`` (``on_message``), the client's END_STREAM to ``on_half_close``, a peer reset or a lost
-connection to ``on_reset``. The call answers through ``send`` (one message) and ``finish``
-(status trailers; the stream is reset with NO_ERROR if the client is still sending, as RFC 9113
-§8.1 asks).
+A gRPC call is one stream: each whole length-prefixed message goes to its ``Call``
+(``on_message``), the client's END_STREAM or trailers to ``on_half_close``, a reset (the
+peer's, the engine's, a lost connection) to ``on_reset``. The call answers through its
+``CallIO``: ``send``, ``finish`` (trailers; a client still sending then gets RST_STREAM
+NO_ERROR once they are out, RFC 9113 §8.1) and ``headers``. What one read produces goes out
+in one write. A stream that ends lets go of its call (reference counting frees it).
 
-Everything the frames of one read produce goes out in one ``transport.write``. A stream that
-ends lets go of its call, so that a request's objects are freed by reference counting. Flow control:
-the server grants the largest windows HTTP/2 allows (it bounds memory by
-``--grpc-max-recv-msg-size`` per message instead) and keeps the peer's send windows exactly,
-queueing what does not fit until the peer's WINDOW_UPDATE. Pings are answered, the peer's
-SETTINGS applied and acknowledged, header blocks decoded in order (CONTINUATION included) so the
-HPACK table stays in step even for streams already closed.
+Graceful shutdown (``goaway``), as gRPC servers do it: a GOAWAY naming the highest stream id
+and a PING; once the PING is answered, every stream the peer opened before it saw the GOAWAY
+has arrived, and a final GOAWAY names the last one. The engine ignores streams opened after it
+(the client knows they were not processed); the open ones finish.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import struct
-from collections.abc import Callable, Iterable
-from typing import Any, Protocol, cast
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol, cast
 
-import hpack
+import ngh2
 
+from epp.server import h2limits as limits
 from epp.server import h2wire as w
+from epp.server.h2limits import Keepalive, PingPolicy
 
 log = logging.getLogger(__name__)
 
-_U32 = struct.Struct(">I")
-_WINDOW_REFILL = 1 << 30
+_now = time.monotonic  # the event loop's clock
+_PREFIX = w.MESSAGE_PREFIX.unpack_from
 _DRAIN_PING = b"epp-gone"
+_KEEPALIVE_PING = b"epp-kal?"
 
 
 class Call(Protocol):
@@ -42,9 +46,12 @@ class Call(Protocol):
 
 
 class CallIO(Protocol):
-    """What a call answers through; ``headers`` are the request's header fields as sent."""
+    """What a call answers through, and the request it answers."""
 
-    headers: list[tuple[bytes, bytes]]
+    @property
+    def headers(self) -> Sequence[tuple[bytes, bytes]]:
+        """The request's header fields, in order, (name, value) byte pairs (``:path`` too)."""
+        ...
 
     def send(self, payload: bytes) -> None: ...
     def finish(self, code: int, message: str = "") -> None: ...
@@ -55,41 +62,26 @@ Router = Callable[[str, CallIO], Call | None]
 
 
 class _Stream:
-    __slots__ = (
-        "call",
-        "conn",
-        "ended",
-        "finished",
-        "headers",
-        "headers_sent",
-        "inbox",
-        "pending",
-        "sid",
-        "trailers",
-        "window",
-    )
+    __slots__ = ("call", "conn", "ended", "finished", "headers", "headers_sent", "inbox", "sid")
 
-    def __init__(self, conn: Connection, sid: int, window: int) -> None:
+    def __init__(self, conn: Connection, sid: int, headers: Sequence[tuple[bytes, bytes]]):
         self.conn = conn
         self.sid = sid
-        self.window = window
+        self.headers = headers
         self.call: Call | None = None
-        self.headers: list[tuple[bytes, bytes]] = []
         self.inbox = bytearray()
-        self.pending = bytearray()
-        self.trailers: bytes | None = None
         self.headers_sent = False
         self.ended = False  # the client sent END_STREAM
-        self.finished = False  # our trailers are written or queued
+        self.finished = False  # our trailers are submitted
 
     def send(self, payload: bytes) -> None:
         if not self.finished:
-            self.conn.send_data(self, w.grpc_message(payload))
+            self.conn.send_message(self, w.grpc_message(payload))
 
     def finish(self, code: int, message: str = "") -> None:
         if not self.finished:
             self.finished = True
-            self.conn.send_trailers(self, w.status_block(code, message))
+            self.conn.send_trailers(self, w.status_headers(code, message))
 
 
 class Connection(asyncio.Protocol):
@@ -97,214 +89,108 @@ class Connection(asyncio.Protocol):
         self._route = route
         self._max_message = max_message
         self._on_close = on_close
+        self._h2 = ngh2.Connection(ngh2.Role.SERVER, limits.CONFIG)
         self._transport: asyncio.Transport | None = None
-        self._buf = bytearray()
-        self._preface = False
-        self._out: list[bytes] | None = None  # collecting while handling one read
-        self._decoder = hpack.Decoder()
-        self._block = bytearray()  # a header block awaiting CONTINUATION
-        self._block_stream = 0
-        self._block_end = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.streams: dict[int, _Stream] = {}
+        self._to_reset: list[int] = []  # finished before the client ended: reset once sent
         self._last_sid = 0
-        self._peer_window = w.DEFAULT_WINDOW  # the peer's SETTINGS_INITIAL_WINDOW_SIZE
-        self._peer_frame = w.DEFAULT_MAX_FRAME
-        self._conn_window = w.DEFAULT_WINDOW
-        self._received = 0
+        self._reading = False  # handling a read: one write at its end
+        self._flush_soon = False
+        self._dead = False  # the engine failed or the connection is ending
         self.goaway_sent = False  # draining: the first GOAWAY went out
-        self._refusing = False  # the final GOAWAY went out: new streams are refused
+        self._final_goaway = False
+        self._keepalive = Keepalive(0.0)
+        self._timer: asyncio.TimerHandle | None = None
+        self._pings = PingPolicy()
 
     # ---- transport events -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        settings = w.settings_frame(
-            {w.SETTINGS_INITIAL_WINDOW_SIZE: w.MAX_WINDOW, w.SETTINGS_ENABLE_PUSH: 0}
-        )
-        grant = w.window_update(0, w.MAX_WINDOW - w.DEFAULT_WINDOW)
-        self._transport.write(settings + grant)
+        self._transport.set_write_buffer_limits(limits.WRITE_HIGH_WATER, limits.WRITE_LOW_WATER)
+        self._loop = asyncio.get_running_loop()
+        self._keepalive = Keepalive(_now())
+        self._h2.initiate_connection(limits.SETTINGS)
+        self._h2.set_local_window_size(w.MAX_WINDOW)
+        self._flush()
+        self._timer = self._loop.call_later(limits.KEEPALIVE_TIME, self._check_alive)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._dead = True
+        if self._timer is not None:
+            self._timer.cancel()
         streams, self.streams = self.streams, {}
         for st in streams.values():
-            if st.call is not None and not st.finished:
-                st.finished = True
-                st.call.on_reset()
-            st.call = None
+            self._reset_call(st)
         self._on_close(self)
 
+    def pause_writing(self) -> None:
+        cast(asyncio.Transport, self._transport).pause_reading()
+
+    def resume_writing(self) -> None:
+        if not self._dead:
+            cast(asyncio.Transport, self._transport).resume_reading()
+
     def data_received(self, data: bytes) -> None:
-        self._out = []
-        try:
-            self._buf += data
-            self._frames()
-        except w.H2Error as err:
-            log.warning("ext_proc HTTP/2 connection error: %s", err)
-            self._out.append(w.goaway(self._last_sid, err.code, str(err).encode()[:200]))
-            self._flush()
-            assert self._transport is not None
-            self._transport.close()
+        if self._dead:
             return
+        self._keepalive.last_read = _now()
+        self._reading = True
+        try:
+            self._h2.receive_data(data)
+        except ngh2.NGH2Error as err:  # the engine is unusable after it raised
+            self._fail(err)
+            return
+        try:
+            self._events(self._h2.events())
+        finally:
+            self._reading = False
         self._flush()
 
-    def _flush(self) -> None:
-        out, self._out = self._out, None
-        if out and self._transport is not None and not self._transport.is_closing():
-            self._transport.write(b"".join(out))
-
-    def _write(self, data: bytes) -> None:
-        if self._out is not None:
-            self._out.append(data)
-        elif self._transport is not None and not self._transport.is_closing():
-            self._transport.write(data)
-
     def goaway(self) -> None:
-        """Graceful shutdown in two steps, as gRPC servers do: a GOAWAY naming the highest
-        stream id and a PING; once the PING is answered, every stream the peer opened before
-        it saw the GOAWAY has arrived, and a second GOAWAY names the last one. Streams opened
-        after that are refused; the open ones finish."""
-        if not self.goaway_sent:
+        """Start the graceful shutdown described in the module docstring."""
+        if not self.goaway_sent and not self._dead:
+            try:
+                self._h2.send_shutdown_notice()
+                self._h2.ping(_DRAIN_PING)
+            except ngh2.NGH2Error:
+                return  # the connection is ending already (the client's GOAWAY, an error)
             self.goaway_sent = True
-            self._write(w.goaway(w.MAX_WINDOW, w.NO_ERROR) + w.frame(w.PING, 0, 0, _DRAIN_PING))
+            if not self._reading:
+                self._flush()
 
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
 
-    # ---- frames in --------------------------------------------------------------------------
+    # ---- events in --------------------------------------------------------------------------
 
-    def _frames(self) -> None:
-        buf = self._buf
-        pos = 0
-        if not self._preface:
-            if len(buf) < len(w.PREFACE):
-                return
-            if buf[: len(w.PREFACE)] != w.PREFACE:
-                raise w.H2Error(w.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-            self._preface = True
-            pos = len(w.PREFACE)
-        end = len(buf)
-        while end - pos >= 9:
-            hi, lo, ftype, flags, sid = w.FRAME_HEADER.unpack_from(buf, pos)
-            length = (hi << 16) | lo
-            if length > w.DEFAULT_MAX_FRAME:  # the largest frame we allow (SETTINGS default)
-                raise w.H2Error(w.FRAME_SIZE_ERROR, f"a {length}-byte frame")
-            if end - pos - 9 < length:
-                break
-            payload = bytes(buf[pos + 9 : pos + 9 + length])
-            pos += 9 + length
-            self._frame(ftype, flags, sid & 0x7FFFFFFF, payload)
-        del buf[:pos]
+    def _events(self, events: list[ngh2.Event]) -> None:
+        for ev in events:
+            if isinstance(ev, ngh2.DataReceived):
+                self._on_data(ev.stream_id, ev.data, ev.end_stream)
+            elif isinstance(ev, ngh2.RequestReceived):
+                self._on_request(ev.stream_id, ev.headers, ev.end_stream)
+            elif isinstance(ev, ngh2.StreamClosed):
+                st = self.streams.pop(ev.stream_id, None)
+                if st is not None:
+                    self._reset_call(st)
+            elif isinstance(ev, ngh2.TrailersReceived):
+                if (st := self.streams.get(ev.stream_id)) is not None:
+                    self._half_close(st)
+            elif isinstance(ev, ngh2.PingReceived):
+                self._on_ping()
+            elif isinstance(ev, ngh2.PingAcknowledged):
+                self._on_ping_ack(ev.opaque_data)
+            # the rest (StreamReset before a StreamClosed, SETTINGS, WINDOW_UPDATE, PRIORITY,
+            # the client's GOAWAY) is the engine's own business
 
-    def _frame(self, ftype: int, flags: int, sid: int, payload: bytes) -> None:
-        if self._block_stream and ftype != w.CONTINUATION:
-            raise w.H2Error(w.PROTOCOL_ERROR, "header block interrupted")
-        if ftype == w.DATA:
-            self._on_data(flags, sid, payload)
-        elif ftype in (w.HEADERS, w.CONTINUATION):
-            self._on_headers(ftype, flags, sid, payload)
-        elif ftype == w.WINDOW_UPDATE:
-            self._on_window_update(sid, payload)
-        elif ftype == w.SETTINGS:
-            self._on_settings(flags, payload)
-        elif ftype == w.PING:
-            if not flags & w.ACK:
-                self._write(w.frame(w.PING, w.ACK, 0, payload))
-            elif payload == _DRAIN_PING and not self._refusing:
-                self._refusing = True
-                self._write(w.goaway(self._last_sid, w.NO_ERROR))
-        elif ftype == w.RST_STREAM:
-            st = self.streams.pop(sid, None)
-            if st is not None and st.call is not None and not st.finished:
-                st.finished = True
-                st.call.on_reset()
-            if st is not None:
-                st.call = None
-        elif ftype == w.GOAWAY:
-            self.goaway()
-        # PRIORITY, PUSH_PROMISE (never from a client) and unknown types are ignored
-
-    def _on_data(self, flags: int, sid: int, payload: bytes) -> None:
-        self._received += len(payload)
-        if self._received >= _WINDOW_REFILL:
-            self._write(w.window_update(0, self._received))
-            self._received = 0
-        if flags & w.PADDED:
-            payload = payload[1 : len(payload) - payload[0]]
-        st = self.streams.get(sid)
-        if st is None or st.ended or st.finished:
-            if st is not None and flags & w.END_STREAM:
-                self._half_close(st)
-            return  # a stream we already answered: its data is dropped
-        inbox = st.inbox
-        inbox += payload
-        while len(inbox) >= 5 and not st.finished:
-            compressed, size = w.MESSAGE_PREFIX.unpack_from(inbox, 0)
-            if size > self._max_message:
-                self._abort(
-                    st, w.GRPC_RESOURCE_EXHAUSTED, f"message over {self._max_message} bytes"
-                )
-                return
-            if len(inbox) < 5 + size:
-                break
-            message = bytes(inbox[5 : 5 + size])
-            del inbox[: 5 + size]
-            if compressed:
-                self._abort(st, w.GRPC_UNIMPLEMENTED, "compressed messages are not accepted")
-                return
-            assert st.call is not None
-            st.call.on_message(message)
-        if flags & w.END_STREAM:
-            self._half_close(st)
-
-    def _half_close(self, st: _Stream) -> None:
-        st.ended = True
-        if st.finished:
-            if st.trailers is None:  # else _end drops it once the queued data is out
-                self._forget(st)
-        elif st.call is not None:
-            st.call.on_half_close()
-
-    def _on_headers(self, ftype: int, flags: int, sid: int, payload: bytes) -> None:
-        if ftype == w.HEADERS:
-            if flags & w.PADDED:
-                payload = payload[1 : len(payload) - payload[0]]
-            if flags & w.PRIORITY_FLAG:
-                payload = payload[5:]
-            self._block_stream = sid
-            self._block_end = bool(flags & w.END_STREAM)
-            self._block = bytearray(payload)
-        elif sid != self._block_stream:
-            raise w.H2Error(w.PROTOCOL_ERROR, "CONTINUATION without HEADERS")
-        else:
-            self._block += payload
-        if len(self._block) > 1 << 20:
-            raise w.H2Error(w.PROTOCOL_ERROR, "header block over 1 MiB")
-        if not flags & w.END_HEADERS:
-            return
-        self._block_stream = 0
-        try:
-            headers = self._decoder.decode(bytes(self._block), raw=True)
-        except Exception as exc:
-            raise w.H2Error(w.COMPRESSION_ERROR, f"bad header block: {exc}") from None
-        self._header_block(sid, headers, self._block_end)
-
-    def _header_block(self, sid: int, headers: Iterable[Any], end: bool) -> None:
-        known = self.streams.get(sid)
-        if known is not None:  # trailers
-            if end:
-                self._half_close(known)
-            return
-        if sid <= self._last_sid or sid % 2 == 0:
-            return  # a stream already closed (or not the client's): its headers only kept HPACK
+    def _on_request(self, sid: int, headers: Sequence[tuple[bytes, bytes]], end: bool) -> None:
         self._last_sid = sid
-        st = _Stream(self, sid, self._peer_window)
-        if self._refusing:
-            self._write(w.rst_stream(sid, w.REFUSED_STREAM))
-            return
+        st = _Stream(self, sid, headers)
         self.streams[sid] = st
-        st.headers = list(headers)
-        path = next((str(v, "latin-1") for k, v in st.headers if k == b":path"), "")
+        path = next((str(v, "latin-1") for k, v in headers if k == b":path"), "")
         st.ended = end
         st.call = self._route(path, st)
         if st.call is None:
@@ -312,87 +198,203 @@ class Connection(asyncio.Protocol):
         elif end:
             st.call.on_half_close()
 
-    def _on_window_update(self, sid: int, payload: bytes) -> None:
-        increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
-        if sid == 0:
-            self._conn_window += increment
-            for st in list(self.streams.values()):
-                if st.pending:
-                    self._drain(st)
-        elif (one := self.streams.get(sid)) is not None:
-            one.window += increment
-            self._drain(one)
+    def _on_data(self, sid: int, data: bytes, end: bool) -> None:
+        st = self.streams.get(sid)
+        if st is None:
+            return  # a stream already answered: its data is dropped
+        if data and not st.finished:
+            inbox = st.inbox
+            if not inbox and len(data) >= 5:  # the usual case: a frame holding one message
+                compressed, size = _PREFIX(data)
+                if len(data) == size + 5 and not compressed and size <= self._max_message:
+                    assert st.call is not None
+                    st.call.on_message(data[5:])
+                    if end:
+                        self._half_close(st)
+                    return
+            if inbox:
+                inbox += data
+                self._messages(st, inbox)
+            else:  # whole messages: no copy into the inbox
+                rest = self._messages(st, data)
+                if rest and not st.finished:
+                    inbox += rest
+        if end:
+            self._half_close(st)
 
-    def _on_settings(self, flags: int, payload: bytes) -> None:
-        if flags & w.ACK:
-            return
-        for i in range(0, len(payload) - 5, 6):
-            key, value = struct.unpack_from(">HI", payload, i)
-            if key == w.SETTINGS_INITIAL_WINDOW_SIZE:
-                delta = value - self._peer_window
-                self._peer_window = value
-                for st in self.streams.values():
-                    st.window += delta
-            elif key == w.SETTINGS_MAX_FRAME_SIZE:
-                self._peer_frame = value
-        self._write(w.frame(w.SETTINGS, w.ACK, 0))
+    def _messages(self, st: _Stream, buf: bytes | bytearray) -> bytes | bytearray:
+        """Hand every whole message in ``buf`` to the call; what is left over (an inbox is
+        trimmed in place)."""
+        pos, size_of = 0, len(buf)
+        while size_of - pos >= 5 and not st.finished:
+            compressed, size = w.MESSAGE_PREFIX.unpack_from(buf, pos)
+            if size > self._max_message:
+                too_large = f"message over {self._max_message} bytes"
+                self._abort(st, w.GRPC_RESOURCE_EXHAUSTED, too_large)
+                return b""
+            if size_of - pos - 5 < size:
+                break
+            message = bytes(buf[pos + 5 : pos + 5 + size])
+            pos += 5 + size
+            if compressed:
+                self._abort(st, w.GRPC_UNIMPLEMENTED, "compressed messages are not accepted")
+                return b""
+            assert st.call is not None
+            st.call.on_message(message)
+        if isinstance(buf, bytearray):
+            del buf[:pos]
+            return buf
+        return buf[pos:]
+
+    def _half_close(self, st: _Stream) -> None:
+        st.ended = True
+        if st.finished:
+            self.streams.pop(st.sid, None)
+        elif st.call is not None:
+            st.call.on_half_close()
+
+    def _on_ping_ack(self, opaque: bytes) -> None:
+        if opaque == _DRAIN_PING and not self._final_goaway:
+            self._final_goaway = True
+            self._h2.send_goaway(w.NO_ERROR)
+
+    def _on_ping(self) -> None:
+        if self._pings.too_many(_now()):
+            log.warning("ext_proc HTTP/2 client pings too often: closing its connection")
+            self._h2.send_goaway(w.ENHANCE_YOUR_CALM, debug_data=b"too_many_pings")
+            self._dead = True
 
     # ---- frames out -------------------------------------------------------------------------
 
-    def send_data(self, st: _Stream, data: bytes) -> None:
-        if not st.headers_sent:
-            st.headers_sent = True
-            self._write(w.frame(w.HEADERS, w.END_HEADERS, st.sid, w.RESPONSE_HEADERS))
-        n = len(data)
-        if not st.pending and n <= st.window and n <= self._conn_window and n <= self._peer_frame:
-            st.window -= n
-            self._conn_window -= n
-            self._write(w.frame_header(w.DATA, 0, st.sid, n) + data)
-            return
-        st.pending += data
-        self._drain(st)
+    def send_message(self, st: _Stream, framed: bytes) -> None:
+        try:
+            if not st.headers_sent:
+                st.headers_sent = True
+                self._h2.send_response(st.sid, w.RESPONSE_HEADERS)
+            self._h2.send_data(st.sid, framed)
+        except ngh2.NGH2Error:
+            return  # the stream or the connection is gone; its close event resets the call
+        self._pings.sent = True
+        self._write_soon()
 
-    def send_trailers(self, st: _Stream, block: bytes) -> None:
-        if not st.headers_sent:  # trailers-only response
-            block = w.RESPONSE_HEADERS + block
-        st.trailers = block
-        if not st.pending:
-            self._end(st)
-
-    def _drain(self, st: _Stream) -> None:
-        pending = st.pending
-        while pending:
-            n = min(len(pending), st.window, self._conn_window, self._peer_frame)
-            if n <= 0:
-                return
-            chunk = bytes(pending[:n])
-            del pending[:n]
-            st.window -= n
-            self._conn_window -= n
-            self._write(w.frame_header(w.DATA, 0, st.sid, n) + chunk)
-        if st.trailers is not None:
-            self._end(st)
-
-    def _end(self, st: _Stream) -> None:
-        assert st.trailers is not None
-        self._write(w.frame(w.HEADERS, w.END_HEADERS | w.END_STREAM, st.sid, st.trailers))
-        st.trailers = None
-        if not st.ended:  # the client is still sending: tell it to stop
-            self._write(w.rst_stream(st.sid, w.NO_ERROR))
+    def send_trailers(self, st: _Stream, trailers: list[tuple[bytes, bytes]]) -> None:
+        try:
+            if st.headers_sent:
+                self._h2.send_trailers(st.sid, trailers)
+            else:  # trailers-only response
+                self._h2.send_response(st.sid, w.RESPONSE_HEADERS + trailers, end_stream=True)
+        except ngh2.NGH2Error:
+            pass
+        else:
+            self._pings.sent = True
+            if not st.ended:  # the client is still sending: tell it to stop, after the trailers
+                self._to_reset.append(st.sid)
         self._forget(st)
+        self._write_soon()
 
     def _forget(self, st: _Stream) -> None:
-        """Drop a stream that has ended. The call and the stream refer to each other (``io``
-        and ``call``); cutting that here lets reference counting free a request's objects at
-        once instead of leaving a cycle per request to the cyclic garbage collector, whose
-        full collections then take hundreds of milliseconds at a few hundred requests a
-        second (``epp bench rate``)."""
+        """Drop a stream that has ended, cutting the call <-> stream cycle (``io``, ``call``) so
+        that reference counting frees a request's objects at once: left to the cyclic garbage
+        collector, they cost full collections of hundreds of milliseconds (``epp bench rate``)."""
         self.streams.pop(st.sid, None)
         st.call = None
+        st.inbox.clear()
 
-    def _abort(self, st: _Stream, code: int, message: str) -> None:
-        """End a call the connection cannot carry on (the call hears a reset)."""
-        call = st.call  # finishing may already forget the stream
+    def _reset_call(self, st: _Stream) -> None:  # the call hears a reset, once
+        call, st.call = st.call, None
+        if call is not None and not st.finished:
+            st.finished = True
+            call.on_reset()
+
+    def _abort(self, st: _Stream, code: int, message: str) -> None:  # the call hears a reset
+        call = st.call  # finishing forgets the stream
         st.finish(code, message)
         if call is not None:
             call.on_reset()
+
+    def _write_soon(self) -> None:
+        """Replies made by a task (not while a read is handled) go out at the next turn."""
+        if not self._reading and not self._flush_soon and self._loop is not None:
+            self._flush_soon = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_soon = False
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        h2 = self._h2
+        try:
+            out = h2.data_to_send()
+            if self._to_reset:
+                out += self._resets()
+            done = not h2.want_read and not h2.want_write  # the engine has finished
+        except ngh2.NGH2Error as err:
+            self._fail(err)
+            return
+        if out:
+            transport.write(out)
+        if self._dead or (done and not self.goaway_sent):
+            # A GOAWAY for an error went out (the engine's or ours); a drain that we started
+            # leaves the close to the client, who may read its last trailers and an EOF
+            # together, or to ``H2Server.stop`` after its grace period.
+            self._end(transport)
+
+    def _resets(self) -> bytes:
+        """RST_STREAM(NO_ERROR) for each finished stream whose trailers are out: submitted any
+        earlier, the engine would drop the data and trailers still queued for it."""
+        h2, waiting = self._h2, []
+        for sid in self._to_reset:
+            try:
+                if h2.queued_body_size(sid):
+                    waiting.append(sid)
+                    continue
+                h2.reset_stream(sid, w.NO_ERROR)
+            except ngh2.NGH2Error:
+                pass  # the client ended or reset it meanwhile
+        self._to_reset = waiting
+        return h2.data_to_send()
+
+    def _fail(self, err: Exception) -> None:
+        """The engine raised (a peer over one of its limits, a bad connection preface): it can
+        no longer write, so the GOAWAY is ours."""
+        log.warning("ext_proc HTTP/2 connection error: %s", err)
+        self._dead = True
+        self._reading = False
+        calm = isinstance(err, ngh2.DenialOfServiceError)
+        code = w.ENHANCE_YOUR_CALM if calm else w.PROTOCOL_ERROR
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(w.goaway(self._last_sid, code, str(err).encode()[:200]))
+            self._end(self._transport)
+
+    def _end(self, transport: asyncio.Transport) -> None:
+        """Close after an error GOAWAY, still reading (and dropping) for ``CLOSE_LINGER`` after
+        our FIN: closed with unread data, the socket would send a TCP reset that can destroy the
+        GOAWAY unread. A client that does not read loses it after the keepalive timeout."""
+        self._dead = True
+        loop = self._loop
+        if loop is None or not transport.can_write_eof():  # TLS: a plain close
+            transport.close()
+        else:
+            transport.write_eof()
+            loop.call_later(limits.CLOSE_LINGER, transport.close)
+        if loop is not None:
+            loop.call_later(limits.KEEPALIVE_TIMEOUT, transport.abort)
+
+    # ---- keepalive --------------------------------------------------------------------------
+
+    def _check_alive(self) -> None:
+        assert self._loop is not None
+        if self._dead:
+            return
+        action, wait = self._keepalive.due(_now())
+        if action == Keepalive.CLOSE:
+            log.warning("ext_proc HTTP/2 client silent after a keepalive PING: closing")
+            self._dead = True
+            if self._transport is not None:
+                self._transport.abort()  # what it has not read is lost with it
+            return
+        if action == Keepalive.PING:
+            self._h2.ping(_KEEPALIVE_PING)
+            self._flush()
+        self._timer = self._loop.call_later(wait, self._check_alive)

@@ -1,9 +1,10 @@
-"""HTTP/2 and gRPC wire pieces of the ext_proc server (``epp.server.h2``): frame headers, the
-constant header blocks a gRPC server sends, gRPC status trailers and message framing.
+"""HTTP/2 and gRPC wire pieces of the ext_proc server (``epp.server.h2``): the header fields a
+gRPC server sends, gRPC status trailers and message framing, and the HTTP/2 frame vocabulary
+(types, flags, settings, error codes, frame builders).
 
-Header blocks the server sends are HPACK literals that never touch the dynamic table (RFC 7541
-§6.2.2, "without indexing"; ``:status 200`` is static index 8), so they need no encoder state and
-are the same bytes on every connection. What the peer sends is decoded with ``hpack.Decoder``.
+The HTTP/2 engine (libnghttp2, ``epp.server.h2conn``) encodes and frames what the server sends;
+the frame builders here write the one frame the server writes itself (the GOAWAY that ends a
+connection the engine gave up on) and the frames that tests and benchmarks send as a client.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ FRAME_SIZE_ERROR: Final = 0x6
 REFUSED_STREAM: Final = 0x7
 CANCEL: Final = 0x8
 COMPRESSION_ERROR: Final = 0x9
+ENHANCE_YOUR_CALM: Final = 0xB
 
 DEFAULT_WINDOW: Final = 65_535
 DEFAULT_MAX_FRAME: Final = 16_384
@@ -70,14 +72,6 @@ FRAME_HEADER: Final = struct.Struct(">BHBBI")
 """Length (24 bits, split 8 + 16), type, flags, stream id (the top bit reserved)."""
 MESSAGE_PREFIX: Final = struct.Struct(">BI")
 """gRPC length-prefixed message: compressed flag, length."""
-
-
-class H2Error(Exception):
-    """A connection error: the connection ends with GOAWAY carrying ``code``."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def frame(ftype: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
@@ -106,41 +100,20 @@ def goaway(last_stream_id: int, code: int, debug: bytes = b"") -> bytes:
     return frame(GOAWAY, 0, 0, struct.pack(">II", last_stream_id, code) + debug)
 
 
-def _int(value: int, prefix_bits: int, first: int) -> bytes:
-    """HPACK integer (RFC 7541 §5.1) with ``first`` holding the representation's high bits."""
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes([first | value])
-    out = bytearray([first | limit])
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+Headers = list[tuple[bytes, bytes]]
+
+RESPONSE_HEADERS: Final[Headers] = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+
+_MESSAGE_SAFE = " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"
 
 
-def _string(text: str) -> bytes:
-    raw = text.encode("latin-1", "replace")
-    return _int(len(raw), 7, 0x00) + raw
-
-
-def literal(name: str, value: str) -> bytes:
-    """A literal header field without indexing, new name (RFC 7541 §6.2.2)."""
-    return b"\x00" + _string(name) + _string(value)
-
-
-RESPONSE_HEADERS: Final = b"\x88" + literal("content-type", "application/grpc")
-"""``:status 200`` (static index 8) and ``content-type: application/grpc``."""
-
-
-def status_block(code: int, message: str = "") -> bytes:
+def status_headers(code: int, message: str = "") -> Headers:
     """The trailers of a gRPC call: ``grpc-status`` and, when set, ``grpc-message``
     (percent-encoded as the gRPC HTTP/2 protocol says)."""
-    block = literal("grpc-status", str(code))
+    fields = [(b"grpc-status", str(code).encode())]
     if message:
-        block += literal("grpc-message", quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"))
-    return block
+        fields.append((b"grpc-message", quote(message, safe=_MESSAGE_SAFE).encode()))
+    return fields
 
 
 def grpc_message(payload: bytes) -> bytes:

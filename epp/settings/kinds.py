@@ -98,6 +98,7 @@ PATHS: Final = Kind(_paths, metavar="PATH[,PATH]", repeat=True)
 NAMES: Final = Kind(_paths, metavar="NAME[,NAME]", repeat=True)
 """Names, repeatable and comma-separated (Go's ``StringSlice``)."""
 
+
 @dataclass(frozen=True)
 class Flag:
     """The command-line flag of one ``Settings`` field."""
