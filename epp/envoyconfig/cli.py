@@ -118,6 +118,22 @@ def _proxy_flags(p: argparse.ArgumentParser) -> None:
         help="open a further connection to the EPP past N streams (epp --workers)",
     )
     p.add_argument(
+        "--pool-endpoint",
+        type=_hostport,
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="a model server's address (repeat; a headless Service name resolves by DNS): "
+        "retries go to another pod and failing pods are ejected; default: ORIGINAL_DST",
+    )
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help="retries of a request that failed before its answer started (default 2; 0: none)",
+    )
+    p.add_argument(
         "--no-report-served",
         dest="report_served",
         action="store_false",
@@ -169,6 +185,8 @@ def options(args: argparse.Namespace) -> EnvoyOptions:
         health_checks=args.health_checks,
         max_streams_per_connection=args.max_streams_per_connection,
         report_served=args.report_served,
+        pool=args.pool_endpoint,
+        retries=args.retries,
     )
 
 
