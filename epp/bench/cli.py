@@ -126,6 +126,7 @@ SUBCOMMANDS = {
     "replicas": "epp.bench.replicas",
     "fuzz": "epp.bench.fuzz",
     "chaos": "epp.bench.chaos",
+    "day2": "epp.bench.day2",
     "soak": "epp.bench.soak",
     "rate": "epp.bench.rate",
     "together": "epp.bench.together",
