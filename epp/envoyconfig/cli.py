@@ -43,6 +43,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="epp envoy-config", description=__doc__.split("\n\n")[0])
     _epp_flags(p)
     _proxy_flags(p)
+    _pool_flags(p)
     _output_flags(p)
     return p
 
@@ -118,6 +119,15 @@ def _proxy_flags(p: argparse.ArgumentParser) -> None:
         help="open a further connection to the EPP past N streams (epp --workers)",
     )
     p.add_argument(
+        "--no-report-served",
+        dest="report_served",
+        action="store_false",
+        help="full-duplex: no Lua filter reporting the serving endpoint back to the EPP",
+    )
+
+
+def _pool_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
         "--pool-endpoint",
         type=_hostport,
         action="append",
@@ -132,12 +142,6 @@ def _proxy_flags(p: argparse.ArgumentParser) -> None:
         default=2,
         metavar="N",
         help="retries of a request that failed before its answer started (default 2; 0: none)",
-    )
-    p.add_argument(
-        "--no-report-served",
-        dest="report_served",
-        action="store_false",
-        help="full-duplex: no Lua filter reporting the serving endpoint back to the EPP",
     )
 
 
