@@ -55,6 +55,11 @@ class AgentLoad:
     supply: Iterable[Session]
     clients: int = 8
     request_timeout: float = 60.0
+    backoff: float = 0.0
+    """Seconds an agent waits after a failed turn, as a client does before it tries again (an
+    outage is then not a loop of instant failures eating the session supply)."""
+    stop_at: float = math.inf
+    """An earlier end than ``run``'s ``until``, settable while it runs."""
     outcomes: list[Outcome] = field(default_factory=list)
     exhausted: bool = False
     """The supply ran out before the end (the run then has fewer requests than it could)."""
@@ -71,12 +76,14 @@ class AgentLoad:
                 for turns in supply:
                     chain = ""
                     for req in turns:
-                        if time.perf_counter() >= until:
+                        if time.perf_counter() >= min(until, self.stop_at):
                             return
                         i = len(self.outcomes)
                         out = await driver.send_turn(http, self.url, i, req, start, chain)
                         self.outcomes.append(out)
                         chain = out.response_id if out.ok else ""
+                        if not out.ok and self.backoff:
+                            await asyncio.sleep(self.backoff)
                 self.exhausted = True
 
             await asyncio.gather(*(agent() for _ in range(self.clients)))

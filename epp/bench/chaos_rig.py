@@ -53,18 +53,20 @@ class PodSet:
     count: int
     hosts: Sequence[str] = ()
     port: int = 0
+    first: int = 0
+    """Number of the first pod (``pod-<first>``): a replacement pod gets a name of its own."""
     procs: dict[str, Proc] = field(default_factory=dict)
     urls: dict[str, str] = field(default_factory=dict)
 
     @property
     def names(self) -> list[str]:
-        return [f"pod-{i}" for i in range(self.count)]
+        return [f"pod-{self.first + i}" for i in range(self.count)]
 
     def _argv(self, i: int) -> list[str]:
         host = self.hosts[i] if self.hosts else "127.0.0.1"
         return [
             sys.executable, "-m", "epp", "sim", *self.spec.sim_args(),
-            "--pods", "1", "--port", str(self.port), "--pod-name-prefix", f"pod-{i}.",
+            "--pods", "1", "--port", str(self.port), "--pod-name-prefix", f"{self.names[i]}.",
             "--host", host,
         ]  # fmt: skip
 
@@ -72,7 +74,7 @@ class PodSet:
         for i, name in enumerate(self.names):
             self.procs[name] = Proc(name, self._argv(i), self.workdir / f"{name}.log").start()
         deadline = time.monotonic() + timeout
-        for i, name in enumerate(self.names):
+        for name in self.names:
             proc = self.procs[name]
             while name not in self.urls:
                 if not proc.alive():
@@ -80,8 +82,8 @@ class PodSet:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{name} not ready after {timeout:g}s")
                 ready = _parse_ready(proc.log_tail(100_000))
-                if f"pod-{i}.0" in ready:
-                    self.urls[name] = ready[f"pod-{i}.0"]
+                if f"{name}.0" in ready:
+                    self.urls[name] = ready[f"{name}.0"]
                 else:
                     time.sleep(0.05)
         return self
@@ -93,6 +95,10 @@ class PodSet:
     def endpoints_yaml(self, names: Sequence[str] | None = None) -> str:
         chosen = self.names if names is None else names
         return dump_endpoints((n, *self.hostport(n)) for n in chosen)
+
+    def terminate(self, name: str, grace: float = 10.0) -> None:
+        """SIGTERM: the pod stops accepting connections, finishes what it serves, exits."""
+        self.procs[name].stop(grace=grace)
 
     def kill(self, name: str) -> None:
         """SIGKILL: the pod dies at once, its connections reset, nothing is drained."""

@@ -56,6 +56,11 @@ passed through, RSS growth and the ``/metrics`` size, see ``epp/bench/fuzz.py``.
 pod, churns discovery and stops the Kubernetes API server under load through Envoy, and reports
 each fault's client-visible outcome in numbers, see ``epp/bench/chaos.py``.
 
+``epp bench day2 [--scenarios ...]`` runs EPP rolling upgrades (active-active and leader-elected),
+a leader crash, a bad config and model-server rollouts under agentic load through Envoy, and
+reports each one's failed requests, hit ratio and recovery against its target, see
+``epp/bench/day2.py``.
+
 ``epp bench soak --minutes N`` runs mixed load (agentic, streaming, LoRA, flow control on) and
 samples RSS, descriptors, asyncio tasks and the bounded maps over time, see
 ``epp/bench/soak.py``.
@@ -130,6 +135,7 @@ SUBCOMMANDS = {
     "replicas": "epp.bench.replicas",
     "fuzz": "epp.bench.fuzz",
     "chaos": "epp.bench.chaos",
+    "day2": "epp.bench.day2",
     "soak": "epp.bench.soak",
     "rate": "epp.bench.rate",
     "together": "epp.bench.together",

@@ -55,6 +55,14 @@ class EppSet:
     fallback: Sequence[tuple[str, int]] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment of the EPP processes (e.g. ``PYTHONPATH`` of another checkout)."""
+    initial: int = 0
+    """Replicas ``start()`` starts (0: all); the other slots have ports Envoy health-checks and
+    are started later with ``start_replica`` (a rolling update's new pods)."""
+    slot_args: Mapping[int, Sequence[str]] = field(default_factory=dict)
+    """Further arguments of one slot's process (after ``extra_args``: a later flag wins)."""
+    envoy_pool: Sequence[tuple[str, int]] = ()
+    """The model servers' addresses Envoy knows (``epp envoy-config --pool-endpoint``): retries
+    go to another pod and failing pods are ejected; empty: ORIGINAL_DST."""
     redis: RedisServer | None = None
     envoy: Envoy | None = None
     procs: list[Proc] = field(default_factory=list)
@@ -83,7 +91,7 @@ class EppSet:
         self.ports = [_Ports(free_port(), free_port(), free_port()) for _ in range(self.replicas)]
         self.procs = [self._proc(i) for i in range(self.replicas)]
         try:
-            for i in range(self.replicas):
+            for i in range(self.initial or self.replicas):
                 self.start_replica(i, timeout)
             self.envoy = Envoy(
                 self.envoy_config,
@@ -92,8 +100,9 @@ class EppSet:
                 epp_tls=False,
                 epp_replicas=[p.grpc for p in self.ports[1:]],
                 epp_max_streams=self.envoy_max_streams,
+                pool=self.envoy_pool,
             ).start()
-            if self.replicas > 1:
+            if self.replicas > 1 and not self.initial:
                 self.wait_healthy(self.replicas, timeout)
         except BaseException:
             self.stop()
@@ -108,7 +117,7 @@ class EppSet:
             "--secure-serving=false", "--grpc-port", str(p.grpc),
             "--grpc-health-port", str(p.health), "--metrics-port", str(p.metrics),
             "--bind-address", "127.0.0.1", "--drain-timeout", "0s", "--seed", str(i + 1),
-            *self.extra_args,
+            *self.extra_args, *self.slot_args.get(i, ()),
         ]  # fmt: skip
         if self.replicas > 1:
             argv.append("--health-checking")

@@ -40,32 +40,33 @@ from epp.envoyconfig.clusters import (
 )
 from epp.envoyconfig.filters import http_filters, router_filter, seconds
 from epp.envoyconfig.options import DESTINATION_HEADER, EnvoyOptions, HostPort
+from epp.envoyconfig.retries import retry_policy
 
 BUFFER_LIMIT = 16 * 1024 * 1024
 """Buffered and streamed modes: the largest request body Envoy holds for the EPP (per
 connection)."""
 
 
+def pool_route_action(opts: EnvoyOptions) -> RouteAction:
+    """To the model-server cluster, with the retry policy (``epp.envoyconfig.retries``)."""
+    action = RouteAction(cluster=POOL_CLUSTER, timeout=seconds(opts.route_timeout))
+    action.retry_policy = retry_policy(opts, other_hosts=bool(opts.pool))
+    return action
+
+
 def _routes(opts: EnvoyOptions) -> list[Route]:
-    timeout = seconds(opts.route_timeout)
     if not opts.fail_open:
-        return [
-            Route(
-                match=RouteMatch(prefix="/"),
-                route=RouteAction(cluster=POOL_CLUSTER, timeout=timeout),
-            )
-        ]
+        return [Route(match=RouteMatch(prefix="/"), route=pool_route_action(opts))]
     # Fail-open: a request the EPP decided carries the destination header; any other goes to
     # the fallback cluster.
     decided = RouteMatch(
         prefix="/", headers=[HeaderMatcher(name=DESTINATION_HEADER, present_match=True)]
     )
+    fallback = RouteAction(cluster=FALLBACK_CLUSTER, timeout=seconds(opts.route_timeout))
+    fallback.retry_policy = retry_policy(opts, other_hosts=True)
     return [
-        Route(match=decided, route=RouteAction(cluster=POOL_CLUSTER, timeout=timeout)),
-        Route(
-            match=RouteMatch(prefix="/"),
-            route=RouteAction(cluster=FALLBACK_CLUSTER, timeout=timeout),
-        ),
+        Route(match=decided, route=pool_route_action(opts)),
+        Route(match=RouteMatch(prefix="/"), route=fallback),
     ]
 
 

@@ -43,6 +43,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="epp envoy-config", description=__doc__.split("\n\n")[0])
     _epp_flags(p)
     _proxy_flags(p)
+    _pool_flags(p)
     _output_flags(p)
     return p
 
@@ -127,6 +128,25 @@ def _proxy_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _pool_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--pool-endpoint",
+        type=_hostport,
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="a model server's address (repeat; a headless Service name resolves by DNS): "
+        "retries go to another pod and failing pods are ejected; default: ORIGINAL_DST",
+    )
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help="retries of a request that failed before its answer started (default 2; 0: none)",
+    )
+
+
 def _output_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--istio", action="store_true", help="emit an Istio EnvoyFilter instead")
     p.add_argument("-n", "--namespace", default="", help="--istio: the EnvoyFilter's namespace")
@@ -171,6 +191,8 @@ def options(args: argparse.Namespace) -> EnvoyOptions:
         health_checks=args.health_checks,
         max_streams_per_connection=args.max_streams_per_connection,
         report_served=args.report_served,
+        pool=args.pool_endpoint,
+        retries=args.retries,
     )
 
 

@@ -1,5 +1,6 @@
 """The clusters: the EPP (HTTP/2, plaintext/TLS/mTLS, health-checked replicas), the model
-servers (ORIGINAL_DST on the destination header the EPP sets) and the fail-open fallback."""
+servers (ORIGINAL_DST on the destination header the EPP sets, or the known pool with the
+override-host policy and outlier detection) and the fail-open fallback."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ from envoy_data_plane.google.protobuf import Any
 
 from epp.envoyconfig.filters import EPP_CLUSTER, seconds
 from epp.envoyconfig.options import DESTINATION_HEADER, EnvoyOptions, HostPort, is_ip
+from epp.envoyconfig.retries import outlier_detection, override_host_policy
 
 POOL_CLUSTER = "pool"
 FALLBACK_CLUSTER = "fallback"
@@ -136,8 +138,19 @@ def epp_cluster(opts: EnvoyOptions) -> Cluster:
     return cluster
 
 
-def pool_cluster() -> Cluster:
-    """The model servers: Envoy connects to the address in the header the EPP set."""
+def pool_cluster(opts: EnvoyOptions | None = None) -> Cluster:
+    """The model servers: with ``opts.pool``, those addresses, routed by the override-host
+    policy with outlier detection (``epp.envoyconfig.retries``); else ORIGINAL_DST: Envoy
+    connects to the address in the header the EPP set."""
+    if opts is not None and opts.pool:
+        return Cluster(
+            name=POOL_CLUSTER,
+            type=_addresses_type(opts.pool),
+            connect_timeout=seconds(2.0),
+            load_assignment=load_assignment(POOL_CLUSTER, opts.pool),
+            load_balancing_policy=override_host_policy(),
+            outlier_detection=outlier_detection(),
+        )
     return Cluster(
         name=POOL_CLUSTER,
         type=ClusterDiscoveryType.ORIGINAL_DST,
@@ -163,7 +176,7 @@ def static_cluster(
 
 
 def clusters(opts: EnvoyOptions) -> list[Cluster]:
-    out = [pool_cluster(), epp_cluster(opts)]
+    out = [pool_cluster(opts), epp_cluster(opts)]
     if opts.fail_open:
         out.insert(0, static_cluster(FALLBACK_CLUSTER, opts.fallback))
     return out

@@ -19,6 +19,7 @@ from epp.envoyconfig.clusters import (
 from epp.envoyconfig.filters import http_filters
 from epp.envoyconfig.options import EnvoyOptions
 from epp.envoyconfig.render import as_dict
+from epp.envoyconfig.retries import retry_policy
 
 Context = Literal["GATEWAY", "SIDECAR_INBOUND", "SIDECAR_OUTBOUND"]
 HCM = "envoy.filters.network.http_connection_manager"
@@ -44,6 +45,15 @@ def _cluster_patch(context: Context, value: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _route_value(opts: EnvoyOptions) -> dict[str, Any]:
+    """The route patch: the model-server cluster and the retry policy."""
+    value: dict[str, Any] = {"cluster": POOL_CLUSTER}
+    policy = retry_policy(opts, other_hosts=bool(opts.pool))
+    if policy is not None:
+        value["retry_policy"] = as_dict(policy)
+    return value
+
+
 def envoy_filter(opts: EnvoyOptions, istio: IstioOptions) -> dict[str, Any]:
     """The EnvoyFilter object (networking.istio.io/v1alpha3)."""
     listener_match = {
@@ -58,7 +68,7 @@ def envoy_filter(opts: EnvoyOptions, istio: IstioOptions) -> dict[str, Any]:
         for f in http_filters(opts)
         if f.name != "envoy.filters.http.router"
     ]
-    clusters = [epp_cluster(opts), pool_cluster()]
+    clusters = [epp_cluster(opts), pool_cluster(opts)]
     if opts.fail_open:
         clusters.append(static_cluster(FALLBACK_CLUSTER, opts.fallback))
     patches += [_cluster_patch(istio.context, as_dict(c)) for c in clusters]
@@ -75,7 +85,7 @@ def envoy_filter(opts: EnvoyOptions, istio: IstioOptions) -> dict[str, Any]:
                     "context": istio.context,
                     "routeConfiguration": {"vhost": {"route": {"name": istio.route}}},
                 },
-                "patch": {"operation": "MERGE", "value": {"route": {"cluster": POOL_CLUSTER}}},
+                "patch": {"operation": "MERGE", "value": {"route": _route_value(opts)}},
             }
         )
     metadata: dict[str, Any] = {"name": istio.name}

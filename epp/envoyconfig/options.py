@@ -83,6 +83,14 @@ class EnvoyOptions:
     (``epp --workers``: the kernel spreads connections, not streams, over the workers)."""
     max_requests_per_connection: int = 0
     """> 0: a connection to the EPP carries at most this many ext_proc streams."""
+    pool: Sequence[HostPort] = ()
+    """The model servers' addresses, when Envoy should know them (fixed addresses, or a headless
+    Service name resolved by DNS): the model-server cluster then routes with the override-host
+    policy and ejects failing pods, and a retry goes to another pod (``epp.envoyconfig.retries``).
+    Empty: ORIGINAL_DST on the destination header, as upstream."""
+    retries: int = 2
+    """Retries of a request that failed before its answer started (``epp.envoyconfig.retries``);
+    0: none."""
     report_served: bool = True
     """Full-duplex: a Lua filter reports the endpoint that served the request back to the EPP as
     ``envoy.lb`` response metadata (``x-gateway-destination-endpoint-served``)."""
@@ -108,6 +116,8 @@ class EnvoyOptions:
             raise ValueError("fallback endpoints are only used with --fail-open")
         if self.fail_open and not self.fallback:
             raise ValueError("--fail-open needs --fallback HOST:PORT (where requests go then)")
+        if self.retries < 0:
+            raise ValueError("retries must be >= 0")
         for name in ("route_timeout", "message_timeout", "grpc_timeout", "health_interval"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")

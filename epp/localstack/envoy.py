@@ -93,6 +93,7 @@ def render(
     epp_replicas: Sequence[int] = (),
     epp_max_streams: int = 0,
     epp_max_requests_per_connection: int = 0,
+    pool: Sequence[tuple[str, int]] = (),
 ) -> str:
     """The Envoy config ``name`` (one of ``CONFIGS``) for EPPs on 127.0.0.1. ``epp_replicas`` are
     the ext_proc ports of further EPP replicas (active-active): Envoy then balances ext_proc
@@ -101,7 +102,8 @@ def render(
     ``epp_max_streams`` > 0 caps the concurrent ext_proc streams per connection to the EPP, so
     Envoy opens more connections under load (``epp --workers``: the kernel spreads connections
     over the workers); ``epp_max_requests_per_connection`` > 0 caps the streams a connection
-    carries in all."""
+    carries in all. ``pool``: the model servers' addresses, so that a retry goes to another pod
+    and a failing pod is ejected (``epp.envoyconfig.retries``); empty: ORIGINAL_DST."""
     listen, admin = (LOCAL, listen_port), (LOCAL, admin_port)
     if name == "round-robin":
         return dump(as_dict(baseline_bootstrap(listen, admin, fallback, lb_policy)))
@@ -122,6 +124,7 @@ def render(
         subset_hint_header=not buffered,
         # streamed fails closed: on a shared test machine a 0.5 s stall must not answer 500
         message_timeout=5.0 if name == "streamed" else 0.0,
+        pool=pool,
     )
     return dump(as_dict(bootstrap(opts)))
 
@@ -141,6 +144,8 @@ class Envoy:
     """Concurrent ext_proc streams per connection to the EPP; 0: Envoy's default (``render``)."""
     epp_max_requests_per_connection: int = 0
     """ext_proc streams one connection to the EPP carries; 0: unlimited (``render``)."""
+    pool: Sequence[tuple[str, int]] = ()
+    """The model servers' addresses Envoy knows (see ``render``)."""
     config_text: str = ""
     """A whole config to run instead of ``config_name`` (its listener and admin ports must be
     ``listen_port`` and ``admin_port``, which must then be given)."""
@@ -191,6 +196,7 @@ class Envoy:
             epp_replicas=self.epp_replicas,
             epp_max_streams=self.epp_max_streams,
             epp_max_requests_per_connection=self.epp_max_requests_per_connection,
+            pool=self.pool,
         )
 
     def _wait_ready(self, timeout: float) -> None:

@@ -6,8 +6,9 @@ Example::
         --lora sql-lora,tweet-lora --max-loras 2 --kv-events-endpoint 'tcp://*:5557'
 
 serves pods ``sim-0`` .. ``sim-3`` on ports 8000..8003, pod i publishing KV events on port
-5557 + i. Prints ``sim pod <name> listening on http://<host>:<port>`` per pod once ready and
-exits cleanly on SIGTERM / SIGINT. ``--pod-num-gpu-blocks 28000,28000,28000,11200`` gives each
+5557 + i. Prints ``sim pod <name> listening on http://<host>:<port>`` per pod once ready; on
+SIGTERM / SIGINT it stops accepting connections, lets the requests it serves finish (up to 2 s)
+and exits. ``--pod-num-gpu-blocks 28000,28000,28000,11200`` gives each
 pod its own KV capacity and ``--pod-role prefill,decode,decode,decode`` its own P/D role (one
 value per pod; every other setting is shared). ``--role`` sets the role of every pod (``both``,
 ``prefill`` or ``decode``, see ``epp/sim/disagg.py``); ``--kv-transfer-ms-per-block`` is the time

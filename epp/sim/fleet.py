@@ -28,6 +28,7 @@ from epp.sim.runtime import PodRuntime
 from epp.sim.server import build_app
 
 _SHUTDOWN_TIMEOUT_S = 2.0
+"""Seconds a stopping pod gives the requests it serves to finish (SIGTERM: a rolling restart)."""
 
 
 @dataclass
@@ -90,9 +91,9 @@ class SimFleet:
             raise
 
     async def stop(self) -> None:
+        """As a model server's graceful shutdown: stop accepting connections, let the requests
+        being served finish (up to ``_SHUTDOWN_TIMEOUT_S``), then abort what is left."""
         pods, self._pods = self._pods, []
-        for pod in pods:
-            pod.runtime.close()
         for pod in pods:
             await pod.runner.cleanup()
             await pod.runtime.aclose()

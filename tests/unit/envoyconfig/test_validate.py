@@ -57,6 +57,8 @@ BOOTSTRAPS = {
     "streamed": [*EPP, "--body", "streamed"],
     "streamed-fail-open": [*EPP, "--body", "streamed", "--fail-open", "--fallback", "m:8000"],
     "json": [*EPP, "--format", "json", "--message-timeout", "2", "--route-timeout", "60"],
+    "known-pool": [*EPP, "--pool-endpoint", "10.0.0.7:8000", "--pool-endpoint", "10.0.0.8:8000"],
+    "known-pool-dns-no-retries": [*EPP, "--pool-endpoint", "models.llm:8000", "--retries", "0"],
 }
 
 
@@ -105,7 +107,8 @@ def test_istio_envoyfilter_patches_pass_as_envoy_config(
     filters = [p["patch"]["value"] for p in patches if p["applyTo"] == "HTTP_FILTER"]
     clusters = [p["patch"]["value"] for p in patches if p["applyTo"] == "CLUSTER"]
     route = next(p for p in patches if p["applyTo"] == "HTTP_ROUTE")
-    assert route["patch"]["value"] == {"route": {"cluster": "pool"}}
+    retry = {"retry_on": "connect-failure,refused-stream,reset", "num_retries": 2}
+    assert route["patch"]["value"] == {"route": {"cluster": "pool", "retry_policy": retry}}
     assert all(
         p["patch"]["operation"] == "INSERT_BEFORE" for p in patches if p["applyTo"] == "HTTP_FILTER"
     )
