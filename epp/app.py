@@ -1,8 +1,11 @@
 """``App``: owns one EPP's lifecycle, state and servers. No globals: two Apps can share a process.
 
 Start order: config → plugins → discovery and scrapers → gRPC (ext_proc + health) and metrics
-servers. Stop: draining (readiness NOT_SERVING; leader election stops, the lease is released) →
-serve for the drain window → stop the servers → cancel the background tasks → stop plugins.
+servers. Stop: with leader election, a leader hands over (it releases the lease and stays ready
+until another replica holds it, then ``HANDOVER_GRACE`` more, so that the gateway's health check
+sees the successor before this replica leaves: no moment without a ready replica) → draining
+(readiness NOT_SERVING) → serve for what is left of the drain window → stop the servers → cancel
+the background tasks → stop plugins.
 
 Endpoints come from the config's ``dataLayer.discovery`` plugin, or, with ``--pool-name`` /
 ``--endpoint-selector``, from Kubernetes (``epp.k8s.mode``; the ``kubernetes`` client is only
@@ -23,7 +26,7 @@ import random
 import signal
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from epp.config.handle import AppHandle
 from epp.config.loader import ConfigError, LoadOptions, PluginFactory, load_config
@@ -56,6 +59,11 @@ from epp.server.serve import private_host, start_grpc
 from epp.server.tls import CertFiles, metrics_tls
 from epp.settings import Settings
 from epp.state.sync import StateSync
+
+HANDOVER_GRACE: Final = 5.0
+"""Seconds a leader that handed its lease over keeps serving: the health-check interval of the
+generated Envoy configs (``epp envoy-config --health-interval``, 5 s), so the gateway has checked
+the successor once before this replica stops being ready."""
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +117,7 @@ class App:
             self.ready, leader_election=settings.ha_enable_leader_election
         )
         self.draining = False
+        self._handing_over = False
         self.grpc_port = 0
         self.health_port = 0
         self.metrics_port = 0
@@ -241,7 +250,7 @@ class App:
             and self.collector.first_cycle_done()
             and all(p.is_ready() for p in self.pipeline.readiness)
             and (self.kube is None or self.kube.ready())
-            and (self.elector is None or self.elector.is_leader())
+            and (self.elector is None or self.elector.is_leader() or self._handing_over)
             and (self.sync is None or self.sync.ready())
         )
 
@@ -342,16 +351,39 @@ class App:
         return AdminServicer(dataclasses.replace(sources, token=token, reviewer=reviewer))
 
     async def _drain(self, servers: list[Any]) -> None:
+        t0 = time.monotonic()
+        await self._hand_over()
         self.draining = True
-        await self._resign()
+        await self._resign()  # a follower (or a leader whose hand-over was cut short)
         if self.flow is not None:
             await self.flow.shutdown()  # queued requests: 503 rejected-shutting-down
-        if self.settings.drain_timeout > 0:
-            log.info("draining for %.1fs", self.settings.drain_timeout)
+        left = self.settings.drain_timeout - (time.monotonic() - t0)
+        if left > 0:
+            log.info("draining for %.1fs", left)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._force.wait(), self.settings.drain_timeout)
+                await asyncio.wait_for(self._force.wait(), left)
         for srv in servers[:2]:
             await srv.stop(grace=1.0)
+
+    async def _hand_over(self) -> None:
+        """A leader releases the lease and stays ready until a successor holds it and the
+        gateway has had ``HANDOVER_GRACE`` to see it (all within the drain window; a second
+        SIGTERM cuts it short). Upstream goes NOT_SERVING at once, which leaves no ready
+        replica until the standby's next lease round and the gateway's next health check."""
+        if self.elector is None or not self.elector.is_leader():
+            return
+        self._handing_over = True
+        try:
+            await self._resign()
+            async with asyncio.timeout(max(self.settings.drain_timeout, 0.0)):
+                successor = await self.elector.await_successor(self._force)
+                if successor:
+                    log.info("lease taken by %s; serving %.0fs more", successor, HANDOVER_GRACE)
+                    await asyncio.wait_for(self._force.wait(), HANDOVER_GRACE)
+        except TimeoutError:
+            pass
+        finally:
+            self._handing_over = False
 
     async def _resign(self) -> None:
         """Stop competing for the lease and release it, so a follower takes over at once."""

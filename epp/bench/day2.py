@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clients", type=int, default=6, help="agents sending sessions (default 6)")
     p.add_argument("--before", type=float, default=8.0, help="seconds of load before an event")
     p.add_argument("--after", type=float, default=8.0, help="seconds of load after an event")
-    p.add_argument("--drain", type=float, default=3.0, help="EPP --drain-timeout (s)")
+    p.add_argument("--drain", type=float, default=15.0, help="EPP --drain-timeout (s)")
     p.add_argument("--lease", type=float, default=4.0, help="HA lease duration (s)")
     p.add_argument("--window", type=float, default=10.0, help="leader-crash: standby window (s)")
     p.add_argument("--rolled", type=int, default=4, help="model-roll: pods replaced (1-4)")

@@ -24,11 +24,13 @@ keeps competing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import datetime
 import logging
 import math
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -104,6 +106,11 @@ class LeaderElector:
         self._renewed_at = -math.inf
         self._observed: dict[str, Any] | None = None
         self._observed_at = -math.inf
+        # A round runs in a worker thread, which cancelling ``run`` does not stop: ``release``
+        # waits for a round under way, and no round runs after it (else that round could win
+        # the lease back, or make the release's write conflict and leave the lease held).
+        self._lock = threading.Lock()
+        self._released = False
 
     def is_leader(self) -> bool:
         """Holder of the lease, renewed within the renew deadline."""
@@ -166,7 +173,12 @@ class LeaderElector:
 
     def release(self) -> bool:
         """Give the lease up (if held): empty holder, 1s duration, as client-go's
-        ReleaseOnCancel. Returns True when a held lease was released."""
+        ReleaseOnCancel; no round runs after it. Returns True when a held lease was released."""
+        with self._lock:
+            self._released = True
+            return self._release()
+
+    def _release(self) -> bool:
         if not self._leader:
             return False
         self._leader = False
@@ -191,9 +203,35 @@ class LeaderElector:
         self._log.info("released lease %s", self.config.lease_name)
         return True
 
+    def holder(self) -> str:
+        """Who holds the lease now, as the API server says (``""``: nobody). Blocking."""
+        current = self._leases.get(self.config.lease_name)
+        return str(((current or {}).get("spec") or {}).get("holderIdentity") or "")
+
+    async def await_successor(self, stop: asyncio.Event) -> str:
+        """After ``release``: the identity of the replica that took the lease, once one has
+        (polled every half retry period; an API error is a missed poll), or ``""`` when ``stop``
+        is set first. The caller bounds the wait."""
+        while not stop.is_set():
+            try:
+                holder = await asyncio.to_thread(self.holder)
+            except Exception as exc:
+                self._log.warning("lease %s: %r", self.config.lease_name, exc)
+                holder = ""
+            if holder and holder != self.config.identity:
+                return holder
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.config.retry_period / 2)
+        return ""
+
     # ---- the loop -------------------------------------------------------------------------------
 
     def _round(self) -> None:
+        with self._lock:
+            if not self._released:
+                self._compete()
+
+    def _compete(self) -> None:
         try:
             renewed = self.try_acquire_or_renew()
         except Exception as exc:  # API errors: a missed round, not a crash

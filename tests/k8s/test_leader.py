@@ -81,6 +81,26 @@ async def test_follower_takes_over_at_once_when_the_leader_drains(
     assert lease["leaseTransitions"] == 1
 
 
+async def test_a_draining_leader_stays_ready_until_its_successor_is(
+    apiserver: LocalApiServer, kube_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("epp.app.HANDOVER_GRACE", 0.5)
+    seed(apiserver)
+    slow = {"ha_lease_duration": 30.0, "ha_renew_deadline": 20.0, "ha_retry_period": 0.2}
+    first = await kube_app(apiserver, ha_enable_leader_election=True, drain_timeout=20.0, **slow)
+    second = await kube_app(apiserver, ha_enable_leader_election=True, ready=False, **slow)
+    assert first.ready() and not second.ready()
+    first.stop()
+    async with asyncio.timeout(9.5):  # a release, not an expiry (see above)
+        while not second.ready():
+            assert first.ready() and not first.draining  # no moment without a ready replica
+            await asyncio.sleep(0.01)
+    async with asyncio.timeout(5):  # the grace, then draining
+        while first.ready():
+            await asyncio.sleep(0.01)
+    assert first.draining and second.ready()
+
+
 def test_stale_lease_write_is_refused_when_another_replica_wrote_first(
     apiserver: LocalApiServer, tmp_path: Path
 ) -> None:
@@ -135,14 +155,18 @@ async def test_lease_is_released_when_the_leader_gets_sigterm(
     procs = [epp_processes(kubeconfig, 120.0, 15.0, 0.2, drain="20s") for _ in range(2)]
     (leader, leader_port), (_, follower_port) = await leader_and_follower(procs)
     leader.send_signal(signal.SIGTERM)
-    # draining: alive, but no longer ready (checked first, while the 20 s drain surely lasts)
+    # Released, not expired: a lease renewed at most 15 s before SIGTERM cannot expire within
+    # 105 s, so the follower taking over inside the 100 s this waits proves the release (the
+    # wait only bounds a hang; a busy machine delays the follower's next retry). Until then the
+    # leader hands over: it stays ready, so that some replica always is.
+    async with asyncio.timeout(100):
+        while await health(follower_port) != SERVING:
+            assert await health(leader_port) == SERVING
+            await asyncio.sleep(0.05)
+    # then draining: alive, but no longer ready (the 20 s drain surely lasts past the check)
     async with asyncio.timeout(15):
         while await health(leader_port) != NOT_SERVING:
             await asyncio.sleep(0.05)
     assert leader.poll() is None
     assert await health(leader_port, "liveness") == SERVING
-    # Released, not expired: a lease renewed at most 15 s before SIGTERM cannot expire within
-    # 105 s, so the follower taking over inside the 100 s this waits proves the release (the
-    # wait only bounds a hang; a busy machine delays the follower's next retry).
-    await wait_serving(follower_port, 100)
     assert await asyncio.to_thread(leader.wait, 60) == 0

@@ -39,15 +39,14 @@ def test_active_active_upgrade_fails_no_request_and_keeps_the_hit_ratio(tmp_path
     assert row["ok"] and code == 0, row
 
 
-def test_ha_upgrade_hands_over_within_a_retry_period(tmp_path: Path) -> None:
-    # Target "0 failed" is not met with a fail-closed gateway: between the old leader's SIGTERM
-    # (NOT_SERVING at once, lease released) and the new leader's first SERVING answer no replica
-    # is ready. What holds: the handover is quick, and the failures are that gap's 500s.
-    _, row = _run(tmp_path, "upgrade-ha", "--lease", "3")
-    figures = row["figures"]
-    assert figures["new_leader_after_s"] is not None and figures["new_leader_after_s"] < 4.0, row
-    assert figures["no_leader_s"] < 3.0, row
-    assert all(kind.startswith("500") for kind in row["failures"]), row
+def test_ha_upgrade_fails_no_request(tmp_path: Path) -> None:
+    # The old leader hands over (epp.app): it releases the lease and stays SERVING until a new
+    # replica holds it, so a fail-closed gateway always has a ready replica. The drain window
+    # bounds that wait, so it must outlast a new replica's start (about 8 s here).
+    code, row = _run(tmp_path, "upgrade-ha", "--lease", "3", "--drain", "25")
+    assert row["failed"] == 0, row
+    assert row["figures"]["no_leader_s"] == 0.0, row
+    assert row["ok"] and code == 0, row
 
 
 def test_leader_crash_fails_over_within_the_lease_with_a_warm_standby(tmp_path: Path) -> None:
