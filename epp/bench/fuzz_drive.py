@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.bench.fuzz_gen import CANCEL, DUPLEX, HALF_CLOSE, Case, Step
 from epp.plugin import wire
 

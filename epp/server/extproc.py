@@ -36,10 +36,9 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf.message import DecodeError
 
+from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.flowcontrol.eviction import Eviction
 from epp.observability import streams as codes
 from epp.plugin import ErrorCode, InferenceError
@@ -51,7 +50,7 @@ from epp.server.stream import Replies, RequestStream
 log = logging.getLogger(__name__)
 
 
-class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+class ExtProcServicer:
     def __init__(self, ctx: ServerContext) -> None:
         self._ctx = ctx
         self._misuse_log = MisuseLog(log, time.monotonic)

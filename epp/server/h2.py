@@ -38,10 +38,10 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 
+from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.plugin import ErrorCode, InferenceError
 from epp.server import h2wire as w
 from epp.server import messages

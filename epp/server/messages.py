@@ -5,16 +5,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, cast
 
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.type.v3 import http_status_pb2
 from google.protobuf import json_format, struct_pb2
 
+from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.plugin import InferenceError, wire
 
-_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+_OVERWRITE = pb.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 
 def header_map(headers: pb.HttpHeaders) -> dict[str, str]:
@@ -54,8 +52,8 @@ def served_endpoint(request: pb.ProcessingRequest) -> str:
 def mutation(set_headers: Mapping[str, str], remove: Sequence[str] = ()) -> pb.HeaderMutation:
     return pb.HeaderMutation(
         set_headers=[
-            base_pb2.HeaderValueOption(
-                header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE
+            pb.HeaderValueOption(
+                header=pb.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE
             )
             for k, v in set_headers.items()
         ],
@@ -192,6 +190,12 @@ def encode(reply: Reply) -> bytes:
     return reply if isinstance(reply, bytes) else reply.SerializeToString()
 
 
+def http_status(code: int) -> pb.HttpStatus:
+    """Any HTTP status: Envoy's ``StatusCode`` names the usual ones, and as a proto3 enum it
+    carries any other number too."""
+    return pb.HttpStatus(code=cast(pb.StatusCode, code))
+
+
 def immediate(err: InferenceError) -> pb.ProcessingResponse:
     headers = dict(err.headers)
     headers.setdefault("content-type", "text/plain; charset=utf-8")
@@ -199,7 +203,7 @@ def immediate(err: InferenceError) -> pb.ProcessingResponse:
         headers[wire.DROPPED_REASON_HEADER] = err.drop_reason
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
-            status=http_status_pb2.HttpStatus(code=err.code.http_status),
+            status=http_status(err.code.http_status),
             headers=mutation(headers),
             body=err.body.encode(),
             details=err.code.label,
@@ -213,7 +217,7 @@ def evicted(err: InferenceError) -> pb.ProcessingResponse:
     headers = {wire.DROPPED_REASON_HEADER: err.drop_reason} if err.drop_reason else {}
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
-            status=http_status_pb2.HttpStatus(code=err.code.http_status),
+            status=http_status(err.code.http_status),
             headers=mutation(headers),
             body=err.message.encode(),
             details=err.code.label,
@@ -230,7 +234,7 @@ def _response_headers(set_headers: Mapping[str, str]) -> pb.ProcessingResponse:
 
 
 _WENT_INTO: Final = MappingProxyType({wire.WENT_INTO_RESP_HEADERS: "true"})
-_WENT_INTO_REPLY: Final = _response_headers(_WENT_INTO).SerializeToString()
+_WENT_INTO_REPLY: Final[bytes] = _response_headers(_WENT_INTO).SerializeToString()
 
 
 def response_headers_reply(set_headers: Mapping[str, str]) -> Reply:
