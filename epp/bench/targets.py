@@ -4,8 +4,9 @@
 key         what runs
 ==========  ===================================================================================
 ``epp``     Envoy (``full-duplex`` config) + this EPP as its own process (``epp --config-file
-            ... --secure-serving=false``): the built-in default config (queue 2, kv-cache 2,
-            prefix 3) with file discovery of the pods, plus the workload's extra scorers
+            ... --secure-serving=false``): the built-in default config (what ``epp`` runs
+            without ``--config-*``) with file discovery of the pods, plus the workload's extra
+            scorers
 ``epp-h2``  the ``epp`` target with ``--ext-proc-server h2`` (the EPP's own HTTP/2 server instead
             of grpc.aio), to compare the two side by side
 ``epp-buffered``  the ``epp`` target behind Envoy's ``buffered-failopen`` config
