@@ -35,6 +35,12 @@ REQUIRED_PARAMS: dict[str, dict[str, Any]] = {
         "algorithm": {"type": "threshold", "threshold": {"operator": "LessThan", "value": 0.9}},
     },
     "session-id-producer": {"headerName": "x-session-id"},
+    "utilization-filter": {
+        "conditions": [
+            {"metric": "active-requests", "maxValue": 2},
+            {"metric": "waiting-queue", "maxValue": 5},
+        ]
+    },
     "endpoint-attribute-scorer": {
         "attributeKey": "GPUUtilization",
         "producer": "dcgm-extractor",

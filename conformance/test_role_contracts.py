@@ -26,6 +26,8 @@ from epp.plugin.testing import (
     check_decider,
     check_discovery,
     check_endpoint_listener,
+    check_eviction_filter_policy,
+    check_eviction_ordering_policy,
     check_extractor,
     check_fairness_policy,
     check_hooks,
@@ -39,6 +41,7 @@ from epp.plugin.testing import (
     check_shared_state,
     check_usage_limit_policy,
     sample_endpoints,
+    sample_eviction_items,
     sample_queue,
     sample_request,
 )
@@ -67,6 +70,7 @@ METRICS = b"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 3\
 # extractor type -> a payload of its source
 PAYLOADS: dict[str, bytes] = {
     "dcgm-extractor": b'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1"} 42\n',
+    "models-data-extractor": b'{"object":"list","data":[{"id":"m","object":"model"}]}',
 }
 
 
@@ -152,6 +156,10 @@ async def check_all_roles(type_name: str, plugin: Any, port: int, tmp_path: Path
         check_usage_limit_policy(plugin, [10, 5, 0, -5])
     if "priority-adjuster" in roles:
         check_priority_adjuster(plugin, request)
+    if "eviction-filter-policy" in roles:
+        check_eviction_filter_policy(plugin, sample_eviction_items(8))
+    if "eviction-ordering-policy" in roles:
+        check_eviction_ordering_policy(plugin, sample_eviction_items(8))
     if "shared-state" in roles:
         check_shared_state(plugin, build(type_name))
     if "replica-syncer" in roles:

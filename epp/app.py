@@ -1,9 +1,8 @@
 """``App``: owns one EPP's lifecycle, state and servers. No globals: two Apps can share a process.
 
 Start order: config → plugins → discovery and scrapers → gRPC (ext_proc + health) and metrics
-servers. Stop: draining (readiness NOT_SERVING; leader election stops and the lease is released)
-→ keep serving for the drain window → stop the servers → cancel the background tasks → stop
-plugins.
+servers. Stop: draining (readiness NOT_SERVING; leader election stops, the lease is released) →
+serve for the drain window → stop the servers → cancel the background tasks → stop plugins.
 
 Endpoints come from the config's ``dataLayer.discovery`` plugin, or, with ``--pool-name`` /
 ``--endpoint-selector``, from Kubernetes (``epp.k8s.mode``; the ``kubernetes`` client is only
@@ -168,11 +167,12 @@ class App:
             ),
             stats=RequestStats(m),
             decisions=self.decisions,
+            response_sample=self.settings.response_body_sample_ratio,
         )
 
     def _wire_sources(self) -> None:
         """Endpoint discovery (config plugin or Kubernetes), objects files, leader election."""
-        s = self.settings
+        s, p = self.settings, self.pipeline
         sink = ObjectSink(
             self.objectives, self.rewrites, pool_name=s.pool_name, pool_group=s.pool_group
         )
@@ -186,7 +186,7 @@ class App:
             from epp.k8s.mode import kubernetes_mode
 
             self.kube, self.elector = kubernetes_mode(
-                s, publish=self._publish, sink=sink, parsers=self.pipeline.parsers
+                s, publish=self._publish, sink=sink, parsers=p.parsers, gates=p.feature_gates
             )
         else:
             if self.pipeline.discovery is None:

@@ -24,7 +24,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from epp.observability.logs import LogConfig, configure, log_config
-from epp.server.tlsopts import GRPC_CIPHERS_ENV, openssl_ciphers
 from epp.settings import Flag, Settings, SettingsError, flags
 
 log = logging.getLogger("epp.cli")
@@ -66,7 +65,7 @@ class _Concatenate(argparse.Action):
         setattr(namespace, self.dest, (*getattr(namespace, self.dest, ()), *(values or ())))
 
 
-def _add_flag(parser: argparse.ArgumentParser, dest: str, default: Any, spec: Flag) -> None:
+def _add_flag(parser: argparse._ActionsContainer, dest: str, default: Any, spec: Flag) -> None:
     kwargs: dict[str, Any] = {
         "dest": dest,
         "default": default,
@@ -81,6 +80,69 @@ def _add_flag(parser: argparse.ArgumentParser, dest: str, default: Any, spec: Fl
     parser.add_argument(*spec.option_strings, **kwargs)
 
 
+FLAG_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "serving",
+        (
+            "grpc-port", "grpc-health-port", "metrics-port", "health-checking", "drain-timeout",
+            "grpc-max-recv-msg-size", "grpc-max-send-msg-size",
+        ),
+    ),
+    (
+        "configuration and scheduling",
+        (
+            "config-file", "config-text", "allow-experimental-plugins",
+            "disable-endpoint-subset-filter", "emit-endpoint-scores", "refresh-metrics-interval",
+            "refresh-prometheus-metrics-interval", "metrics-staleness-threshold",
+        ),
+    ),
+    (
+        "Kubernetes",
+        (
+            "pool-name", "pool-namespace", "pool-group", "endpoint-selector",
+            "endpoint-target-ports", "kubeconfig", "ha-enable-leader-election",
+            "ha-lease-duration", "ha-renew-deadline", "ha-retry-period",
+        ),
+    ),
+    (
+        "TLS and auth",
+        (
+            "secure-serving", "cert-path", "enable-cert-reload", "tls-min-version",
+            "tls-cipher-suites", "metrics-endpoint-auth", "metrics-cert-dir",
+            "metrics-client-ca-file",
+        ),
+    ),
+    (
+        "observability",
+        (
+            "tracing", "enable-pprof", "enable-grpc-stream-metrics", "v", "zap-encoder",
+            "zap-log-level", "zap-stacktrace-level", "zap-time-encoding", "zap-devel",
+        ),
+    ),
+    ("flow control", ("flow-control-pool-wide-max-requests", "flow-control-pool-wide-priority")),
+    (
+        "ours (not in llm-d's EPP)",
+        (
+            "bind-address", "objectives-file", "objectives-poll-interval", "admin-token-file",
+            "grpc-client-ca-file", "tracing-plugin-threshold", "enable-debug-endpoints",
+            "workers", "max-request-body-bytes", "seed",
+        ),
+    ),
+)  # fmt: skip
+"""``epp --help``'s flag groups, in order; every flag is in exactly one (a test checks it)."""
+
+SUBCOMMANDS_HELP: tuple[tuple[str, str], ...] = (
+    ("plugins list", "the installed plugin types, built-in and third-party"),
+    ("envoy-config", "an Envoy bootstrap, filter or Istio EnvoyFilter for this EPP"),
+    ("explain", "how the running EPP would route a request, every score shown"),
+    ("endpoints", "the running EPP's endpoints and their scraped metrics"),
+    ("state", "the running EPP's plugin state, queues and sharing"),
+    ("sim", "a simulated vLLM/SGLang fleet (tools)"),
+    ("stack", "Envoy, the EPP and simulated pods on this machine, with a workload (tools)"),
+    ("bench", "side-by-side benchmarks and failure scenarios (tools)"),
+)
+
+
 def package_version() -> str:
     """The installed ``inference-epp`` distribution's version (its package metadata)."""
     try:
@@ -92,15 +154,22 @@ def package_version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The ``epp`` parser: one flag per ``Settings`` field declared with ``flag`` (its
     destination is the field name), plus the rejected legacy metric flags."""
+    width = max(len(name) for name, _ in SUBCOMMANDS_HELP)
+    subcommands = "\n".join(f"  epp {n:<{width}}  {text}" for n, text in SUBCOMMANDS_HELP)
     p = argparse.ArgumentParser(
         prog="epp",
-        description="Endpoint Picker for LLM inference (Envoy ext_proc). Subcommands: "
-        "'epp plugins list', 'epp sim --help', 'epp stack --help', 'epp bench --help', "
-        "'epp envoy-config --help', 'epp explain|endpoints|state --help'.",
+        description="Endpoint Picker for LLM inference (Envoy ext_proc), a drop-in for llm-d's "
+        "EPP: same flags, config and plugin types.",
+        epilog=f"subcommands (each with --help):\n{subcommands}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"epp {package_version()}")
-    for field, spec in flags():
-        _add_flag(p, field.name, field.default, spec)
+    by_name = {spec.name: (field, spec) for field, spec in flags()}
+    for title, names in FLAG_GROUPS:
+        group = p.add_argument_group(title)
+        for name in names:
+            field, spec = by_name[name]
+            _add_flag(group, field.name, field.default, spec)
     for name in _REJECTED:
         p.add_argument(f"--{name}", default=None, help=argparse.SUPPRESS)
     return p
@@ -210,8 +279,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     warn_compat(args)
     for message in idle_flags(settings):
         log.warning("%s", message)
-    if settings.secure_serving and settings.tls_cipher_suites:  # gRPC reads it when it loads
-        os.environ[GRPC_CIPHERS_ENV] = openssl_ciphers(settings.tls_cipher_suites)
     if settings.workers > 1:
         from epp.workers.supervisor import supervise
 

@@ -12,7 +12,9 @@ stored response, read when its body is), the id is bound to the endpoint that se
 served endpoint Envoy reports when it is known, else the request's primary target. That is the
 ``ResponseStreaming`` hook, once per request: a streamed response's binding is in place a whole
 generation before the client can send its follow-up. ``ResponseComplete`` binds too when the
-hook could not (an id only in ``response.completed``), and is a no-op otherwise.
+hook could not (an id only in ``response.completed``), and is a no-op otherwise. Only a 2xx answer
+to a Responses API request (parser kind ``responses``) carries an id: for any other response the
+filter tells the EPP it does not need the body (``ResponseBodyNeed``).
 
 Routing, for a request whose body names ``previous_response_id``:
 
@@ -209,6 +211,12 @@ class ResponseAffinityFilter(PluginBase):
         targets = result.primary.targets
         if targets:
             request.attributes[self._target_key] = targets[0]
+
+    def needs_response_body(self, request: InferenceRequest, response: ResponseInfo) -> bool:
+        """``ResponseBodyNeed``: the body of a successful Responses API answer, which carries the
+        response id (no other API's response does)."""
+        body = request.body
+        return 200 <= response.status < 300 and body is not None and body.kind == "responses"
 
     def response_streaming(self, request: InferenceRequest, response: ResponseInfo) -> None:
         """Bind as soon as the response id is known (once per request; every chunk asks)."""

@@ -14,6 +14,10 @@ requests changed there since ``t``::
     released   tokens held by this EPP's requests dispatched at or before t that completed
                after t (the server's usage: prompt + completion tokens; else the prompt)
 
+The scorer does not ask for response bodies (``ResponseBodyNeed``): a streamed answer the EPP does
+not read (``epp.requestcontrol.bodyneed``) releases its prompt tokens, as one without usage does,
+so until the next scrape the endpoint looks fuller by that answer's completion tokens.
+
 Why: a scrape is up to one scrape interval old, and the request that just completed on a pod is
 usually still in its numbers. An agent sends its next turn the moment the previous answer ends,
 so upstream's scorer reads the session's own finished turn as load on the one pod that caches
@@ -124,6 +128,9 @@ class KVCacheUtilizationScorer(PluginBase):
             prompt = request.attributes.get(self._tokens_key)
             tokens = prompt.token_count if prompt is not None else 0
             self.tracker.dispatch(request.request_id, targets[0].id, self.handle.clock(), tokens)
+
+    def needs_response_body(self, request: InferenceRequest, response: ResponseInfo) -> bool:
+        return False  # ResponseBodyNeed: without usage, the prompt's tokens are released
 
     def response_complete(self, request: InferenceRequest, response: ResponseInfo) -> None:
         usage = response.usage

@@ -144,9 +144,6 @@ def make_settings(config_text: str, **overrides: Any) -> Settings:
         "drain_timeout": 0.0,
         "config_text": config_text,
         "seed": 7,
-        # EPP_TEST_EXT_PROC_SERVER=h2 runs the App-based tests against the h2 server (the ones
-        # needing what h2 refuses, mTLS, stream metrics and certificate reload, then fail)
-        "ext_proc_server": os.environ.get("EPP_TEST_EXT_PROC_SERVER", "grpc"),
     }
     base.update(overrides)
     return Settings(**base)

@@ -176,7 +176,7 @@ class HttpTrailers(_message.Message):
     def __init__(self, trailers: _Optional[_Union[HeaderMap, _Mapping]] = ...) -> None: ...
 
 class ProcessingResponse(_message.Message):
-    __slots__ = ("request_headers", "response_headers", "request_body", "response_body", "request_trailers", "response_trailers", "immediate_response", "dynamic_metadata")
+    __slots__ = ("request_headers", "response_headers", "request_body", "response_body", "request_trailers", "response_trailers", "immediate_response", "dynamic_metadata", "mode_override")
     REQUEST_HEADERS_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_HEADERS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_BODY_FIELD_NUMBER: _ClassVar[int]
@@ -185,6 +185,7 @@ class ProcessingResponse(_message.Message):
     RESPONSE_TRAILERS_FIELD_NUMBER: _ClassVar[int]
     IMMEDIATE_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     DYNAMIC_METADATA_FIELD_NUMBER: _ClassVar[int]
+    MODE_OVERRIDE_FIELD_NUMBER: _ClassVar[int]
     request_headers: HeadersResponse
     response_headers: HeadersResponse
     request_body: BodyResponse
@@ -193,7 +194,8 @@ class ProcessingResponse(_message.Message):
     response_trailers: TrailersResponse
     immediate_response: ImmediateResponse
     dynamic_metadata: _struct_pb2.Struct
-    def __init__(self, request_headers: _Optional[_Union[HeadersResponse, _Mapping]] = ..., response_headers: _Optional[_Union[HeadersResponse, _Mapping]] = ..., request_body: _Optional[_Union[BodyResponse, _Mapping]] = ..., response_body: _Optional[_Union[BodyResponse, _Mapping]] = ..., request_trailers: _Optional[_Union[TrailersResponse, _Mapping]] = ..., response_trailers: _Optional[_Union[TrailersResponse, _Mapping]] = ..., immediate_response: _Optional[_Union[ImmediateResponse, _Mapping]] = ..., dynamic_metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    mode_override: ProcessingMode
+    def __init__(self, request_headers: _Optional[_Union[HeadersResponse, _Mapping]] = ..., response_headers: _Optional[_Union[HeadersResponse, _Mapping]] = ..., request_body: _Optional[_Union[BodyResponse, _Mapping]] = ..., response_body: _Optional[_Union[BodyResponse, _Mapping]] = ..., request_trailers: _Optional[_Union[TrailersResponse, _Mapping]] = ..., response_trailers: _Optional[_Union[TrailersResponse, _Mapping]] = ..., immediate_response: _Optional[_Union[ImmediateResponse, _Mapping]] = ..., dynamic_metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., mode_override: _Optional[_Union[ProcessingMode, _Mapping]] = ...) -> None: ...
 
 class HeadersResponse(_message.Message):
     __slots__ = ("response",)
@@ -258,7 +260,15 @@ class ImmediateResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[HttpStatus, _Mapping]] = ..., headers: _Optional[_Union[HeaderMutation, _Mapping]] = ..., body: _Optional[bytes] = ..., details: _Optional[str] = ...) -> None: ...
 
 class ProcessingMode(_message.Message):
-    __slots__ = ()
+    __slots__ = ("request_header_mode", "response_header_mode", "request_body_mode", "response_body_mode", "request_trailer_mode", "response_trailer_mode")
+    class HeaderSendMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        DEFAULT: _ClassVar[ProcessingMode.HeaderSendMode]
+        SEND: _ClassVar[ProcessingMode.HeaderSendMode]
+        SKIP: _ClassVar[ProcessingMode.HeaderSendMode]
+    DEFAULT: ProcessingMode.HeaderSendMode
+    SEND: ProcessingMode.HeaderSendMode
+    SKIP: ProcessingMode.HeaderSendMode
     class BodySendMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         NONE: _ClassVar[ProcessingMode.BodySendMode]
@@ -273,7 +283,19 @@ class ProcessingMode(_message.Message):
     BUFFERED_PARTIAL: ProcessingMode.BodySendMode
     FULL_DUPLEX_STREAMED: ProcessingMode.BodySendMode
     GRPC: ProcessingMode.BodySendMode
-    def __init__(self) -> None: ...
+    REQUEST_HEADER_MODE_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_HEADER_MODE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_BODY_MODE_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_BODY_MODE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_TRAILER_MODE_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_TRAILER_MODE_FIELD_NUMBER: _ClassVar[int]
+    request_header_mode: ProcessingMode.HeaderSendMode
+    response_header_mode: ProcessingMode.HeaderSendMode
+    request_body_mode: ProcessingMode.BodySendMode
+    response_body_mode: ProcessingMode.BodySendMode
+    request_trailer_mode: ProcessingMode.HeaderSendMode
+    response_trailer_mode: ProcessingMode.HeaderSendMode
+    def __init__(self, request_header_mode: _Optional[_Union[ProcessingMode.HeaderSendMode, str]] = ..., response_header_mode: _Optional[_Union[ProcessingMode.HeaderSendMode, str]] = ..., request_body_mode: _Optional[_Union[ProcessingMode.BodySendMode, str]] = ..., response_body_mode: _Optional[_Union[ProcessingMode.BodySendMode, str]] = ..., request_trailer_mode: _Optional[_Union[ProcessingMode.HeaderSendMode, str]] = ..., response_trailer_mode: _Optional[_Union[ProcessingMode.HeaderSendMode, str]] = ...) -> None: ...
 
 class HeaderValue(_message.Message):
     __slots__ = ("key", "value", "raw_value")

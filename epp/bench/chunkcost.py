@@ -1,4 +1,4 @@
-"""``epp bench micro`` row: the `h2` EPP's CPU per streamed response chunk inside the process,
+"""``epp bench micro`` row: the EPP's CPU per streamed response chunk inside the process,
 without a socket or the event loop between chunks.
 
 A whole EPP (``App``, the built-in default config, the endpoints of ``epp.bench.wire``) serves
@@ -98,7 +98,7 @@ async def _measure(chunks: int) -> float:
             drain_timeout=0.0,
             config_text=wire.config(Path(tmp)),
             refresh_metrics_interval=10.0,
-            ext_proc_server="h2",
+            response_body_sample_ratio=1.0,  # the work on a chunk the EPP reads
         )
         async with App(settings) as app:
             await _per_chunk(app.context, chunks // 10)  # warm up

@@ -60,7 +60,7 @@ each fault's client-visible outcome in numbers, see ``epp/bench/chaos.py``.
 samples RSS, descriptors, asyncio tasks and the bounded maps over time, see
 ``epp/bench/soak.py``.
 
-``epp bench together --workload a --targets epp,epp-h2 [--burners N]`` drives two or more targets
+``epp bench together --workload a --targets epp,sglang [--burners N]`` drives two or more targets
 at the same time, each on its own fleet, optionally beside N busy-looping processes, so that they
 meet the same machine load, see ``epp/bench/together.py``.
 """
@@ -73,7 +73,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from epp.bench.targets import BUFFERED, TARGETS, is_known
+from epp.bench.targets import NAMED_ONLY, TARGETS, is_known
 from epp.bench.workloads import SCALES, WORKLOADS, resolve
 
 
@@ -96,9 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--targets",
         default=None,
         help="comma-separated: "
-        + ", ".join((*TARGETS, *BUFFERED, "epp-pd"))
-        + " (default: all but epp-pd and the buffered ones, plus each workload's own, e.g."
-        " epp-pd for e)",
+        + ", ".join((*TARGETS, *NAMED_ONLY, "epp-pd"))
+        + " (default: all but epp-pd and the buffered, streamed and every-body ones, plus each"
+        " workload's own, e.g. epp-pd for e)",
     )
     p.add_argument("--scale", choices=SCALES, default="default", help="workload size")
     p.add_argument("--out", default="out/bench", help="report directory (default out/bench)")
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = list(TARGETS) if auto_targets else _csv(args.targets)
     unknown = [t for t in keys if not is_known(t)]
     if unknown:
-        known = ", ".join((*TARGETS, *BUFFERED, "epp-pd"))
+        known = ", ".join((*TARGETS, *NAMED_ONLY, "epp-pd"))
         parser.error(f"unknown target(s) {', '.join(unknown)} (known: {known})")
     if args.time_scale < 0 or args.requests < 0 or args.probe < 0 or args.deadline <= 0:
         parser.error("--time-scale, --requests and --probe must be >= 0, --deadline > 0")

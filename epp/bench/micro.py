@@ -13,9 +13,9 @@ numbers compare across sizes:
   and 1000 endpoints with scraped metrics and prefix match info (µs per endpoint).
 
 * the ext_proc wire (``epp.bench.wire``): the server process's CPU per request and per streamed
-  response chunk, through a real server (the whole EPP with ``--ext-proc-server`` h2 or grpc,
-  asyncio or uvloop, with or without TLS; and an empty grpc.aio / synchronous grpcio servicer, the
-  floor of those servers) and a real gRPC client in this process; the `h2` EPP's CPU per chunk
+  response chunk, through a real server (the whole EPP, asyncio or uvloop, with or without TLS;
+  and, for reference, an empty grpc.aio / synchronous grpcio servicer, the floor of a grpcio
+  server) and a real gRPC client in this process; the EPP's CPU per chunk
   inside the process, without the socket and the event loop (``epp.bench.chunkcost``); and the
   wall-clock time of each round trip before a lone request's first token (route, response
   headers, first chunk; ``epp.bench.wirelat``). ``--no-wire`` skips them;
@@ -306,7 +306,7 @@ def wire_rows() -> list[Row]:
     from epp.bench import chunkcost
 
     us = chunkcost.measure()
-    label = "ext_proc EPP, h2, in process, no socket"
+    label = "ext_proc EPP, in process, no socket"
     rows.append(Row(label, "20000 chunks", us, us, "µs CPU/chunk"))
     return rows + latency_rows()
 

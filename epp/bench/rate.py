@@ -1,16 +1,16 @@
 """``epp bench rate``: per-pick latency and CPU of the EPP at fixed request rates (a sweep).
 
-For each ext_proc server (``--servers aio,h2``: grpc.aio, the default, and ``--ext-proc-server
-h2``) it starts a cold simulated fleet of ``--pods`` pods (one ``epp sim`` process), the EPP with
-``--config`` (default ``deploy/configs/upstream-default.yaml``: llm-d's built-in default
-profile, queue 2, kv-cache 2, prefix 3, and its 50 ms metrics scraping) pointed at those pods by
-file discovery, and Envoy (``full-duplex``) in front. The EPP's threads are pinned to CPU
-``--epp-cpu`` (default: the last one) and Envoy, the simulator and this client to the others
+For each EPP variant of ``--servers`` (``epp``: the EPP as shipped, the only one today; the report
+keeps a row group per variant) it starts a cold simulated fleet of ``--pods`` pods (one ``epp sim``
+process), the EPP with ``--config`` (default ``deploy/configs/upstream-default.yaml``: llm-d's
+built-in default profile, queue 2, kv-cache 2, prefix 3, and its 50 ms metrics scraping) pointed at
+those pods by file discovery, and Envoy (``full-duplex``) in front. The EPP's threads are pinned to
+CPU ``--epp-cpu`` (default: the last one) and Envoy, the simulator and this client to the others
 (``--no-isolate``: they may use every CPU), so the EPP has one core to itself as far as the
-benchmark's own processes go (other processes on the machine are not moved). After one
-warm-up request it measures the EPP's idle CPU for ``--idle`` seconds, then runs each rate of
-``--rates`` for ``--duration`` seconds, open loop (``--arrivals`` poisson or uniform,
-``epp.bench.rateload``), one step after the other.
+benchmark's own processes go (other processes on the machine are not moved). After one warm-up
+request it measures the EPP's idle CPU for ``--idle`` seconds, then runs each rate of ``--rates``
+for ``--duration`` seconds, open loop (``--arrivals`` poisson or uniform, ``epp.bench.rateload``),
+one step after the other.
 
 Per step it reports what the step added, from ``/metrics`` read before and after it:
 
@@ -61,14 +61,15 @@ from epp.localstack.procs import cpu_seconds
 DEFAULT_CONFIG = (
     Path(__file__).resolve().parents[2] / "deploy" / "configs" / "upstream-default.yaml"
 )
-SERVERS = {"aio": [], "h2": ["--ext-proc-server", "h2"]}
+SERVERS: dict[str, list[str]] = {"epp": []}
+"""Variant name → the EPP's extra flags."""
 
 
 @dataclass(frozen=True)
 class RateOptions:
     rates: tuple[float, ...]
     duration: float = 10.0
-    servers: tuple[str, ...] = ("aio", "h2")
+    servers: tuple[str, ...] = ("epp",)
     pods: int = 10
     config: Path = DEFAULT_CONFIG
     epp_cpu: int = -1
@@ -231,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="requests per second, comma-separated (default 100,250,500,750)",
     )
     p.add_argument("--duration", type=float, default=10.0, help="seconds per rate (default 10)")
-    p.add_argument("--servers", default="aio,h2", help="ext_proc servers: aio, h2 (default both)")
+    p.add_argument("--servers", default="epp", help="EPP variants (default epp)")
     p.add_argument("--pods", type=int, default=10, help="simulated pods (default 10)")
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="EndpointPickerConfig")
     p.add_argument("--epp-cpu", type=int, default=-1, help="CPU of the EPP (default: the last)")

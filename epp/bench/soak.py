@@ -26,9 +26,6 @@ records) and the requests queued in flow control (``/metrics``). Verdict: RSS gr
 warm-up (the first fifth of the run) under 5% (median of the last three samples against the
 first three after warm-up), descriptors and tasks within a small band. Writes ``results.json``
 and ``report.md``.
-
-``--ext-proc-server h2`` runs the EPP on ``epp.server.h2`` instead of grpc.aio (the default), to
-tell the gRPC C core's memory from the rest.
 """
 
 from __future__ import annotations
@@ -79,7 +76,6 @@ class SoakOptions:
     pause: float = 0.2
     out: Path = Path("out/soak")
     seed: int = 1
-    ext_proc_server: str = "grpc"
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="epp-soak-")))
 
 
@@ -110,8 +106,8 @@ def stream_headers(i: int) -> dict[str, str]:
 
 
 def epp_args(opts: SoakOptions) -> list[str]:
-    """The EPP's flags beyond the ports: experimental plugins on, the chosen ext_proc server."""
-    return ["--allow-experimental-plugins", "--ext-proc-server", opts.ext_proc_server]
+    """The EPP's flags beyond the ports: experimental plugins on."""
+    return ["--allow-experimental-plugins"]
 
 
 async def run(opts: SoakOptions) -> dict[str, Any]:
@@ -162,7 +158,6 @@ async def _load_and_sample(opts: SoakOptions, epp: EppSet) -> dict[str, Any]:
         "minutes": opts.minutes,
         "agents": opts.agents,
         "streams": opts.streams,
-        "extProcServer": opts.ext_proc_server,
         "requests": len(shots) + len(outcomes),
         "failed": len(failures(shots)) + failed(outcomes),
         "samples": [s.as_json() for s in samples],
@@ -181,13 +176,11 @@ def options(argv: list[str] | None = None) -> SoakOptions:
     p.add_argument("--pause", type=float, default=0.2, help="streaming clients' think time (s)")
     p.add_argument("--out", default="out/soak")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--ext-proc-server", choices=("grpc", "h2"), default="grpc",
-                   help="the EPP's ext_proc server (default grpc)")  # fmt: skip
     args = p.parse_args(argv)
     if args.minutes <= 0 or args.sample <= 0 or args.agents < 0 or args.streams < 1:
         p.error("--minutes and --sample must be > 0, --agents >= 0, --streams >= 1")
     return SoakOptions(args.minutes, args.sample, args.agents, args.streams, args.pause,
-                       Path(args.out), args.seed, args.ext_proc_server)  # fmt: skip
+                       Path(args.out), args.seed)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

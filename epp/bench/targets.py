@@ -7,14 +7,18 @@ key         what runs
             ... --secure-serving=false``): the built-in default config (what ``epp`` runs
             without ``--config-*``) with file discovery of the pods, plus the workload's extra
             scorers
-``epp-h2``  the ``epp`` target with ``--ext-proc-server h2`` (the EPP's own HTTP/2 server instead
-            of grpc.aio), to compare the two side by side
 ``epp-buffered``  the ``epp`` target behind Envoy's ``buffered-failopen`` config
             (``deploy/envoy``): the request body BUFFERED, response headers and body not sent
             to the EPP, failing open to the pods; the request completes when its ext_proc stream
             ends. No message per response chunk, and so no usage, TTFT or Responses API ids
             from the response: what a deployment gives up for that CPU
-``epp-h2-buffered``  the same with ``--ext-proc-server h2``
+``epp-streamed``  the ``epp`` target behind Envoy's ``streamed`` config (``epp envoy-config
+            --body streamed``): the request body BUFFERED, the response body STREAMED, which
+            the EPP switches off (``mode_override``) for an answer nothing needs
+            (``epp.requestcontrol.bodyneed``)
+``epp-every-body``  the ``epp`` target reading every response body
+            (``--response-body-sample-ratio 1``), as before the EPP skipped any: the reference
+            the one above is compared with
 ``rr``      Envoy alone, ``ROUND_ROBIN`` over the pods
 ``lr``      Envoy alone, ``LEAST_REQUEST`` over the pods
 ``sglang``  sglang-router ``cache_aware`` (see ``epp.bench.peers``)
@@ -65,7 +69,6 @@ from epp.plugins.sources.file_discovery import dump_endpoints
 
 TARGETS: dict[str, str] = {
     "epp": "EPP (default config) via Envoy",
-    "epp-h2": "EPP (h2 server) via Envoy",
     "rr": "Envoy round robin",
     "lr": "Envoy least request",
     "sglang": SGLANG.label,
@@ -74,10 +77,15 @@ TARGETS: dict[str, str] = {
 PEERS: dict[str, PeerSpec] = {"sglang": SGLANG, "vllm": VLLM}
 BUFFERED: dict[str, str] = {
     "epp-buffered": "EPP via Envoy, buffered (no response messages)",
-    "epp-h2-buffered": "EPP (h2 server) via Envoy, buffered (no response messages)",
 }
 """EPP targets behind Envoy's buffered config, no ext_proc message per response chunk; named on
 the command line only (not in the default list)."""
+STREAMED: dict[str, str] = {
+    "epp-streamed": "EPP via Envoy, streamed (unneeded response bodies switched off)",
+}
+EVERY_BODY: dict[str, str] = {"epp-every-body": "EPP via Envoy, every body read"}
+NAMED_ONLY: dict[str, str] = {**BUFFERED, **STREAMED, **EVERY_BODY}
+"""The targets named on the command line only (not in the default list)."""
 PD_TARGET = "epp-pd"
 REPLICA_KEY = re.compile(r"epp-(r([2-8])(-redis)?|w([2-8]))")
 """``epp-r<n>``: n replicas learning alone; ``epp-r<n>-redis``: sharing through Redis;
@@ -142,7 +150,7 @@ def label(key: str) -> str:
         return f"EPP ({pd_config(key).stem}) via Envoy, P/D fleet"
     if key.startswith("epp:"):
         return f"EPP ({Path(key[4:]).stem}) via Envoy"
-    return BUFFERED[key] if key in BUFFERED else TARGETS[key]
+    return NAMED_ONLY[key] if key in NAMED_ONLY else TARGETS[key]
 
 
 def is_known(key: str) -> bool:
@@ -150,7 +158,7 @@ def is_known(key: str) -> bool:
         return True
     if key.startswith(("epp:", PD_TARGET + ":")):
         return Path(key.split(":", 1)[1]).is_file()
-    return key in TARGETS or key in BUFFERED
+    return key in TARGETS or key in NAMED_ONLY
 
 
 def fleet_spec(key: str, workload: Workload) -> FleetSpec:
@@ -178,7 +186,9 @@ def _start_epp(
     eps = workdir / "endpoints.yaml"
     eps.write_text(endpoints_yaml(fleet))
     config_text = epp_config_text(eps, workload.epp_extra_scorers, base)
-    args: list[str] = ["--ext-proc-server", "h2"] if key in ("epp-h2", "epp-h2-buffered") else []
+    args: list[str] = []
+    if key in EVERY_BODY:
+        args += ["--response-body-sample-ratio", "1"]
     if base is not None:  # a config given on the command line may use alpha plugins
         args.append("--allow-experimental-plugins")
     if workload.objectives:
@@ -198,6 +208,8 @@ def _start_epp(
     if key in BUFFERED:
         group.envoy_config = "buffered-failopen"
         group.fallback = fleet.hostports
+    if key in STREAMED:
+        group.envoy_config = "streamed"
     try:
         group.start()
     except SetupError as exc:
@@ -242,7 +254,7 @@ def prepare(key: str) -> None:
 
 def start(key: str, fleet: SimProcess, workload: Workload, workdir: Path) -> Running:
     workdir.mkdir(parents=True, exist_ok=True)
-    if key in ("epp", "epp-h2", *BUFFERED) or REPLICA_KEY.fullmatch(key):
+    if key in ("epp", *NAMED_ONLY) or REPLICA_KEY.fullmatch(key):
         return _start_epp(fleet, workload, workdir, key=key)
     if key.startswith("epp:"):
         return _start_epp(fleet, workload, workdir, Path(key[4:]).read_text())

@@ -11,7 +11,7 @@ taking turns request by request. ``--burners N`` starts N busy-looping processes
 priority for the measured phase and the probes (stopped afterwards, and at the latest when the
 run ends)::
 
-    epp bench together --workload a --targets epp,epp-h2 --burners 6
+    epp bench together --workload a --targets epp,sglang --burners 6
 
 It prints one line per target: requests answered, TTFT p50/p90 (ms), the probe's fresh and
 reused TTFT p50 (ms), and the EPP's and Envoy's CPU per request (ms) during the measured phase,
@@ -128,7 +128,7 @@ def run(workload_name: str, keys: Sequence[str], burners: int, probes: int) -> l
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="epp bench together", description=__doc__)
     p.add_argument("--workload", default="a", help="one workload (default a)")
-    p.add_argument("--targets", default="epp,epp-h2", help="comma-separated targets")
+    p.add_argument("--targets", default="epp,rr", help="comma-separated targets")
     p.add_argument("--burners", type=int, default=0, help="busy-looping processes beside them")
     p.add_argument("--probe", type=int, default=10, help="probe requests per target")
     args = p.parse_args(argv)

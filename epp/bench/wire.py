@@ -4,10 +4,12 @@ response chunk, through a real server and a real gRPC client.
 The server runs in a child process (``python -m epp.bench.wire <server> <loop>``): either a whole
 EPP (``App``, the built-in default config, file discovery of 4 endpoints on loopback ports that
 were bound and closed, scraping every 10 s so the scrapes stay out of the figure) serving the
-ext_proc port with ``--ext-proc-server`` ``h2`` or ``grpc``, optionally over TLS; or an empty
-ext_proc servicer (grpc.aio, or grpcio's synchronous server with a thread pool) that answers
-every message with an empty ``BodyResponse``, which is the floor of what a message pair costs in
-that server. The loop is asyncio's or uvloop's.
+ext_proc port, optionally over TLS, reading every response body (``--response-body-sample-ratio
+1``) or, in the "bodies unread" variant, none (ratio 0: each chunk goes back untouched, as when
+nothing needs the body); or, for reference, an empty ext_proc servicer on grpcio (grpc.aio, or
+grpcio's synchronous server with a thread pool) that answers every message with an empty
+``BodyResponse``: the floor of what a message pair costs in a grpcio server, which the EPP's own
+HTTP/2 server (``epp.server.h2``) replaced. The loop is asyncio's or uvloop's.
 
 This process is the client (grpc.aio): ``STREAMS`` concurrent streams, each a chat request
 (headers, then a ~300-byte body with end of stream), the response headers, and ``chunks``
@@ -52,19 +54,21 @@ _CHUNK = (
 @dataclass(frozen=True)
 class Variant:
     label: str
-    server: str  # h2 | grpc | empty-aio | empty-sync
+    server: str  # epp | empty-aio | empty-sync
     loop: str = "asyncio"  # asyncio | uvloop
     tls: bool = False
+    unread: bool = False
+    """EPP: the response bodies go back unread (``--response-body-sample-ratio 0``: nothing in
+    the config needs them); otherwise the EPP reads every one (ratio 1)."""
 
 
 VARIANTS = (
     Variant("empty servicer, grpc.aio", "empty-aio"),
     Variant("empty servicer, grpcio sync threads", "empty-sync"),
-    Variant("EPP, grpc.aio", "grpc"),
-    Variant("EPP, grpc.aio, uvloop", "grpc", "uvloop"),
-    Variant("EPP, h2", "h2"),
-    Variant("EPP, h2, uvloop", "h2", "uvloop"),
-    Variant("EPP, h2, TLS", "h2", tls=True),
+    Variant("EPP", "epp"),
+    Variant("EPP, uvloop", "epp", "uvloop"),
+    Variant("EPP, TLS", "epp", tls=True),
+    Variant("EPP, bodies unread", "epp", unread=True),
 )
 
 
@@ -178,7 +182,8 @@ def available(variants: Sequence[Variant]) -> list[Variant]:
 def serve(v: Variant) -> Iterator[tuple[int, int, bytes | None]]:
     """The variant's server in a child process: its pid, port and TLS certificate (if any)."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "epp.bench.wire", v.server, v.loop, tmp if v.tls else ""]
+        tls = tmp if v.tls else ""
+        cmd = [sys.executable, "-m", "epp.bench.wire", v.server, v.loop, tls, str(int(v.unread))]
         child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             assert child.stdout is not None
@@ -216,7 +221,7 @@ def config(tmp: Path) -> str:
     )
 
 
-async def _serve_app(server: str, tls_dir: str) -> None:
+async def _serve_app(tls_dir: str, unread: bool) -> None:
     from epp.app import App
     from epp.server.tls import self_signed
     from epp.settings import Settings
@@ -236,7 +241,7 @@ async def _serve_app(server: str, tls_dir: str) -> None:
             drain_timeout=0.0,
             config_text=config(Path(tmp)),
             refresh_metrics_interval=10.0,
-            ext_proc_server=server,
+            response_body_sample_ratio=0.0 if unread else 1.0,
         )
         async with App(settings) as app:
             await _announce(app.grpc_port)
@@ -281,7 +286,7 @@ async def _serve_empty(sync: bool) -> None:
 
 
 def _child(argv: list[str]) -> None:
-    server, loop, tls_dir = argv
+    server, loop, tls_dir, unread = argv
     logging.basicConfig(level=logging.ERROR)
     if loop == "uvloop":
         import uvloop  # type: ignore[import-not-found, unused-ignore]
@@ -290,7 +295,7 @@ def _child(argv: list[str]) -> None:
     if server.startswith("empty-"):
         asyncio.run(_serve_empty(server == "empty-sync"))
     else:
-        asyncio.run(_serve_app(server, tls_dir))
+        asyncio.run(_serve_app(tls_dir, unread == "1"))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """``epp bench micro`` rows for the ext_proc wire's latency: the wall-clock time of each round
 trip Envoy waits for before a small streamed answer's first token reaches the client.
 
-The server runs in a child process as for the CPU rows (``epp.bench.wire``: the whole EPP with
-``--ext-proc-server`` h2 or grpc, or the empty grpc.aio servicer, the floor). This process is a
+The server runs in a child process as for the CPU rows (``epp.bench.wire``: the whole EPP, or
+the empty grpc.aio servicer, grpcio's floor). This process is a
 grpc.aio client on one kept-alive channel with one stream at a time, as a lone request meets the
 EPP, and times per request, in order:
 
@@ -33,8 +33,7 @@ from epp.server import extproc_rpc
 
 VARIANTS = (
     wire.Variant("empty servicer, grpc.aio", "empty-aio"),
-    wire.Variant("EPP, grpc.aio", "grpc"),
-    wire.Variant("EPP, h2", "h2"),
+    wire.Variant("EPP", "epp"),
 )
 PHASES = ("route", "response headers", "first chunk")
 

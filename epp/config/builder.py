@@ -22,10 +22,14 @@ class PluginFactory:
         self.registry = registry
         self.allow_experimental = allow_experimental
 
-    def create(self, type_name: str, name: str, parameters: Any, handle: Handle) -> Any:
+    def create(
+        self, type_name: str, name: str, parameters: Any, handle: Handle, *, system: bool = False
+    ) -> Any:
+        """``system``: an instance the EPP itself needs, no config named (upstream builds those
+        outside its plugin registry), so the alpha gate does not apply."""
         cls = self.registry.load(type_name)
         stability = getattr(cls, "STABILITY", Stability.BETA)
-        if stability is Stability.ALPHA and not self.allow_experimental:
+        if stability is Stability.ALPHA and not (self.allow_experimental or system):
             raise ConfigError(
                 f"plugin {name!r} (type {type_name!r}) is alpha; "
                 "start with --allow-experimental-plugins to use it"
@@ -55,11 +59,13 @@ class Builder:
         self.handle = handle_for()
         self.instances: dict[str, Any] = {}
 
-    def add(self, type_name: str, name: str = "", parameters: Any = None) -> Any:
+    def add(
+        self, type_name: str, name: str = "", parameters: Any = None, *, system: bool = False
+    ) -> Any:
         name = name or type_name
         if name in self.instances:
             raise ConfigError(f"config: plugins: duplicate plugin name {name!r}")
-        inst = self.factory.create(type_name, name, parameters, self.handle)
+        inst = self.factory.create(type_name, name, parameters, self.handle, system=system)
         self.instances[name] = inst
         return inst
 

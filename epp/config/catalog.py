@@ -74,32 +74,24 @@ UPSTREAM: Final[dict[str, str]] = {
 _LATENCY = "needs upstream's latency-predictor sidecar (XGBoost/LightGBM models); not built"
 _MULTICLUSTER = "multi-cluster routing is not built"
 NOT_HERE: Final[dict[str, str]] = {
-    "utilization-filter": "not built yet",
     "prefix-cache-affinity-filter": "not built yet",
     "slo-headroom-tier-filter": _LATENCY,
     "latency-scorer": _LATENCY,
     "predicted-latency-producer": _LATENCY,
     "latency-slo-admitter": _LATENCY,
     "header-label-affinity-scorer": "not built yet",
-    "header-profile-handler": "not built yet",
-    "tokenizer": "deprecated alias of token-producer; not provided (configs name token-producer)",
     "p2p-source-producer": "peer-to-peer KV transfer is not modelled",
     "disaggregatedset-rollout-screener": "needs the DisaggregatedSet rollout objects; not built",
     "request-attribute-reporter": "needs CEL expressions; not built",
     "sglanghttp-parser": "not built yet (openai-parser serves SGLang's OpenAI API)",
     "vllmgrpc-parser": "gRPC model servers are not supported",
     "vertexai-parser": "not built yet",
-    "models-data-source": "not built yet",
-    "models-data-extractor": "not built yet",
     "k8s-notification-source": "not built yet (endpoint-notification-source is)",
-    "sheddable-eviction-filter": "eviction is configured with flowControl.enableEviction here",
-    "priority-then-time-eviction-order-policy": (
-        "eviction is configured with flowControl.enableEviction here"
-    ),
     **{t: _MULTICLUSTER for t in UPSTREAM if t.startswith("multicluster-")},
 }
 
 _KINDS: Final = (
+    ("filters.sheddable_eviction:", "flow control / admission"),  # an eviction filter
     ("scorers.", "scorer"),
     ("filters.", "filter"),
     ("epp.plugins.pickers.", "picker"),

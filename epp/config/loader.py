@@ -23,6 +23,8 @@ from epp.config.profiles import build_profiles, profile_handler
 from epp.config.schema import (
     API_VERSIONS,
     DEFAULT_CONFIG_TEXT,
+    DEFAULT_EVICTION_FILTER,
+    DEFAULT_EVICTION_ORDERING,
     DEFAULT_POLICY_TYPES,
     DEPRECATED_API_VERSION,
     FEATURE_GATES,
@@ -44,6 +46,7 @@ from epp.plugin import (
     SaturationDetector,
 )
 from epp.plugin.conformance import refusals
+from epp.plugin.flow import EvictionFilterPolicy, EvictionOrderingPolicy
 from epp.plugin.params import ParamError, decode
 from epp.plugin.registry import PluginRegistry
 from epp.plugin.units import parse_duration
@@ -119,6 +122,17 @@ def ensure_flow_defaults(add: Callable[[str], Any], instances: Mapping[str, Any]
             add(type_name)
 
 
+def ensure_eviction_defaults(add: Callable[[str], Any], instances: Mapping[str, Any]) -> None:
+    """``flowControl.enableEviction``: the default eviction filter and ordering policies, each
+    unless the config declares a plugin of that role (upstream's runner builds these two)."""
+    for role, type_name in (
+        (EvictionFilterPolicy, DEFAULT_EVICTION_FILTER),
+        (EvictionOrderingPolicy, DEFAULT_EVICTION_ORDERING),
+    ):
+        if not any(isinstance(p, role) for p in instances.values()):
+            add(type_name)
+
+
 def load_config(
     text: str | None,
     *,
@@ -141,6 +155,8 @@ def load_config(
     parsers = _parsers(b, cfg)
     detector = _saturation_detector(b, cfg)
     ensure_flow_defaults(b.add, b.instances)  # spec §3.3.5, whether or not the gate is on
+    if cfg.flow_control is not None and cfg.flow_control.enable_eviction:
+        ensure_eviction_defaults(lambda t: b.add(t, system=True), b.instances)
     sources, discovery = _data_layer(b, cfg)
     syncer, sync_interval = _cross_replica(b, cfg)
     _auto_producers(b)

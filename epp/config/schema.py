@@ -33,6 +33,8 @@ DEFAULT_ORDERING: Final = "fcfs-ordering-policy"
 DEFAULT_FAIRNESS: Final = "global-strict-fairness-policy"
 DEFAULT_USAGE_LIMIT: Final = "static-usage-limit-policy"
 DEFAULT_POLICY_TYPES: Final = (DEFAULT_ORDERING, DEFAULT_FAIRNESS, DEFAULT_USAGE_LIMIT)
+DEFAULT_EVICTION_FILTER: Final = "sheddable-eviction-filter"
+DEFAULT_EVICTION_ORDERING: Final = "priority-then-time-eviction-order-policy"
 
 API_VERSIONS: Final = ("llm-d.ai/v1alpha1", "inference.networking.x-k8s.io/v1alpha1")
 DEPRECATED_API_VERSION: Final = "inference.networking.x-k8s.io/v1alpha1"
@@ -180,7 +182,7 @@ schedulingProfiles:
   - pluginRef: estimated-load-scorer
     weight: 2
   - pluginRef: no-hit-lru-scorer
-    weight: 1
+    weight: 0.25
 dataLayer:
   sources:
   - pluginRef: metrics-data-source
@@ -191,8 +193,10 @@ dataLayer:
 response (``response-affinity-filter``); then prefix affinity first, then the estimated load
 (``estimated-load-scorer``: each pod's scraped queue and running requests, corrected by what this
 EPP dispatched and saw complete since the scrape, so it is exact between scrapes and still sees
-other replicas and foreign traffic), then KV-cache headroom; cold requests go to the least
-recently used pod. On the agentic benchmark (``epp bench --workloads b``) upstream's default
-reached 97.8% of the achievable prefix reuse with the busiest pod at 3.1x the mean, this one
-99.9% at 1.0x; with a pod loaded by traffic the EPP never sees (``b-foreign``) it sends that pod
-nothing, where counting only its own requests sent it a quarter (see README)."""
+other replicas and foreign traffic), then KV-cache headroom; among pods that are otherwise equal,
+cold requests go to the least recently used one (``no-hit-lru-scorer`` at 0.25, a tie-breaker: at
+weight 1 it outweighed a 3-request queue, sending an idle EPP's second cold request to a pod with 3
+waiting rather than to an idle one). On the agentic benchmark (``epp bench --workloads b``)
+upstream's default reached 97.8% of the achievable prefix reuse with the busiest pod at 3.1x the
+mean, this one 99.9% at 1.0x; with a pod loaded by traffic the EPP never sees (``b-foreign``) it
+sends that pod nothing, where counting only its own requests sent it a quarter (see README)."""

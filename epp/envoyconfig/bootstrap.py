@@ -42,7 +42,8 @@ from epp.envoyconfig.filters import http_filters, router_filter, seconds
 from epp.envoyconfig.options import DESTINATION_HEADER, EnvoyOptions, HostPort
 
 BUFFER_LIMIT = 16 * 1024 * 1024
-"""Buffered mode: the largest request body Envoy holds for the EPP (per connection)."""
+"""Buffered and streamed modes: the largest request body Envoy holds for the EPP (per
+connection)."""
 
 
 def _routes(opts: EnvoyOptions) -> list[Route]:
@@ -95,7 +96,7 @@ def connection_manager(
 
 def listener(opts: EnvoyOptions) -> Listener:
     hcm = connection_manager(opts, http_filters(opts), _routes(opts))
-    return _listener(opts.listen, hcm, BUFFER_LIMIT if opts.body == "buffered" else 0)
+    return _listener(opts.listen, hcm, BUFFER_LIMIT if opts.request_buffered else 0)
 
 
 def _listener(listen: HostPort, hcm: HttpConnectionManager, buffer_limit: int) -> Listener:

@@ -77,14 +77,16 @@ def _epp_flags(p: argparse.ArgumentParser) -> None:
 def _proxy_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--body",
-        choices=["full-duplex", "buffered"],
+        choices=["full-duplex", "buffered", "streamed"],
         default="full-duplex",
-        help="full-duplex: FULL_DUPLEX_STREAMED as GIE gateways use (default); buffered",
+        help="full-duplex: FULL_DUPLEX_STREAMED as GIE gateways use (default); buffered: the "
+        "request body BUFFERED, no response messages; streamed: the request body BUFFERED, the "
+        "response body STREAMED unless the EPP switches it off (mode_override)",
     )
     p.add_argument(
         "--fail-open",
         action="store_true",
-        help="buffered only: without an EPP answer, route to --fallback round robin",
+        help="buffered or streamed: without an EPP answer, route to --fallback round robin",
     )
     p.add_argument(
         "--fallback",
@@ -102,7 +104,7 @@ def _proxy_flags(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         metavar="SECONDS",
-        help="per EPP answer; default 1000 s full-duplex (not enforced there), 0.5 s buffered",
+        help="per EPP answer; default 1000 s full-duplex (not enforced there), else 0.5 s",
     )
     p.add_argument(
         "--health-checks",
@@ -121,7 +123,7 @@ def _proxy_flags(p: argparse.ArgumentParser) -> None:
         "--no-report-served",
         dest="report_served",
         action="store_false",
-        help="full-duplex: no Lua filter reporting the serving endpoint back to the EPP",
+        help="full-duplex, streamed: no Lua filter reporting the serving endpoint to the EPP",
     )
 
 

@@ -1,8 +1,17 @@
 """The HTTP filters of the listener: the ext_proc filter that asks the EPP, the optional Lua
-hooks around it, and the router. Typed ``envoy-data-plane`` messages, packed into ``Any``."""
+hooks around it, and the router. Typed ``envoy-data-plane`` messages, packed into ``Any``.
+
+Processing-mode override: Envoy (1.40) honours a ``mode_override`` in the EPP's reply to request
+or response headers only when no body mode of the filter is FULL_DUPLEX_STREAMED, and, when the
+filter lists ``allowed_override_modes``, only if the mode the override results in (its DEFAULT
+header and trailer modes resolved to the configured ones) equals an entry field by field
+(``request_header_mode`` aside). So ``allow_mode_override`` is set only in streamed mode, with the
+one mode the EPP asks for: the configured one with the response body NONE
+(``epp.server.stream``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 from envoy_data_plane.envoy.config.core.v3 import DataSource, GrpcService, GrpcServiceEnvoyGrpc
@@ -68,6 +77,15 @@ def seconds(value: float) -> timedelta:
 
 def processing_mode(opts: EnvoyOptions) -> ProcessingMode:
     send, skip = ProcessingModeHeaderSendMode.SEND, ProcessingModeHeaderSendMode.SKIP
+    if opts.body == "streamed":
+        return ProcessingMode(
+            request_header_mode=send,
+            response_header_mode=send,
+            request_body_mode=ProcessingModeBodySendMode.BUFFERED,
+            response_body_mode=ProcessingModeBodySendMode.STREAMED,
+            request_trailer_mode=skip,
+            response_trailer_mode=skip,
+        )
     if opts.body == "full-duplex":
         streamed = ProcessingModeBodySendMode.FULL_DUPLEX_STREAMED
         return ProcessingMode(
@@ -92,6 +110,8 @@ def ext_proc(opts: EnvoyOptions) -> ExternalProcessor:
     """The ext_proc filter's config: the EPP cluster, processing modes, fail-open choice and the
     metadata namespaces of the Endpoint Picker Protocol."""
     forwarding = [LB_NAMESPACE, SUBSET_HINT_NAMESPACE]
+    mode = processing_mode(opts)
+    overridable = opts.body == "streamed"
     return ExternalProcessor(
         grpc_service=GrpcService(
             envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EPP_CLUSTER),
@@ -99,18 +119,24 @@ def ext_proc(opts: EnvoyOptions) -> ExternalProcessor:
         ),
         failure_mode_allow=opts.fail_open,
         message_timeout=seconds(opts.effective_message_timeout),
-        allow_mode_override=True,
+        allow_mode_override=overridable,
+        allowed_override_modes=[skip_response_body(mode)] if overridable else [],
         route_cache_action=(
             ExternalProcessorRouteCacheAction.CLEAR
-            if opts.body == "buffered"
+            if opts.request_buffered
             else ExternalProcessorRouteCacheAction.DEFAULT
         ),
-        processing_mode=processing_mode(opts),
+        processing_mode=mode,
         metadata_options=MetadataOptions(
             forwarding_namespaces=MetadataOptionsMetadataNamespaces(untyped=forwarding),
             receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[LB_NAMESPACE]),
         ),
     )
+
+
+def skip_response_body(mode: ProcessingMode) -> ProcessingMode:
+    """``mode`` with the response body NONE: what the EPP's ``mode_override`` results in."""
+    return dataclasses.replace(mode, response_body_mode=ProcessingModeBodySendMode.NONE)
 
 
 def ext_proc_filter(opts: EnvoyOptions) -> HttpFilter:
@@ -135,7 +161,7 @@ def http_filters(opts: EnvoyOptions) -> list[HttpFilter]:
     if opts.subset_hint_header:
         chain.append(_lua(_SUBSET_HINT_LUA))
     chain.append(ext_proc_filter(opts))
-    if opts.report_served and opts.body == "full-duplex":
+    if opts.report_served and opts.sends_response:
         chain.append(_lua(_SERVED_LUA))
     chain.append(router_filter())
     return chain

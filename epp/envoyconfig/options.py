@@ -13,7 +13,7 @@ from typing import Literal
 
 HostPort = tuple[str, int]
 TlsMode = Literal["plaintext", "tls", "mtls"]
-BodyMode = Literal["full-duplex", "buffered"]
+BodyMode = Literal["full-duplex", "buffered", "streamed"]
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 """The header the EPP sets and the ORIGINAL_DST model-server cluster routes on."""
@@ -56,10 +56,12 @@ class EnvoyOptions:
     """TLS/mTLS: server name sent to the EPP (and checked against its certificate with ca_file)."""
     body: BodyMode = "full-duplex"
     """full-duplex: FULL_DUPLEX_STREAMED request and response bodies (as GIE gateways use);
-    buffered: the request body BUFFERED, response headers and body not sent to the EPP."""
+    buffered: the request body BUFFERED, response headers and body not sent to the EPP;
+    streamed: the request body BUFFERED, the response headers sent and the response body STREAMED,
+    which the EPP may switch off per response (``mode_override``, allowed only to NONE)."""
     fail_open: bool = False
     """When the EPP is down or slow, let requests through (to ``fallback``). Envoy 1.40 fails
-    open only in buffered mode; full-duplex with fail-open is refused."""
+    open only when the request body is buffered; full-duplex with fail-open is refused."""
     fallback: Sequence[HostPort] = ()
     """Fail-open: where requests go round robin without an EPP decision (hostnames are resolved
     by DNS, every address of the name an endpoint)."""
@@ -69,7 +71,7 @@ class EnvoyOptions:
     """Seconds a request may take end to end (what bounds a hung EPP in full-duplex mode)."""
     message_timeout: float = 0.0
     """Seconds Envoy waits for each EPP answer; 0: 1000 s in full-duplex (where Envoy does not
-    enforce it), 0.5 s in buffered mode."""
+    enforce it), 0.5 s otherwise."""
     grpc_timeout: float = 10.0
     """Seconds to open the ext_proc stream."""
     health_checks: bool | None = None
@@ -100,7 +102,7 @@ class EnvoyOptions:
         if self.fail_open and self.body == "full-duplex":
             raise ValueError(
                 "Envoy does not fail open in FULL_DUPLEX_STREAMED mode (a dead EPP gives 500): "
-                "use --body buffered with --fail-open"
+                "use --body buffered or streamed with --fail-open"
             )
         if self.fallback and not self.fail_open:
             raise ValueError("fallback endpoints are only used with --fail-open")
@@ -115,6 +117,16 @@ class EnvoyOptions:
         if self.message_timeout > 0:
             return self.message_timeout
         return 1000.0 if self.body == "full-duplex" else 0.5
+
+    @property
+    def request_buffered(self) -> bool:
+        """Envoy holds the whole request body and sends it in one message (buffered, streamed)."""
+        return self.body != "full-duplex"
+
+    @property
+    def sends_response(self) -> bool:
+        """The EPP sees the response phase (full-duplex, streamed)."""
+        return self.body != "buffered"
 
     @property
     def effective_health_checks(self) -> bool:

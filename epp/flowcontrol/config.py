@@ -8,6 +8,9 @@ per band ``fairnessPolicyRef`` ``global-strict-fairness-policy`` and ``orderingP
 always exists. A priority with no configured band gets one built from ``defaultPriorityBand`` (or,
 below zero, ``defaultNegativePriorityBand`` when set) the first time a request needs it.
 Quantities accept Kubernetes strings (``"1Gi"``, ``"5k"``), durations Go strings (``"30s"``).
+With ``enableEviction`` the eviction filter and ordering policies are the configured plugins of
+those roles (``epp.plugin.flow``; the loader adds ``sheddable-eviction-filter`` and
+``priority-then-time-eviction-order-policy`` when none is declared); two of one role is an error.
 
 YAML::
 
@@ -41,7 +44,14 @@ from epp.config.schema import (
     PriorityBandSpec,
 )
 from epp.flowcontrol.queues import BandConfig
-from epp.plugin.flow import FairnessPolicy, OrderingPolicy, PriorityAdjuster, UsageLimitPolicy
+from epp.plugin.flow import (
+    EvictionFilterPolicy,
+    EvictionOrderingPolicy,
+    FairnessPolicy,
+    OrderingPolicy,
+    PriorityAdjuster,
+    UsageLimitPolicy,
+)
 from epp.plugin.units import parse_duration, parse_quantity
 
 DEFAULT_REQUEST_TTL: Final = 60.0
@@ -65,6 +75,8 @@ class FlowControlConfig:
     usage_limit: UsageLimitPolicy
     enable_eviction: bool = False
     adjusters: tuple[PriorityAdjuster, ...] = field(default=())
+    eviction: tuple[EvictionFilterPolicy, EvictionOrderingPolicy] | None = None
+    """With ``enable_eviction``: the eviction filter and ordering policies."""
 
     def template(self, priority: int) -> BandConfig:
         return self.negative_band if priority < 0 else self.default_band
@@ -114,7 +126,26 @@ def resolve_config(spec: FlowControlSpec | None, plugins: Mapping[str, Any]) -> 
         ),
         enable_eviction=spec.enable_eviction,
         adjusters=tuple(p for p in plugins.values() if isinstance(p, PriorityAdjuster)),
+        eviction=_eviction_policies(plugins) if spec.enable_eviction else None,
     )
+
+
+def _eviction_policies(
+    plugins: Mapping[str, Any],
+) -> tuple[EvictionFilterPolicy, EvictionOrderingPolicy]:
+    found = []
+    for role, what in (
+        (EvictionFilterPolicy, "eviction filter policy"),
+        (EvictionOrderingPolicy, "eviction ordering policy"),
+    ):
+        names = [name for name, p in plugins.items() if isinstance(p, role)]
+        if len(names) != 1:
+            raise FlowControlConfigError(
+                f"flowControl.enableEviction: needs exactly one {what}, "
+                f"got {len(names)}{': ' + ', '.join(names) if names else ''}"
+            )
+        found.append(plugins[names[0]])
+    return found[0], found[1]
 
 
 def _band(

@@ -122,8 +122,8 @@ class FlowController:
         self._next_sweep: float | None = None
         self._next_expiry = math.inf  # earliest queue-wait deadline known at the last sweep
         self._reclaimer: Reclaimer | None = None
-        if config.enable_eviction:
-            self._reclaimer = Reclaimer(metrics, grace=confirmation_grace(detector))
+        if config.eviction is not None:
+            self._reclaimer = Reclaimer(metrics, confirmation_grace(detector), *config.eviction)
 
     @classmethod
     def from_config(
@@ -300,7 +300,7 @@ class FlowController:
 
     def _on_dispatched(self, item: QueuedRequest, policy: FairnessPolicy, now: float) -> None:
         request = item.request
-        evictable = self._reclaimer is not None
+        evictable = self._reclaimer.filter if self._reclaimer is not None else None
         self._in_flight[id(request)] = InFlight.dispatched(item, policy, now, evictable=evictable)
         for adjuster in self._config.adjusters:
             _guard(adjuster.on_dispatch, request, now)

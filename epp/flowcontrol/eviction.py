@@ -1,9 +1,11 @@
 """In-flight eviction (``flowControl.enableEviction``): reclaim capacity from sheddable requests.
 
 When a priority band with queued requests is gated (``saturation >= ceiling``), the controller
-may revoke requests already dispatched to the model servers. Victims are sheddable
-(priority < 0) and strictly below the gated band's priority, taken lowest priority first, then
-most recently dispatched first. Sizing and pacing, in saturation units::
+may revoke requests already dispatched to the model servers. Victims are the requests the
+eviction filter policy accepted at dispatch (``sheddable-eviction-filter`` by default: priority
+< 0) that are strictly below the gated band's priority, taken in the eviction ordering policy's
+order (``priority-then-time-eviction-order-policy`` by default: lowest priority first, then most
+recently dispatched first). Sizing and pacing, in saturation units::
 
     reclaim_target = saturation - ceiling
     credit         = saturation / requests_in_flight        # mean footprint of one request
@@ -15,8 +17,9 @@ ended, i.e. ``FlowController.done``) and a grace period passed, so the saturatio
 absorbed the freed capacity; an unconfirmed revocation counts as confirmed after 10 s.
 
 An evicted request learns it through the ``Eviction`` object the controller put in its
-``attributes[EVICTION_ATTRIBUTE]`` at dispatch: the ext_proc stream answers it with a 429
-ImmediateResponse carrying ``x-llm-d-request-dropped-reason: evicted``, even mid-response.
+``attributes[EVICTION_ATTRIBUTE]`` at dispatch (only when the filter accepted it): the ext_proc
+stream answers it with a 429 ImmediateResponse carrying ``x-llm-d-request-dropped-reason:
+evicted``, even mid-response.
 """
 
 from __future__ import annotations
@@ -30,7 +33,13 @@ from typing import Final
 
 from epp.flowcontrol.metrics import FlowControlMetrics
 from epp.plugin import DropReason, ErrorCode, InferenceError, InferenceRequest
-from epp.plugin.flow import FairnessPolicy, QueuedRequest
+from epp.plugin.flow import (
+    EvictionFilterPolicy,
+    EvictionItem,
+    EvictionOrderingPolicy,
+    FairnessPolicy,
+    QueuedRequest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +88,35 @@ class InFlight:
 
     @classmethod
     def dispatched(
-        cls, item: QueuedRequest, fairness: FairnessPolicy, now: float, *, evictable: bool
+        cls,
+        item: QueuedRequest,
+        fairness: FairnessPolicy,
+        now: float,
+        *,
+        evictable: EvictionFilterPolicy | None,
     ) -> InFlight:
-        """The record of ``item``, dispatched at ``now``. With eviction enabled (``evictable``), a
-        sheddable request gets its ``Eviction`` in ``attributes[EVICTION_ATTRIBUTE]``."""
-        request, eviction = item.request, None
-        if evictable and item.priority < 0:
-            eviction = Eviction()
-            request.attributes[EVICTION_ATTRIBUTE] = eviction
-        return cls(request, item.priority, item.fairness_id, now, item.seq, fairness, eviction)
+        """The record of ``item``, dispatched at ``now``. With eviction enabled (``evictable``, the
+        eviction filter policy), a request it accepts gets its ``Eviction`` in
+        ``attributes[EVICTION_ATTRIBUTE]``."""
+        record = cls(item.request, item.priority, item.fairness_id, now, item.seq, fairness)
+        if evictable is not None and _accepts(evictable, record.as_item()):
+            record.eviction = Eviction()
+            item.request.attributes[EVICTION_ATTRIBUTE] = record.eviction
+        return record
+
+    def as_item(self) -> EvictionItem:
+        """What eviction policies see of this request."""
+        return EvictionItem(
+            self.request, self.priority, self.fairness_id, self.dispatched_at, self.seq
+        )
+
+
+def _accepts(policy: EvictionFilterPolicy, item: EvictionItem) -> bool:
+    try:
+        return bool(policy.evictable(item))
+    except Exception:  # a policy that raises keeps the request: never evict by accident
+        log.exception("eviction filter policy %s failed", policy.typed_name)
+        return False
 
 
 @dataclass
@@ -96,6 +125,8 @@ class Reclaimer:
 
     metrics: FlowControlMetrics
     grace: float
+    filter: EvictionFilterPolicy
+    ordering: EvictionOrderingPolicy
     timeout: float = CONFIRMATION_TIMEOUT
     max_revocations: int = MAX_REVOCATIONS_PER_DECISION
     outstanding: dict[int, tuple[float, float]] = field(default_factory=dict)  # credit, issued
@@ -156,17 +187,12 @@ class Reclaimer:
     ) -> list[InFlight]:
         """Choose and register the victims of one decision (``revoke`` fires them)."""
         records = list(in_flight)
-        victims = sorted(
-            (
-                r
-                for r in records
-                if r.eviction is not None
-                and not r.eviction.evicted
-                and r.priority < 0
-                and r.priority < demand_priority
-            ),
-            key=lambda r: (r.priority, -r.seq),
-        )
+        candidates = [
+            r
+            for r in records
+            if r.eviction is not None and not r.eviction.evicted and r.priority < demand_priority
+        ]
+        victims = self._in_eviction_order(candidates)
         if not records or not victims or saturation <= 0:
             return []
         credit = saturation / len(records)
@@ -185,6 +211,18 @@ class Reclaimer:
         )
         self.metrics.pending_reclaim.labels(self.metrics.pool).set(self.pending)
         return chosen
+
+    def _in_eviction_order(self, candidates: list[InFlight]) -> list[InFlight]:
+        """``candidates`` sorted by the ordering policy (none, when the policy raises)."""
+        if not candidates:
+            return []
+        try:
+            keys = [tuple(self.ordering.eviction_key(r.as_item())) for r in candidates]
+        except Exception:
+            log.exception("eviction ordering policy %s failed", self.ordering.typed_name)
+            return []
+        order = sorted(range(len(candidates)), key=keys.__getitem__)
+        return [candidates[i] for i in order]
 
     def confirm(self, record: InFlight, now: float) -> None:
         """The evicted request's stream ended: its capacity is being freed."""

@@ -9,7 +9,7 @@ client is imported only here, so it is never loaded outside Kubernetes mode.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from epp.config.loader import ConfigError
@@ -67,9 +67,12 @@ def kubernetes_mode(
     publish: Callable[[Sequence[Endpoint]], None],
     sink: ObjectSink,
     parsers: Sequence[Parser] = (),
+    gates: Mapping[str, bool] | None = None,
 ) -> tuple[KubernetesSource, LeaderElector | None]:
     """The pool source and, when asked for, the elector; ``ConfigError`` says what is wrong.
-    Readiness checks the pool's ``appProtocol`` against the ``parsers`` (``AppProtocols``)."""
+    Readiness checks the pool's ``appProtocol`` against the ``parsers`` (``AppProtocols``).
+    With the elector and the feature gate ``haPopulateNonLeaderDatastore=false`` in ``gates``,
+    the watches run only while this replica leads (``KubernetesSource.leading``)."""
     s = settings
     namespace = s.pool_namespace or "default"
     mode, pool_name = _pool_mode(s, namespace)
@@ -102,7 +105,10 @@ def kubernetes_mode(
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     leases = KubeLeases(api, namespace, timeout=s.ha_renew_deadline)
-    return source, LeaderElector(leases, cfg, logger=logging.getLogger("epp.k8s.leader"))
+    elector = LeaderElector(leases, cfg, logger=logging.getLogger("epp.k8s.leader"))
+    if not (gates or {}).get("haPopulateNonLeaderDatastore", True):
+        source.leading = (elector.is_leader, cfg.retry_period)
+    return source, elector
 
 
 def _pool_mode(s: KubeSettings, namespace: str) -> tuple[PoolMode | StandaloneMode, str]:

@@ -15,11 +15,21 @@ every watch has synced and, in InferencePool mode, the pool exists (upstream's P
 a deleted pool empties the datastore and turns readiness off). Which APIs are served is probed
 once at start (retried with back-off while the API server is unreachable): CRDs installed later
 are picked up at the next restart.
+
+With leader election every replica runs the watches by default (feature gate
+``haPopulateNonLeaderDatastore``, default true): a follower keeps a warm datastore, so a request
+that reaches it is routed (it still reports NOT_SERVING). With
+``haPopulateNonLeaderDatastore=false`` (upstream's leader-only behaviour; ``leading`` is then set)
+the watches run only while this replica leads: a follower has no endpoints, objectives or rewrites
+(a request reaching it gets 503); the watches start when it wins the lease and, when it loses the
+lease (upstream's process exits then; this one stays to compete again), stop, and what they fed
+is emptied.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -97,7 +107,10 @@ class KubernetesSource:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._parser_protocols = dict(parser_protocols or {})
         self._protocol_ok = True
+        self._generation = 0  # a watch stopped by ``_forget`` may still hand in a snapshot
         self.reflectors: dict[str, Reflector[Any]] = {}
+        self.leading: tuple[Callable[[], bool], float] | None = None
+        """``(is_leader, check interval)``: watch only while leading (module docstring)."""
 
     @property
     def namespace(self) -> str:
@@ -205,16 +218,25 @@ class KubernetesSource:
         self._expected = set(specs)
 
     def _handoff(self, kind: str) -> Callable[[dict[str, Any]], None]:
+        generation = self._generation
+
         def deliver(snapshot: dict[str, Any]) -> None:
             loop = self._loop
             if loop is not None and not loop.is_closed():
-                loop.call_soon_threadsafe(self._update, kind, snapshot)
+                loop.call_soon_threadsafe(self._update, kind, snapshot, generation)
 
         return deliver
 
     # ---- running ------------------------------------------------------------------------------
 
     async def run(self) -> None:
+        """Run the watches until cancelled (only while leading when ``leading`` is set)."""
+        if self.leading is None:
+            await self._watch_all()
+        else:
+            await self._watch_while_leading(*self.leading)
+
+    async def _watch_all(self) -> None:
         self._loop = asyncio.get_running_loop()
         backoff = Backoff(initial=0.5, maximum=30.0)
         while not self.reflectors:
@@ -239,7 +261,38 @@ class KubernetesSource:
                 r.stop()
             await asyncio.to_thread(_join, threads)
 
-    def _update(self, kind: str, snapshot: dict[str, Any]) -> None:
+    async def _watch_while_leading(self, is_leader: Callable[[], bool], interval: float) -> None:
+        """The watches run only while ``is_leader()`` (checked every ``interval`` seconds);
+        losing the lease stops them and empties what they fed."""
+        while True:
+            while not is_leader():
+                await asyncio.sleep(interval)
+            self._log.info("leading: starting the Kubernetes watches")
+            watches = asyncio.create_task(self._watch_all())
+            try:
+                while is_leader() and not watches.done():
+                    await asyncio.sleep(interval)
+            finally:
+                watches.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watches
+            self._log.info("not leading: Kubernetes watches stopped, datastore emptied")
+            self._forget()
+
+    def _forget(self) -> None:
+        """Back to the state before the first watch: no pool, pods, objectives or rewrites."""
+        self._generation += 1
+        self.reflectors = {}
+        self._expected, self._synced, self._pods = set(), set(), {}
+        if isinstance(self.mode, PoolMode):
+            self._pool = None
+        self._sink.set_cluster_objectives(())
+        self._sink.set_cluster_rewrites(())
+        self._publish(())
+
+    def _update(self, kind: str, snapshot: dict[str, Any], generation: int = 0) -> None:
+        if generation != self._generation:
+            return
         self._synced.add(kind)
         if kind == "pods":
             self._pods = snapshot

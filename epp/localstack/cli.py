@@ -19,9 +19,6 @@ state (prefix-cache blocks, in-flight load) through a ``redis-server`` started o
 port (it must be installed), each config being the stack's plus the ``redis-syncer``
 (``epp.localstack.replicas``). After the table a second one shows each replica's ext_proc streams,
 requests and cross-replica sync. ``--replicas`` does not combine with ``--pd``.
-
-``--ext-proc-server grpc,h2`` runs the EPP once per ext_proc server named (each on a fresh
-fleet, one row each, in one run), to compare them side by side with round robin.
 """
 
 from __future__ import annotations
@@ -102,12 +99,6 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         help="EPP replicas (default 1); 2 or more run active-active behind the one Envoy, "
         "sharing state through a local redis-server (which must be installed)",
-    )
-    p.add_argument(
-        "--ext-proc-server",
-        default="",
-        help="comma-separated ext_proc servers (grpc, h2) to run the EPP with, one row each "
-        "(default: the EPP's default server only)",
     )
     p.add_argument(
         "--keep-running",
@@ -202,7 +193,6 @@ async def _run_epp(
     title: str = "EPP (default config)",
     base: str | None = None,
     roles: Sequence[Role] = (),
-    server: str = "",
 ) -> tuple[Summary, str]:
     """The workload through Envoy and the stack's EPP replicas: its summary, and with several
     replicas the table of what each one did."""
@@ -211,9 +201,7 @@ async def _run_epp(
         eps = _endpoints_file(fleet.ports, workdir, roles)
         text = epp_config_text(eps, (), base)
         # Each EPP runs in its own process (as in production), TLS on as by default.
-        group = EppGroup(
-            workdir, text, replicas=args.replicas, experimental=bool(roles), server=server
-        )
+        group = EppGroup(workdir, text, replicas=args.replicas, experimental=bool(roles))
         with group.start():
             for member in group.members:
                 await _wait_scraped(member.metrics_url, member.proc, len(fleet.ports))
@@ -297,15 +285,8 @@ async def _main(args: argparse.Namespace) -> int:
         title = (
             f"EPP x{args.replicas} active-active" if args.replicas > 1 else "EPP (default config)"
         )
-        rows: list[Summary] = []
-        report = ""
-        for server in _servers(args):
-            named = title if not server else f"{title.split(' (')[0]} ({server} server)"
-            workdir = Path(tmp) / (server or "epp")
-            summary, report = await _run_epp(
-                args, workdir, waves, title=named, base=base, server=server
-            )
-            rows.append(summary)
+        summary, report = await _run_epp(args, Path(tmp) / "epp", waves, title=title, base=base)
+        rows: list[Summary] = [summary]
         if not args.skip_baseline:
             rows.append(await _run_baseline(args))
     print()
@@ -325,22 +306,12 @@ async def _main(args: argparse.Namespace) -> int:
     return 0 if all(r.errors == 0 for r in rows) else 1
 
 
-def _servers(args: argparse.Namespace) -> list[str]:
-    """The ``--ext-proc-server`` values in order (``[""]``: the EPP's default only)."""
-    return [s.strip() for s in args.ext_proc_server.split(",") if s.strip()] or [""]
-
-
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse what cannot run, before anything starts."""
     if args.replicas < 1:
         parser.error(f"--replicas must be at least 1, got {args.replicas}")
     if args.replicas > 1 and args.pd:
         parser.error("--replicas and --pd cannot be combined: the P/D comparison runs one EPP")
-    unknown = [s for s in _servers(args) if s not in ("", "grpc", "h2")]
-    if unknown:
-        parser.error(f"--ext-proc-server takes grpc and h2, got {', '.join(unknown)}")
-    if args.pd and args.ext_proc_server:
-        parser.error("--ext-proc-server and --pd cannot be combined")
     if args.pd:
         try:
             pd_roles(args.pods, args.prefill_pods)

@@ -26,9 +26,11 @@ from epp.envoyconfig.bootstrap import baseline_bootstrap, bootstrap
 from epp.envoyconfig.options import EnvoyOptions
 from epp.envoyconfig.render import as_dict, dump
 
-CONFIGS = ("full-duplex", "buffered-failopen", "round-robin")
+CONFIGS = ("full-duplex", "buffered-failopen", "streamed", "round-robin")
 """What ``render`` builds: FULL_DUPLEX_STREAMED through the EPP (the upstream contract, with the
-test subset-hint hook); BUFFERED through the EPP, failing open to ``fallback``; Envoy alone,
+test subset-hint hook); BUFFERED through the EPP, failing open to ``fallback``; the request body
+BUFFERED and the response body STREAMED, which the EPP switches off per response where it needs
+none (``epp envoy-config --body streamed``, with the subset-hint hook); Envoy alone,
 ``lb_policy`` over ``fallback`` (the baseline of comparisons)."""
 
 LOCAL = "127.0.0.1"
@@ -109,7 +111,7 @@ def render(
     opts = EnvoyOptions(
         epp=[(LOCAL, epp_port)] + [(LOCAL, p) for p in epp_replicas],
         tls="tls" if epp_tls else "plaintext",
-        body="buffered" if buffered else "full-duplex",
+        body="buffered" if buffered else "streamed" if name == "streamed" else "full-duplex",
         fail_open=buffered,
         fallback=fallback if buffered else (),
         listen=listen,
@@ -118,6 +120,8 @@ def render(
         max_streams_per_connection=epp_max_streams,
         max_requests_per_connection=epp_max_requests_per_connection,
         subset_hint_header=not buffered,
+        # streamed fails closed: on a shared test machine a 0.5 s stall must not answer 500
+        message_timeout=5.0 if name == "streamed" else 0.0,
     )
     return dump(as_dict(bootstrap(opts)))
 

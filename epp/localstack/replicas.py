@@ -76,7 +76,6 @@ def epp_replica(
     experimental: bool = False,
     seed: int = 0,
     health: bool = False,
-    server: str = "",
 ) -> Replica:
     """An EPP process on free 127.0.0.1 ports (not started)."""
     grpc_port, metrics_port = free_port(), free_port()
@@ -92,8 +91,6 @@ def epp_replica(
         argv += ["--seed", str(seed)]
     if health:
         argv.append("--health-checking")
-    if server:
-        argv += ["--ext-proc-server", server]
     return Replica(Proc(log.stem, argv, log), grpc_port, metrics_port)
 
 
@@ -119,8 +116,6 @@ class EppGroup:
     config_text: str
     replicas: int = 1
     experimental: bool = False
-    server: str = ""
-    """``--ext-proc-server`` of every replica (empty: the EPP's default)."""
     redis: RedisServer | None = None
     members: list[Replica] = field(default_factory=list)
 
@@ -141,7 +136,7 @@ class EppGroup:
                 log = self.workdir / (f"epp-{i}.log" if several else "epp.log")
                 member = epp_replica(
                     config, log, experimental=self.experimental, seed=i + 1 if several else 0,
-                    health=several, server=self.server,
+                    health=several,
                 )  # fmt: skip
                 self.members.append(member)
                 member.proc.start()
@@ -166,8 +161,6 @@ class EppGroup:
         """``epp explain``, ``endpoints`` and ``state`` against each replica, ready to paste: its
         address, ``--insecure`` (the replicas serve TLS with their self-signed certificate) and,
         when ``$EPP_METRICS_TOKEN`` guards the admin API, a file holding that token."""
-        if self.server == "h2":
-            return ["(the h2 ext_proc server does not serve the admin API)"]
         script = Path(sys.executable).parent / "epp"
         epp = shlex.quote(str(script)) if script.exists() else f"{sys.executable} -m epp"
         flags = "--insecure"

@@ -12,6 +12,8 @@ from typing import Any, Final, NamedTuple
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.metrics_core import Metric
 
+from epp.observability.fasthist import FastHistogram
+
 Family = Counter | Gauge | Histogram
 
 # Upstream's bucket bounds, verbatim (32778 included), packed densely rather than one a line.
@@ -49,6 +51,10 @@ _RESPONSE_PROCESSING_BUCKETS: Final = (
 )  # fmt: skip
 
 
+_MAX_CACHED: Final = 4096
+"""Label sets per family whose children ``_Twin`` keeps."""
+
+
 class MetricSpec(NamedTuple):
     """One row of a metric table: a family, plus its deprecated twin when upstream emits one.
 
@@ -67,13 +73,15 @@ class MetricSpec(NamedTuple):
 
 
 def build_families(spec: MetricSpec, registry: CollectorRegistry) -> list[Family]:
-    """Register the row's family, then its twin if any (that order: the wrappers rely on it)."""
+    """Register the row's family, then its twin if any (that order: the wrappers rely on it).
+    Histograms are ``FastHistogram``s."""
     kw: dict[str, Any] = {} if spec.buckets is None else {"buckets": spec.buckets}
-    families: list[Family] = [spec.kind(spec.name, spec.doc, spec.labels, registry=registry, **kw)]
+    kind = FastHistogram if spec.kind is Histogram else spec.kind
+    families: list[Family] = [kind(spec.name, spec.doc, spec.labels, registry=registry, **kw)]
     if spec.twin is not None:
         doc = f"Deprecated: {spec.name}" if spec.twin_doc is None else spec.twin_doc
         labels = spec.labels if spec.twin_labels is None else spec.twin_labels
-        families.append(spec.kind(spec.twin, doc, labels, registry=registry, **kw))
+        families.append(kind(spec.twin, doc, labels, registry=registry, **kw))
     return families
 
 
@@ -104,30 +112,46 @@ def build_info() -> tuple[str, str]:
 
 
 class _Twin:
-    """One canonical family plus its deprecated twin; every call updates both."""
+    """One canonical family plus its deprecated twin; every call updates both.
+
+    The labelled children of each label set are looked up once and kept (a
+    ``prometheus_client`` ``labels()`` call costs about twice an ``observe``, and the request
+    path updates a few dozen series per request); ``clear`` forgets them with the series. The
+    label values reaching here are already bounded (``epp.observability.labels``), and so is
+    this cache: past ``_MAX_CACHED`` label sets a new set is looked up each time instead."""
+
+    __slots__ = ("_children", "_metrics")
 
     def __init__(self, *metrics: Any) -> None:
         self._metrics = metrics
+        self._children: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[Any, ...]] = {}
 
-    @staticmethod
-    def _child(metric: Any, labels: Sequence[str]) -> Any:
-        return metric.labels(*labels) if labels else metric
+    def _all(self, labels: Sequence[str], twin_labels: Sequence[str]) -> tuple[Any, ...]:
+        key = (tuple(labels), tuple(twin_labels))
+        found = self._children.get(key)
+        if found is None:
+            first, *rest = self._metrics
+            found = (
+                first.labels(*labels) if labels else first,
+                *(m.labels(*twin_labels) if twin_labels else m for m in rest),
+            )
+            if len(self._children) < _MAX_CACHED:
+                self._children[key] = found
+        return found
 
     def inc(self, labels: Sequence[str], twin_labels: Sequence[str], amount: float = 1) -> None:
-        self._child(self._metrics[0], labels).inc(amount)
-        for m in self._metrics[1:]:
-            self._child(m, twin_labels).inc(amount)
+        for child in self._all(labels, twin_labels):
+            child.inc(amount)
 
     def set(self, labels: Sequence[str], twin_labels: Sequence[str], value: float) -> None:
-        self._child(self._metrics[0], labels).set(value)
-        for m in self._metrics[1:]:
-            self._child(m, twin_labels).set(value)
+        for child in self._all(labels, twin_labels):
+            child.set(value)
 
     def clear(self) -> None:
+        self._children.clear()
         for m in self._metrics:
             m.clear()
 
     def observe(self, labels: Sequence[str], twin_labels: Sequence[str], value: float) -> None:
-        self._child(self._metrics[0], labels).observe(value)
-        for m in self._metrics[1:]:
-            self._child(m, twin_labels).observe(value)
+        for child in self._all(labels, twin_labels):
+            child.observe(value)

@@ -6,7 +6,8 @@
 - ``/debug/plugins/state``: what ``StateDumper`` plugins report (upstream's path).
 - ``/debug/decisions[?limit=N]`` and ``/debug/decisions/<request id>``: the explain view of
   recent routing decisions (``epp.observability.decisions``).
-- ``/debug/pprof/profile`` with ``--enable-pprof`` (``epp.observability.profile``).
+- ``/debug/pprof/`` (Go's index of the profiles), ``/debug/pprof/profile`` and
+  ``/debug/pprof/cmdline`` with ``--enable-pprof`` (``epp.observability.profile``).
 - ``/debug/runtime``: the process's asyncio tasks (on the App's event loop), open file
   descriptors, threads and RSS, for leak hunting (``epp bench soak`` samples it); with
   ``?heap=1`` the C allocator's view, and under ``PYTHONTRACEMALLOC`` traced bytes and
@@ -32,10 +33,10 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from epp.observability import profile
 from epp.observability.auth import Reviewer, auth_middleware
 from epp.observability.decisions import DecisionLog
 from epp.observability.memory import DEFAULT_TOP, MemoryDebug
-from epp.observability.profile import Profiler
 from epp.plugin import Endpoint, StateDumper
 
 
@@ -82,7 +83,10 @@ class MetricsServer:
             web_app.router.add_get("/debug/decisions/{request_id}", self._decision)
             web_app.router.add_get("/debug/runtime", self._runtime)
             if o.pprof:
-                web_app.router.add_get("/debug/pprof/profile", Profiler().profile)
+                web_app.router.add_get("/debug/pprof", profile.to_index)
+                web_app.router.add_get("/debug/pprof/", profile.index)
+                web_app.router.add_get("/debug/pprof/cmdline", profile.cmdline)
+                web_app.router.add_get("/debug/pprof/profile", profile.Profiler().profile)
         self._runner = web.AppRunner(web_app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, ssl_context=o.ssl_context)

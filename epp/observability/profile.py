@@ -1,5 +1,10 @@
 """``--enable-pprof``: a CPU profile of the event loop, Python's answer to Go's
-``/debug/pprof/profile``.
+``/debug/pprof/profile``, with Go's index page and command line.
+
+``GET /debug/pprof/`` (``/debug/pprof`` redirects there, as Go's mux does) answers, like Go's
+``net/http/pprof`` index, with an HTML page listing the profiles served here, each linked, with
+its description: ``cmdline`` and ``profile``. ``GET /debug/pprof/cmdline`` answers with this
+process's command line, its arguments separated by NUL bytes (``text/plain``), as Go's.
 
 ``GET /debug/pprof/profile?seconds=N`` profiles the App's event-loop thread (where every request,
 plugin and background task of the App runs) with ``cProfile`` for ``N`` seconds (default 30, 1 to
@@ -14,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import cProfile
+import html
 import io
 import marshal
 import pstats
+import sys
 from typing import Final
 
 from aiohttp import web
@@ -24,6 +31,45 @@ from aiohttp import web
 DEFAULT_SECONDS: Final = 30
 MAX_SECONDS: Final = 300
 TEXT_ROWS: Final = 60
+
+PROFILES: Final = (
+    ("cmdline", "The command line invocation of the current program"),
+    (
+        "profile",
+        "CPU profile of the event loop (every request, plugin and background task). You can "
+        "specify the duration in the seconds GET parameter (default 30). After you get the "
+        "profile file, open it with python -m pstats or snakeviz; format=text answers with the "
+        "top functions by cumulative time instead.",
+    ),
+)
+"""The profiles served here, each with its description (the index lists them in this order)."""
+NOT_SERVED: Final = ("allocs", "block", "goroutine", "heap", "mutex", "threadcreate", "trace")
+"""Go's runtime profiles with no counterpart here (the index says so)."""
+
+
+async def index(_: web.Request) -> web.Response:
+    """Go's ``/debug/pprof/`` index: the profiles served, linked, and what each is."""
+    rows = "".join(f"<tr><td>0</td><td><a href='{n}'>{n}</a></td></tr>\n" for n, _ in PROFILES)
+    descriptions = "".join(
+        f"<li><div class=profile-name>{n}: </div> {html.escape(d)}</li>\n" for n, d in PROFILES
+    )
+    page = (
+        "<html>\n<head>\n<title>/debug/pprof/</title>\n</head>\n<body>\n/debug/pprof/\n<br>\n"
+        "<br>\nTypes of profiles available:\n<table>\n"
+        f"<thead><td>Count</td><td>Profile</td></thead>\n{rows}</table>\n"
+        f"<br>\n<p>\nProfile Descriptions:\n<ul>\n{descriptions}</ul>\n</p>\n"
+        f"<p>Not served (Go runtime profiles): {', '.join(NOT_SERVED)}.</p>\n</body>\n</html>\n"
+    )
+    return web.Response(text=page, content_type="text/html")
+
+
+async def cmdline(_: web.Request) -> web.Response:
+    """The process's command line, NUL-separated (Go's ``/debug/pprof/cmdline``)."""
+    return web.Response(text="\x00".join(sys.orig_argv), content_type="text/plain")
+
+
+async def to_index(_: web.Request) -> web.Response:
+    raise web.HTTPMovedPermanently("/debug/pprof/")
 
 
 class Profiler:

@@ -103,14 +103,20 @@ class RequestStats:
         times.last = now
 
     def on_complete(
-        self, request: InferenceRequest, info: ResponseInfo, seconds: float, response_bytes: int
+        self,
+        request: InferenceRequest,
+        info: ResponseInfo,
+        seconds: float,
+        response_bytes: int | None,
     ) -> None:
+        """``response_bytes`` is ``None`` for a body the EPP did not read: no response size."""
         labels = self._models(request)
         running = request.attributes.pop(_RUNNING_LABELS, None)
         running = running if isinstance(running, tuple) else labels
         self.m.running.inc(running, running, -1)
         self.m.request_duration.observe(labels, labels, seconds)
-        self.m.response_size.observe(labels, labels, response_bytes)
+        if response_bytes is not None:
+            self.m.response_size.observe(labels, labels, response_bytes)
         usage = info.usage
         if usage.prompt_tokens:
             self.m.input_tokens.observe(labels, labels, usage.prompt_tokens)

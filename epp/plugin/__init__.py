@@ -24,6 +24,7 @@ from epp.plugin.capabilities import (
     ProducerTimeout,
     ReachabilityProbe,
     ReservingDetector,
+    ResponseBodyNeed,
     StaleEndpointCounter,
 )
 from epp.plugin.errors import (
@@ -184,6 +185,7 @@ __all__ = [
     "RequestBody",
     "RequestHeaderProcessor",
     "ReservingDetector",
+    "ResponseBodyNeed",
     "ResponseComplete",
     "ResponseHeaders",
     "ResponseInfo",

@@ -46,6 +46,26 @@ GPU_UTILIZATION: Final[DataKey[float]] = DataKey("GPUUtilization", "dcgm-extract
 names the type, not the instance, as upstream)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ModelData:
+    """One model an endpoint serves, as its OpenAI-compatible ``/v1/models`` lists it (upstream's
+    ``ModelData``): ``parent`` is the base model of a LoRA adapter (``""`` for a base model)."""
+
+    id: str
+    object: str = ""
+    created: int = 0
+    owned_by: str = ""
+    parent: str = ""
+
+
+SERVED_MODELS: Final[DataKey[tuple[ModelData, ...]]] = DataKey(
+    "ModelDataCollection", "models-data-extractor"
+)
+"""The models an endpoint serves, in the order its ``/v1/models`` lists them, published by
+``models-data-extractor`` (the key names the type, not the instance, as upstream; upstream spells
+it ``/v1/models/models-data-extractor``)."""
+
+
 def endpoint_attribute(endpoint: Endpoint, key: DataKey[T]) -> T | None:
     """The value published on ``endpoint`` under ``key``, or None."""
     metrics = endpoint.metrics

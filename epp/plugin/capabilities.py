@@ -17,6 +17,8 @@ built), with ``isinstance``; nothing on the request path asks a plugin what it c
   request (the utilization detector's ``stalenessPolicy: exclude``).
 - ``ListScorer`` (``Scorer``): its scores also as a list in candidate order, which the scheduler
   sums without a lookup per endpoint.
+- ``ResponseBodyNeed`` (``ResponseStreaming``, ``ResponseComplete``): whether it needs a given
+  response's body; when nothing needs a streamed body, the EPP stops taking its chunks.
 
 Typed data keys (``Consumer``, ``DataProducer``) are in ``epp.plugin.keys`` and
 ``epp.plugin.protocols``.
@@ -27,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from epp.plugin.types import CycleState, Endpoint, InferenceRequest
+from epp.plugin.types import CycleState, Endpoint, InferenceRequest, ResponseInfo
 
 DEFAULT_PRODUCE_TIMEOUT = 0.4
 """Seconds a ``DataProducer`` without ``ProducerTimeout`` may take (upstream's default)."""
@@ -139,3 +141,23 @@ class ListScorer(Protocol):
     def score_list(
         self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Sequence[float]: ...
+
+
+@runtime_checkable
+class ResponseBodyNeed(Protocol):
+    """A ``ResponseStreaming`` or ``ResponseComplete`` plugin that says, once per response, whether
+    it needs that response's body. ``needs_response_body`` is called when the response headers
+    arrive: ``response`` has the headers, status and served endpoint, not yet any usage or
+    response id. ``False`` means the plugin does its job without this body.
+
+    When no plugin needs a streamed (SSE) response's body, the model name is not rewritten, flow
+    control is off and the response is not sampled for the response metrics
+    (``--response-body-sample-ratio``), the EPP takes none of its chunks: a gateway that allows a
+    processing-mode override is told not to send them, and one that sends them anyway gets each
+    chunk back untouched. For such a response ``response_streaming`` is not called, and at
+    ``response_complete`` the usage and the response id are unknown (zero, empty). Completion
+    still comes exactly once, when the response ends. A plugin without this capability needs
+    every body. Synchronous and cheap: it runs once per response; one that raises counts as
+    needing the body."""
+
+    def needs_response_body(self, request: InferenceRequest, response: ResponseInfo) -> bool: ...

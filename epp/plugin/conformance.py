@@ -27,7 +27,14 @@ import typing
 from typing import Any, Final
 
 from epp.plugin.capabilities import ProducerTimeout
-from epp.plugin.flow import FairnessPolicy, OrderingPolicy, PriorityAdjuster, UsageLimitPolicy
+from epp.plugin.flow import (
+    EvictionFilterPolicy,
+    EvictionOrderingPolicy,
+    FairnessPolicy,
+    OrderingPolicy,
+    PriorityAdjuster,
+    UsageLimitPolicy,
+)
 from epp.plugin.protocols import (
     Admitter,
     Consumer,
@@ -77,6 +84,8 @@ ROLES: Final[dict[str, type]] = {
     "fairness-policy": FairnessPolicy,
     "usage-limit-policy": UsageLimitPolicy,
     "priority-adjuster": PriorityAdjuster,
+    "eviction-filter-policy": EvictionFilterPolicy,
+    "eviction-ordering-policy": EvictionOrderingPolicy,
     "shared-state": SharedState,
     "replica-syncer": ReplicaSyncer,
 }

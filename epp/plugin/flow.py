@@ -6,6 +6,10 @@ bands from the highest priority down; in a band the *fairness policy* chooses a 
 *ordering policy* decides which request is that flow's head. The *usage-limit policy* gives every
 band a saturation ceiling; a band whose ceiling is at or below the pool saturation stops the cycle.
 
+With ``flowControl.enableEviction``, requests already dispatched may be revoked to free capacity
+for a gated band: the *eviction filter policy* decides, at dispatch, whether a request may ever be
+evicted (``EvictionItem``), and the *eviction ordering policy* which candidate goes first.
+
 Policies are plugins like any other (``PluginBase`` + ``Params``) and are found by the roles below
 (``typing.Protocol``). The method names deliberately avoid those of the scheduling roles
 (``pick``, ``filter``, ``score``...), so a policy is never slotted into a scheduling profile.
@@ -146,3 +150,38 @@ class PriorityAdjuster(Protocol):
     def on_dispatch(self, request: InferenceRequest, now: float) -> None: ...
 
     def on_done(self, request: InferenceRequest, now: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionItem:
+    """A request flow control dispatched to a model server, as eviction policies see it.
+
+    ``dispatched_at`` is the controller's clock reading at dispatch; ``seq`` the request's
+    arrival number (unique, increasing), which breaks ties between equal dispatch times.
+    """
+
+    request: InferenceRequest
+    priority: int
+    fairness_id: str
+    dispatched_at: float
+    seq: int
+
+
+@runtime_checkable
+class EvictionFilterPolicy(Protocol):
+    """Which dispatched requests may be evicted at all (upstream's ``EvictionFilterPolicy``):
+    asked once, at dispatch; a request it refuses is never a victim. Victims are further always
+    below the priority of the band that needs the capacity."""
+
+    typed_name: TypedName
+
+    def evictable(self, item: EvictionItem) -> bool: ...
+
+
+@runtime_checkable
+class EvictionOrderingPolicy(Protocol):
+    """Which eviction candidate goes first: the smallest key (upstream's ``Less``, as a key)."""
+
+    typed_name: TypedName
+
+    def eviction_key(self, item: EvictionItem) -> tuple[float, ...]: ...

@@ -31,6 +31,8 @@ from epp.plugin.testing_flow import (
     check_data_source,
     check_discovery,
     check_endpoint_listener,
+    check_eviction_filter_policy,
+    check_eviction_ordering_policy,
     check_extractor,
     check_fairness_policy,
     check_ordering_policy,
@@ -38,6 +40,7 @@ from epp.plugin.testing_flow import (
     check_replica_syncer,
     check_shared_state,
     check_usage_limit_policy,
+    sample_eviction_items,
     sample_queue,
 )
 from epp.plugin.testing_request import (
@@ -64,6 +67,8 @@ __all__ = [
     "check_decider",
     "check_discovery",
     "check_endpoint_listener",
+    "check_eviction_filter_policy",
+    "check_eviction_ordering_policy",
     "check_extractor",
     "check_fairness_policy",
     "check_filter",
@@ -83,6 +88,7 @@ __all__ = [
     "check_shared_state",
     "check_usage_limit_policy",
     "sample_endpoints",
+    "sample_eviction_items",
     "sample_queue",
     "sample_request",
 ]

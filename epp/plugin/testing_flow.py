@@ -17,6 +17,9 @@ from typing import Any
 
 from epp.plugin.capabilities import PollInterval
 from epp.plugin.flow import (
+    EvictionFilterPolicy,
+    EvictionItem,
+    EvictionOrderingPolicy,
     FairnessPolicy,
     OrderingPolicy,
     PriorityAdjuster,
@@ -97,6 +100,49 @@ def check_ordering_policy(policy: OrderingPolicy, items: Sequence[QueuedRequest]
         assert all(isinstance(k, (int, float)) for k in key), f"{name}: non-numeric key {key!r}"
     assert keys == [policy.order_key(item) for item in items], f"{name}: order_key() changed"
     assert len(set(keys)) == len(keys), f"{name}: two requests have the same order key"
+
+
+def sample_eviction_items(n: int) -> list[EvictionItem]:
+    """``n`` dispatched requests: priorities -2, -1, 0, 1 in turn, dispatched 10 ms apart except
+    that every third shares its predecessor's dispatch time (ties broken by ``seq``)."""
+    out = []
+    for i in range(n):
+        at = 1000.0 + (i - (1 if i % 3 == 2 else 0)) / 100
+        request = InferenceRequest(request_id=f"in-flight-{i}", headers={}, received_at=at)
+        out.append(
+            EvictionItem(request, priority=i % 4 - 2, fairness_id="f", dispatched_at=at, seq=i)
+        )
+    return out
+
+
+def check_eviction_filter_policy(
+    policy: EvictionFilterPolicy, items: Sequence[EvictionItem]
+) -> None:
+    """``evictable`` answers a bool, synchronously, the same when asked twice, and leaves the
+    request as it was."""
+    check_role(policy, "eviction-filter-policy")
+    name = name_of(policy)
+    for item in items:
+        before = dict(item.request.attributes)
+        answer = policy.evictable(item)
+        assert isinstance(answer, bool), f"{name}: evictable() returned {answer!r}, not a bool"
+        assert policy.evictable(item) is answer, f"{name}: evictable() is not deterministic"
+        assert item.request.attributes == before, f"{name}: evictable() changed the request"
+
+
+def check_eviction_ordering_policy(
+    policy: EvictionOrderingPolicy, items: Sequence[EvictionItem]
+) -> None:
+    """``eviction_key`` is a deterministic tuple of numbers; keys of distinct requests differ (the
+    order is total)."""
+    check_role(policy, "eviction-ordering-policy")
+    name = name_of(policy)
+    keys = [policy.eviction_key(item) for item in items]
+    for key in keys:
+        assert isinstance(key, tuple), f"{name}: eviction_key() returned {key!r}, not a tuple"
+        assert all(isinstance(k, (int, float)) for k in key), f"{name}: non-numeric key {key!r}"
+    assert keys == [policy.eviction_key(item) for item in items], f"{name}: key changed"
+    assert len(set(keys)) == len(keys), f"{name}: two requests have the same eviction key"
 
 
 def check_fairness_policy(

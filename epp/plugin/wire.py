@@ -15,6 +15,10 @@ DROPPED_REASON_HEADER: Final = "x-llm-d-request-dropped-reason"
 REQUEST_ID_HEADER: Final = "x-request-id"
 WENT_INTO_RESP_HEADERS: Final = "x-went-into-resp-headers"
 MAX_BODY_CHUNK: Final = 62_000
+PREFER_HEADER: Final = "prefer"
+PREFER_IF_AVAILABLE: Final = "if-available"
+"""``Prefer: if-available`` (RFC 7240) marks a conditional decode: route to a decode worker only
+if it already caches the prompt (at least partly), else answer 412 (``prefers_if_available``)."""
 
 FAIRNESS_HEADERS: Final = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")
 OBJECTIVE_HEADERS: Final = ("x-llm-d-inference-objective", "x-gateway-inference-objective")
@@ -41,6 +45,18 @@ def first_header(headers: Mapping[str, str], names: tuple[str, ...]) -> str:
         if value:
             return value
     return ""
+
+
+def prefers_if_available(headers: Mapping[str, str]) -> bool:
+    """The ``prefer`` header holds the ``if-available`` preference: one of its comma-separated
+    tokens is ``if-available`` (any case, surrounding spaces and ``;`` parameters ignored)."""
+    value = headers.get(PREFER_HEADER)
+    if not value:
+        return False
+    for preference in value.split(","):
+        if preference.partition(";")[0].strip().lower() == PREFER_IF_AVAILABLE:
+            return True
+    return False
 
 
 def subset_hint(metadata: Mapping[str, Any]) -> list[str] | None:

@@ -2,13 +2,11 @@
 
 Request side (spec §5.3): parse → target model → objective/priority → admission (flow control,
 or legacy shedding) → candidates (pool ∩ subset hint, less what a ``CandidateNarrower`` detector
-excludes) → producers → admitters → scheduler → pre-request hooks. Failures: ``InferenceError``.
+excludes) → producers → admitters → scheduler → conditional-decode gate (``exchange``) → pre-request
+hooks. Failures: ``InferenceError``.
 
-Response side: the response headers run the ``ResponseHeaders`` hooks; body chunks feed the
-parser's usage extraction, then the ``ResponseStreaming`` hooks (a held, non-streamed response:
-once, at its end), and get the client's model name back; completion (end of stream,
-trailers, client disconnect or error, exactly once) runs the ``ResponseComplete`` hooks, frees
-the flow-control accounting and records the request's metrics.
+Response side (``epp.requestcontrol.responses``, which the Director builds on): the response
+headers, body chunks and trailers, and completion, exactly once.
 
 Target model: ``epp.requestcontrol.rewrites.target_model``. With tracing, the parse, admission,
 profile and plugin timings go to the request's trace (``epp.observability.tracing``).
@@ -47,8 +45,6 @@ from epp.plugin import (
     InferenceRequest,
     Parser,
     ParseResult,
-    ResponseInfo,
-    TerminationCause,
     agent_identity,
     wire,
 )
@@ -56,23 +52,21 @@ from epp.requestcontrol.exchange import (
     Decision,
     Exchange,
     Forward,
-    learn,
+    conditional_decode,
     no_candidates,
-    restore_model,
-    stream_hooks,
 )
 from epp.requestcontrol.objectives import ObjectiveStore
 from epp.requestcontrol.parsers import ParserRouter
+from epp.requestcontrol.responses import ResponseSide
 from epp.requestcontrol.rewrites import RewriteStore, served_models, target_model
 from epp.scheduling.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
-
 __all__ = ["Decision", "Director", "Exchange", "Forward"]
 
 
-class Director:
+class Director(ResponseSide):
     def __init__(
         self,
         *,
@@ -89,9 +83,12 @@ class Director:
         flow: FlowController | None = None,
         stats: RequestStats | None = None,
         decisions: DecisionLog | None = None,
+        response_sample: float = 1.0,
+        sample_rng: random.Random | None = None,
     ) -> None:
-        self._flow = flow
-        self._pipeline = pipeline
+        super().__init__(
+            pipeline, flow, stats, response_sample=response_sample, sample_rng=sample_rng
+        )
         self._scheduler = scheduler
         self._endpoints = endpoints
         self._objectives = objectives
@@ -103,11 +100,9 @@ class Director:
         self._router = ParserRouter(pipeline.parsers)
         self._producers = tuple(zip(pipeline.producers, pipeline.producer_timeouts, strict=True))
         self._header_processors = tuple(pipeline.request_header)
-        self._streaming = tuple(pipeline.response_streaming)
         self._on_scheduled = on_scheduled or (lambda _: None)
         self._rewrites = rewrites if rewrites is not None else RewriteStore()
         self._rewriting = (self._rewrites, self._rng, on_rewrite or (lambda _n, _m, _t: None))
-        self._stats = stats
         self.decisions = decisions if decisions is not None else DecisionLog()
         if stats is not None:
             stats.serve_models_from(self.pool_models)
@@ -272,6 +267,7 @@ class Director:
         t0 = time.perf_counter()
         result = self._scheduler.schedule(cycle, request, pool)
         self._on_scheduled(time.perf_counter() - t0)
+        conditional_decode(request, result)  # ``Prefer: if-available``: 412 without a cached prefix
         for hook in () if dry_run else self._pipeline.pre_request:
             try:
                 hook.pre_request(request, result)
@@ -292,107 +288,3 @@ class Director:
                 log.warning("data producer failed", extra=_kv(request, producer, reason=repr(exc)))
             if trace is not None:
                 trace.plugin("DataProducer", producer.typed_name, time.perf_counter() - t0)
-
-    # ---- response side ------------------------------------------------------------------------
-
-    def on_response_headers(
-        self, ex: Exchange, headers: Mapping[str, str], served_endpoint: str
-    ) -> dict[str, str]:
-        """The model server answered: returns the headers to set on the response."""
-        status = headers.get(":status", "200")
-        decision = ex.decision
-        streaming = "text/event-stream" in headers.get("content-type", "") or bool(
-            decision and decision.parsed.body.stream
-        )
-        ex.response = ResponseInfo(
-            request_id=ex.request.request_id,
-            headers=headers,
-            served_endpoint=served_endpoint,
-            streaming=streaming,
-            status=int(status) if status.isdigit() else 0,
-        )
-        if streaming and decision is not None:
-            ex.state = decision.parser.new_response_state(headers)
-        elif not streaming:
-            ex.buffer = bytearray()
-        if self._stats is not None:
-            self._stats.on_response_status(ex.request, ex.response.status)
-            if not status.startswith("2"):
-                self._stats.on_error(ex.request, "ModelServerError")
-        set_headers = {wire.WENT_INTO_RESP_HEADERS: "true"}
-        for hook in self._pipeline.response_headers:
-            try:
-                hook.response_headers(ex.request, ex.response, set_headers)
-            except Exception:
-                log.exception("response-headers hook failed", extra=_kv(ex.request, hook))
-        return set_headers
-
-    def on_response_chunk(
-        self, ex: Exchange, data: bytes, end_of_stream: bool, *, hold_limit: int | None
-    ) -> Forward | None:
-        """A response body chunk. Streamed responses pass through at once; a non-streamed one is
-        held until its end to parse its usage (``None`` = held), unless it grows past
-        ``hold_limit`` bytes, in which case it passes through from then on."""
-        if ex.response is None:  # response body without headers (response_header_mode SKIP)
-            ex.response = ResponseInfo(request_id=ex.request.request_id, headers={})
-            ex.buffer = bytearray()
-        if self._stats is not None:  # TTFT at the first chunk, inter-chunk latency after it
-            self._stats.on_chunk(ex.request, ex.response.streaming, ex.started)
-        ex.size += len(data)
-        held = ex.buffer
-        if held is not None and (hold_limit is None or len(held) + len(data) <= hold_limit):
-            held += data
-            return self._release(ex) if end_of_stream else None
-        if held:  # a held response grew past the limit: send what was held first
-            data = bytes(held) + data
-        ex.buffer = None
-        if ex.state is not None:
-            learn(ex.response, ex.state.feed(data, end_of_stream))
-        if self._streaming:
-            stream_hooks(self._streaming, ex, end_of_stream)
-        out = restore_model(ex.decision, data)
-        if end_of_stream:
-            self.complete(ex, TerminationCause.NATURAL)
-        return Forward(out, whole=False, changed=out is not data)
-
-    def on_response_trailers(self, ex: Exchange) -> Forward | None:
-        """Trailers end the response: a held body is released, and the request completes."""
-        forward = self._release(ex) if ex.buffer is not None else None
-        self.complete(ex, TerminationCause.NATURAL)
-        return forward
-
-    def _release(self, ex: Exchange) -> Forward:
-        """Let a held response go: its usage parsed at once, the model name restored."""
-        assert ex.buffer is not None and ex.response is not None
-        body = bytes(ex.buffer)
-        ex.buffer = None
-        decision = ex.decision
-        if decision is not None:
-            parsed = decision.parser.parse_response(
-                body, ex.response.headers, streaming=False, end_of_stream=True
-            )
-            learn(ex.response, parsed)
-        if self._streaming:
-            stream_hooks(self._streaming, ex, True)
-        out = restore_model(decision, body)
-        self.complete(ex, TerminationCause.NATURAL)
-        return Forward(out, whole=True, changed=out != body)
-
-    def complete(self, ex: Exchange, cause: TerminationCause) -> None:
-        """The request ended (any cause). Runs once, and only for a routed request."""
-        if ex.completed or ex.decision is None:
-            return
-        ex.completed = True
-        request = ex.request
-        info = ex.response or ResponseInfo(request_id=request.request_id, headers={})
-        info.end_of_stream = True
-        info.termination_cause = cause
-        for hook in self._pipeline.response_complete:
-            try:
-                hook.response_complete(request, info)
-            except Exception:
-                log.exception("response-complete hook failed", extra=_kv(request, hook))
-        if self._flow is not None:
-            self._flow.done(request, output_tokens=info.usage.completion_tokens)
-        if self._stats is not None:
-            self._stats.on_complete(request, info, time.monotonic() - ex.started, ex.size)

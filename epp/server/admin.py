@@ -1,4 +1,6 @@
-"""The admin gRPC API (``proto/epp/admin/v1/admin.proto``), served on the ext_proc port.
+"""The admin gRPC API (``proto/epp/admin/v1/admin.proto``), served on the ext_proc port by
+``epp.server.h2`` (each method a unary handler: request bytes and the ``authorization`` header
+in, response bytes out, an :class:`AdminError` for a gRPC status).
 
 - ``Explain``: the request is parsed, its target model and candidates resolved, the data
   producers run and the scheduler scores every candidate with every scorer, as for a routed
@@ -23,12 +25,10 @@ from __future__ import annotations
 import hmac
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import grpc
+from typing import Any, Final
 
 from epp._proto import epp_admin_v1_pb2 as pb
 from epp.config.loader import ConfigError
@@ -39,6 +39,11 @@ from epp.plugin import Endpoint, InferenceError, StateDumper, wire
 from epp.plugin.roles import role_of
 from epp.requestcontrol.director import Director
 from epp.state.sync import StateSync
+
+# gRPC status codes the API answers with
+UNAUTHENTICATED: Final = 16
+PERMISSION_DENIED: Final = 7
+UNAVAILABLE: Final = 14
 
 ADMIN_PATH = "/debug/admin"
 """The non-resource path an admin call is reviewed as (a grant of ``/debug/*`` covers it)."""
@@ -75,56 +80,64 @@ def read_token(path: str) -> str:
     return token
 
 
+class AdminError(Exception):
+    """A call refused with gRPC status ``code``."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+_UNAUTHENTICATED = AdminError(UNAUTHENTICATED, "a valid bearer token is required")
+
+
 class AdminServicer:
     def __init__(self, sources: AdminSources) -> None:
         self._src = sources
+        self._methods: dict[str, Callable[[bytes, str], Awaitable[bytes]]] = {
+            "Explain": self._unary(self.explain, pb.ExplainRequest),
+            "ListEndpoints": self._unary(self.list_endpoints, pb.ListEndpointsRequest),
+            "DumpState": self._unary(self.dump_state, pb.DumpStateRequest),
+        }
 
-    def handler(self) -> grpc.GenericRpcHandler:
-        def unary(fn: Any, request: Any, response: Any) -> grpc.RpcMethodHandler:
-            return grpc.unary_unary_rpc_method_handler(
-                fn,
-                request_deserializer=request.FromString,
-                response_serializer=response.SerializeToString,
-            )
+    def method(self, name: str) -> Callable[[bytes, str], Awaitable[bytes]] | None:
+        """The handler of method ``name`` of ``epp.admin.v1.Admin`` (``None``: no such method):
+        (request bytes, ``authorization`` header) → response bytes."""
+        return self._methods.get(name)
 
-        return grpc.method_handlers_generic_handler(
-            SERVICE,
-            {
-                "Explain": unary(self.explain, pb.ExplainRequest, pb.ExplainResponse),
-                "ListEndpoints": unary(
-                    self.list_endpoints, pb.ListEndpointsRequest, pb.ListEndpointsResponse
-                ),
-                "DumpState": unary(self.dump_state, pb.DumpStateRequest, pb.DumpStateResponse),
-            },
-        )
+    def _unary(
+        self, fn: Callable[[Any], Awaitable[Any]], request: Any
+    ) -> Callable[[bytes, str], Awaitable[bytes]]:
+        async def call(payload: bytes, authorization: str) -> bytes:
+            await self._authorize(authorization)
+            reply = await fn(request.FromString(payload))
+            return bytes(reply.SerializeToString())
 
-    async def _authorize(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        return call
+
+    async def _authorize(self, authorization: str) -> None:
+        """Raises :class:`AdminError` unless ``authorization`` carries an accepted token."""
         own, reviewer = self._src.token, self._src.reviewer
         if not own and reviewer is None:
             return
-        sent = dict(context.invocation_metadata() or ()).get("authorization", "")
-        scheme, _, token = str(sent).partition(" ")
+        scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is required")
+            raise _UNAUTHENTICATED
         if own and hmac.compare_digest(token.encode(), own.encode()):
             return
         if reviewer is None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is required")
-            return
+            raise _UNAUTHENTICATED
         try:
             verdict = await reviewer.review(token, ADMIN_PATH, "get")
         except Exception as exc:  # the cluster could not be asked: refuse, never allow
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"token review failed: {exc!r}")
-            return
+            raise AdminError(UNAVAILABLE, f"token review failed: {exc!r}") from None
         if verdict.status == 401:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is required")
+            raise _UNAUTHENTICATED
         if verdict.status != 200:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"may not get {ADMIN_PATH}")
+            raise AdminError(PERMISSION_DENIED, f"may not get {ADMIN_PATH}")
 
-    async def explain(
-        self, req: pb.ExplainRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.ExplainResponse:
-        await self._authorize(context)
+    async def explain(self, req: pb.ExplainRequest) -> pb.ExplainResponse:
         headers = {k.lower(): v for k, v in req.headers.items()}
         headers.setdefault(":path", DEFAULT_PATH)
         headers[EXPLAIN_HEADER] = "true"  # every scorer's score, whatever the pool size
@@ -154,19 +167,13 @@ class AdminServicer:
         )
         return _explain_response(entry, decision.destination)
 
-    async def list_endpoints(
-        self, _: pb.ListEndpointsRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.ListEndpointsResponse:
-        await self._authorize(context)
+    async def list_endpoints(self, _: pb.ListEndpointsRequest) -> pb.ListEndpointsResponse:
         now = time.monotonic()
         return pb.ListEndpointsResponse(
             endpoints=[_endpoint(e, now) for e in self._src.endpoints()]
         )
 
-    async def dump_state(
-        self, _: pb.DumpStateRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.DumpStateResponse:
-        await self._authorize(context)
+    async def dump_state(self, _: pb.DumpStateRequest) -> pb.DumpStateResponse:
         plugins = [
             pb.PluginState(
                 type=p.typed_name.type,

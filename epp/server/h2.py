@@ -1,29 +1,57 @@
-"""The ext_proc server on asyncio's own transports (``--ext-proc-server h2``; grpc.aio is the
-default): a minimal HTTP/2 + gRPC server for exactly the methods the ext_proc port serves.
+"""The ext_proc server: a minimal HTTP/2 + gRPC server on asyncio's own transports, serving
+exactly the methods of the ext_proc port.
 
-Why: grpc.aio spends about 100 µs of CPU per message pair on this machine, whatever the
+Why not grpc.aio: it spends about 100 µs of CPU per message pair on this machine whatever the
 servicer does (``epp bench micro``, the empty-servicer row), and an ext_proc stream carries one
 pair per request body chunk and per streamed response token. Here a message costs the frame
 parse, one protobuf decode, the ``RequestStream`` call and one buffered write.
 
-Methods: ``envoy.service.ext_proc.v3.ExternalProcessor/Process`` (``RequestStream``, driven as
-``epp.server.extproc`` drives it under grpc.aio, with the same error semantics), and with
-``--health-checking`` ``grpc.health.v1.Health/Check`` and ``List`` (``Watch`` answers
-UNIMPLEMENTED, as the grpc.aio servicer does). Any other method answers UNIMPLEMENTED.
+Methods:
 
-Messages that cannot route (every message but the request body's end and request trailers) are
-answered inline, without a task; a message that routes runs in a task, and the messages that
-arrive meanwhile wait in order behind it. TLS (``--secure-serving``) is asyncio's, offering ALPN
-``h2``; ``epp --workers`` shares the port with ``SO_REUSEPORT``. ``stop(grace)`` sends GOAWAY,
-lets open streams finish for ``grace`` seconds, then closes the connections (the calls hear a
-reset, which completes their requests as client disconnects).
+- ``envoy.service.ext_proc.v3.ExternalProcessor/Process``: one ``RequestStream`` per call (all
+  protocol logic is there; this module only moves messages and guarantees that every stream ends
+  in a reply or a clean error, never in silence):
 
-Not the default yet, for want of features, not of speed: it refuses ``--enable-cert-reload``,
-``--grpc-client-ca-file``, ``--tls-*`` and ``--enable-grpc-stream-metrics`` (``Settings``), and
-serves neither the admin API nor flow control's eviction replies. Under load its time to first
-token is on par with grpc.aio's or lower when both are measured at the same time (``epp bench
-together``, README "Per-request cost"); the 10-20x gap once seen came from targets measured one
-after another on a machine whose load changed between them.
+  * messages that cannot route (every message but the request body's end and request trailers)
+    are answered inline, without a task; a message that routes runs in a task, and the messages
+    that arrive meanwhile wait in order behind it;
+  * an unexpected error while handling a message becomes a 500 ImmediateResponse instead of a
+    dead stream;
+  * protocol misuse (``epp.server.misuse.ProtocolError``, see ``epp.server.stream`` for the
+    cases), including bytes that do not decode as a ``ProcessingRequest``, ends the stream with
+    gRPC status ``INVALID_ARGUMENT`` and a message naming the case; it is counted
+    (``llm_d_epp_extproc_protocol_errors_total{reason}``) and logged, rate-limited;
+  * the client half-closing ends the stream with OK; a reset (the client cancelling, or the
+    connection lost) ends it too. Either way a request that was routed is completed
+    (``TerminationCause`` client-disconnect or error);
+  * with flow control on, a half-close that arrives while a complete request waits for its
+    routing decision abandons the request: its queue slot is freed at once
+    (``EvictedContextCancelled``) and the stream ends with OK. Envoy half-closes only when it
+    wants no more answers: its downstream went away, or with ``ext_proc_graceful_grpc_close`` it
+    ends the stream gracefully and resets it about a second later, by which time the queue may
+    have dispatched the request for a client that is gone;
+  * an in-flight request that flow control evicts (``flowControl.enableEviction``) gets
+    upstream's 429 ImmediateResponse (body ``request evicted by flow control``, header
+    ``x-llm-d-request-dropped-reason: evicted``) at once, unless its response already ended; the
+    stream ends and completion (``TerminationCause`` evicted) frees its flow-control slot;
+  * with ``--enable-grpc-stream-metrics`` each stream is counted by how it ended
+    (``epp.observability.streams``).
+
+- ``epp.admin.v1.Admin/*`` (``epp.server.admin``): unary calls, answered when the client
+  half-closes; the ``authorization`` header is the call's bearer token.
+- with ``--health-checking``, ``grpc.health.v1.Health/Check`` and ``List`` (``Watch`` answers
+  UNIMPLEMENTED).
+
+Any other method answers UNIMPLEMENTED, and so does a compressed message (Envoy's ext_proc
+client never compresses).
+
+TLS (``--secure-serving``) is OpenSSL's through asyncio (``epp.server.tls.server_ssl_context``):
+ALPN ``h2``, ``--tls-min-version`` (TLS 1.2 or 1.3), ``--tls-cipher-suites`` (TLS 1.2 suites),
+``--grpc-client-ca-file`` (mTLS: a client certificate it signed is required) and
+``--enable-cert-reload`` (new handshakes take the new pair; open connections keep theirs).
+``epp --workers`` shares the port with ``SO_REUSEPORT``. ``stop(grace)`` sends GOAWAY, lets open
+streams finish for ``grace`` seconds, then closes the connections (the calls hear a reset, which
+completes their requests as client disconnects).
 """
 
 from __future__ import annotations
@@ -34,46 +62,72 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Coroutine
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 
 from epp._proto import epp_extproc_v3_pb2 as pb
+from epp.flowcontrol.eviction import Eviction
+from epp.observability import streams as codes
 from epp.plugin import ErrorCode, InferenceError
 from epp.server import h2wire as w
 from epp.server import messages
+from epp.server.admin import SERVICE as ADMIN_SERVICE
+from epp.server.admin import AdminError, AdminServicer
 from epp.server.context import ServerContext
 from epp.server.h2conn import Call, CallIO, Connection
 from epp.server.health import EXTPROC_SERVICE, LIVENESS, READINESS, HealthServicer
 from epp.server.misuse import UNDECODABLE, MisuseLog, ProtocolError
 from epp.server.stream import Replies, RequestStream
-from epp.server.tls import self_signed
 
 log = logging.getLogger(__name__)
 
 PROCESS = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 HEALTH_LIST = "/grpc.health.v1.Health/List"
+ADMIN_PREFIX = f"/{ADMIN_SERVICE}/"
 _INTERNAL = InferenceError(ErrorCode.INTERNAL, "unexpected error in the endpoint picker")
+_STATUS_NAMES = {w.GRPC_OK: codes.OK, w.GRPC_INVALID_ARGUMENT: codes.INVALID_ARGUMENT}
 
 
 class ExtProcCall:
     """One ext_proc stream."""
 
-    __slots__ = ("closed", "ctx", "io", "misuse", "queue", "stream", "tail", "task")
+    __slots__ = (
+        "closed",
+        "ctx",
+        "evicting",
+        "first",
+        "io",
+        "max_send",
+        "misuse",
+        "queue",
+        "started",
+        "stream",
+        "tail",
+        "task",
+    )
 
-    def __init__(self, io: CallIO, ctx: ServerContext, misuse: MisuseLog) -> None:
+    def __init__(
+        self, io: CallIO, ctx: ServerContext, misuse: MisuseLog, *, max_send: int = 2**31 - 1
+    ) -> None:
         self.io = io
         self.ctx = ctx
         self.misuse = misuse
+        self.max_send = max_send
         self.stream = RequestStream(ctx)
         self.queue: collections.deque[bytes] = collections.deque()
         self.task: asyncio.Task[None] | None = None
+        self.first: Coroutine[Any, Any, Replies] | None = None  # the task's, until it starts
+        self.evicting: asyncio.Task[None] | None = None
         self.tail = False  # the client half-closed while a task was running
         self.closed = False
+        self.started = 0.0
+        if ctx.streams is not None:
+            ctx.streams.started()
+            self.started = time.monotonic()
 
     def on_message(self, data: bytes) -> None:
         if self.closed:
@@ -83,7 +137,8 @@ class ExtProcCall:
             return
         pending = self._step(data)
         if pending is not None:
-            self.task = asyncio.get_running_loop().create_task(self._run(pending))
+            self.first = pending
+            self.task = asyncio.get_running_loop().create_task(self._run())
 
     def on_half_close(self) -> None:
         if self.task is not None and self.stream.abandoned_on_half_close():
@@ -97,7 +152,7 @@ class ExtProcCall:
     def on_reset(self) -> None:
         if self.task is not None:
             self.task.cancel()
-        self._close(error=False)
+        self._close(error=False, status=codes.CANCELED)
 
     def _step(self, data: bytes) -> Coroutine[Any, Any, Replies] | None:
         """Handle one message; a coroutine when it has to route."""
@@ -119,8 +174,8 @@ class ExtProcCall:
             return None
         return out
 
-    async def _run(self, first: Coroutine[Any, Any, Replies]) -> None:
-        pending: Coroutine[Any, Any, Replies] | None = first
+    async def _run(self) -> None:
+        pending, self.first = self.first, None
         try:
             while pending is not None:
                 try:
@@ -133,6 +188,7 @@ class ExtProcCall:
                     self._fail()
                     return
                 self._reply(replies)
+                self._watch_eviction()
                 pending = None
                 while pending is None and self.queue and not self.closed:
                     pending = self._step(self.queue.popleft())
@@ -141,9 +197,29 @@ class ExtProcCall:
         finally:
             self.task = None
 
+    def _watch_eviction(self) -> None:
+        """Once routed, a request flow control may evict is watched until its stream ends."""
+        if self.evicting is None and not self.closed:
+            signal = self.stream.eviction
+            if signal is not None:
+                self.evicting = asyncio.get_running_loop().create_task(self._evict(signal))
+
+    async def _evict(self, signal: Eviction) -> None:
+        err = await signal.wait()
+        self.evicting = None
+        if self.closed or self.stream.eviction is None:  # its response ended meanwhile
+            return
+        self.io.send(self.stream.evict(err).SerializeToString())
+        self._end(w.GRPC_OK)
+
     def _reply(self, replies: Replies) -> None:
         for reply in replies:
-            self.io.send(messages.encode(reply))
+            data = messages.encode(reply)
+            if len(data) > self.max_send:  # as gRPC does: the call fails, nothing is cut
+                log.error("ext_proc reply of %d bytes over --grpc-max-send-msg-size", len(data))
+                self._end(w.GRPC_RESOURCE_EXHAUSTED, "reply over the send limit", error=True)
+                return
+            self.io.send(data)
         if self.stream.done:
             self._end(w.GRPC_OK)
 
@@ -159,13 +235,22 @@ class ExtProcCall:
     def _end(self, code: int, message: str = "", *, error: bool = False) -> None:
         if not self.closed:
             self.io.finish(code, message)
-            self._close(error=error)
+            self._close(error=error, status=_STATUS_NAMES.get(code, codes.INTERNAL))
 
-    def _close(self, *, error: bool) -> None:
-        if not self.closed:
-            self.closed = True
-            self.queue.clear()
-            self.stream.close(error=error)
+    def _close(self, *, error: bool, status: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.queue.clear()
+        if self.first is not None:  # a task cancelled before it started: its routing never ran
+            self.first.close()
+            self.first = None
+        if self.evicting is not None:
+            self.evicting.cancel()
+            self.evicting = None
+        self.stream.close(error=error)
+        if self.ctx.streams is not None:
+            self.ctx.streams.finished(status, time.monotonic() - self.started)
 
 
 class HealthCall:
@@ -204,15 +289,74 @@ class HealthCall:
         pass
 
 
+UnaryHandler = Callable[[bytes, str], Awaitable[bytes]]
+"""A unary method: (request message, ``authorization`` header) → the response message."""
+
+
+class UnaryCall:
+    """A unary call answered by an async handler once the client half-closes (the admin API).
+    A second request message is a protocol error of the client: INVALID_ARGUMENT."""
+
+    __slots__ = ("count", "handler", "io", "request", "task")
+
+    def __init__(self, io: CallIO, handler: UnaryHandler) -> None:
+        self.io = io
+        self.handler = handler
+        self.request = b""
+        self.count = 0
+        self.task: asyncio.Task[None] | None = None
+
+    def on_message(self, data: bytes) -> None:
+        self.request = data
+        self.count += 1
+
+    def on_half_close(self) -> None:
+        if self.count != 1:
+            self.io.finish(w.GRPC_INVALID_ARGUMENT, f"{self.count} request messages, expected 1")
+            return
+        self.task = asyncio.get_running_loop().create_task(self._answer())
+
+    async def _answer(self) -> None:
+        auth = next(
+            (str(v, "latin-1") for k, v in self.io.headers if k == b"authorization"), ""
+        )
+        try:
+            reply = await self.handler(self.request, auth)
+        except AdminError as err:
+            self.io.finish(err.code, err.message)
+            return
+        except DecodeError:
+            self.io.finish(w.GRPC_INVALID_ARGUMENT, "undecodable request message")
+            return
+        except Exception:
+            log.exception("admin call failed")
+            self.io.finish(w.GRPC_INTERNAL, "unexpected error in the endpoint picker")
+            return
+        self.io.send(reply)
+        self.io.finish(w.GRPC_OK)
+
+    def on_reset(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+
 class H2Server:
     """The listening socket and its connections."""
 
     def __init__(
-        self, ctx: ServerContext, health: HealthServicer | None, *, max_message: int
+        self,
+        ctx: ServerContext,
+        health: HealthServicer | None,
+        *,
+        max_message: int,
+        max_send: int = 2**31 - 1,
+        admin: AdminServicer | None = None,
     ) -> None:
         self._ctx = ctx
         self._health = health
+        self._admin = admin
         self._max_message = max_message
+        self._max_send = max_send
         self._misuse = MisuseLog(log, time.monotonic)
         self._server: asyncio.Server | None = None
         self._conns: set[Connection] = set()
@@ -220,9 +364,13 @@ class H2Server:
 
     def _route(self, path: str, io: CallIO) -> Call | None:
         if path == PROCESS:
-            return ExtProcCall(io, self._ctx, self._misuse)
+            return ExtProcCall(io, self._ctx, self._misuse, max_send=self._max_send)
         if self._health is not None and path in (HEALTH_CHECK, HEALTH_LIST):
             return HealthCall(io, self._health, listing=path == HEALTH_LIST)
+        if self._admin is not None and path.startswith(ADMIN_PREFIX):
+            handler = self._admin.method(path[len(ADMIN_PREFIX) :])
+            if handler is not None:
+                return UnaryCall(io, handler)
         return None
 
     def _connection(self) -> Connection:
@@ -259,22 +407,3 @@ class H2Server:
                 await asyncio.wait_for(self._idle.wait(), grace)
         for conn in list(self._conns):
             conn.close()
-
-
-def tls_context(cert_path: str) -> ssl.SSLContext:
-    """``--cert-path`` (tls.crt, tls.key) or a self-signed certificate; ALPN ``h2``."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.set_alpn_protocols(["h2"])
-    if cert_path:
-        base = Path(cert_path)
-        ctx.load_cert_chain(base / "tls.crt", base / "tls.key")
-        return ctx
-    import tempfile
-
-    cert, key = self_signed()
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "tls.crt").write_bytes(cert)
-        (Path(tmp) / "tls.key").write_bytes(key)
-        ctx.load_cert_chain(Path(tmp) / "tls.crt", Path(tmp) / "tls.key")
-    return ctx

@@ -42,7 +42,9 @@ class Call(Protocol):
 
 
 class CallIO(Protocol):
-    """What a call answers through."""
+    """What a call answers through; ``headers`` are the request's header fields as sent."""
+
+    headers: list[tuple[bytes, bytes]]
 
     def send(self, payload: bytes) -> None: ...
     def finish(self, code: int, message: str = "") -> None: ...
@@ -58,6 +60,7 @@ class _Stream:
         "conn",
         "ended",
         "finished",
+        "headers",
         "headers_sent",
         "inbox",
         "pending",
@@ -71,6 +74,7 @@ class _Stream:
         self.sid = sid
         self.window = window
         self.call: Call | None = None
+        self.headers: list[tuple[bytes, bytes]] = []
         self.inbox = bytearray()
         self.pending = bytearray()
         self.trailers: bytes | None = None
@@ -299,7 +303,8 @@ class Connection(asyncio.Protocol):
             self._write(w.rst_stream(sid, w.REFUSED_STREAM))
             return
         self.streams[sid] = st
-        path = next((str(v, "latin-1") for k, v in headers if k == b":path"), "")
+        st.headers = list(headers)
+        path = next((str(v, "latin-1") for k, v in st.headers if k == b":path"), "")
         st.ended = end
         st.call = self._route(path, st)
         if st.call is None:

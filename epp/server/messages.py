@@ -13,6 +13,7 @@ from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.plugin import InferenceError, wire
 
 _OVERWRITE = pb.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+BodyMode: TypeAlias = pb.ProcessingMode.BodySendMode
 
 
 def header_map(headers: pb.HttpHeaders) -> dict[str, str]:
@@ -237,12 +238,41 @@ _WENT_INTO: Final = MappingProxyType({wire.WENT_INTO_RESP_HEADERS: "true"})
 _WENT_INTO_REPLY: Final[bytes] = _response_headers(_WENT_INTO).SerializeToString()
 
 
-def response_headers_reply(set_headers: Mapping[str, str]) -> Reply:
+def response_headers_reply(
+    set_headers: Mapping[str, str], *, skip_body: BodyMode | None = None
+) -> Reply:
     """The response-headers reply; the common one (no response-headers hook set a header) is
-    serialized once, as it is on every response's first-token path."""
+    serialized once, as it is on every response's first-token path. ``skip_body``: the request
+    body mode the stream was configured with; the reply then asks Envoy not to send the response
+    body (``skip_body_override``)."""
+    if skip_body is not None:
+        if set_headers == _WENT_INTO:
+            return _skip_body_reply(skip_body)
+        reply = _response_headers(set_headers)
+        skip_body_override(reply, skip_body)
+        return reply
     if set_headers == _WENT_INTO:
         return _WENT_INTO_REPLY
     return _response_headers(set_headers)
+
+
+def skip_body_override(reply: pb.ProcessingResponse, request_body_mode: BodyMode) -> None:
+    """Set ``mode_override`` to ``{request_body_mode, response_body_mode: NONE}``: the header and
+    trailer modes stay DEFAULT, which Envoy (1.34 and later) reads as unchanged, and the request
+    body mode is the configured one (the request is over; it matters only to an
+    ``allowed_override_modes`` list, which Envoy compares with the mode this override results in,
+    every field spelled out)."""
+    mode = reply.mode_override
+    mode.SetInParent()
+    mode.request_body_mode = request_body_mode
+    mode.response_body_mode = pb.ProcessingMode.NONE
+
+
+@functools.lru_cache(maxsize=8)
+def _skip_body_reply(request_body_mode: BodyMode) -> bytes:
+    reply = _response_headers(_WENT_INTO)
+    skip_body_override(reply, request_body_mode)
+    return encode(reply)
 
 
 def buffered_response_body_reply(body: bytes | None) -> pb.ProcessingResponse:

@@ -24,7 +24,18 @@ answered
 response body
 response body or trailers after the response  ``response_after_end``
 ended
+``protocol_config`` on a message other than   ``protocol_config_not_first``
+the first
 ============================================  ==============================
+
+Why a gRPC error and not an ImmediateResponse: these are faults of the data plane (a
+misconfigured processing mode, a proxy bug, a foreign client), not of the HTTP client, and they
+can arrive in the response phase. On a gRPC error Envoy applies the operator's failure mode:
+``failure_mode_allow: true`` lets the request or the response go on without the EPP (in the
+response phase the client still gets the model server's answer), fail-closed answers 500. An
+ImmediateResponse would override that choice and, once the response has started, cut it off.
+What the *client* got wrong (a body over the limit, JSON that does not parse, no model) is still
+an ImmediateResponse with its HTTP status (413, 400, …).
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ TRAILERS_AFTER_END: Final = "request_trailers_after_end"
 RESPONSE_BEFORE_REQUEST: Final = "response_before_request"
 RESPONSE_HEADERS_REPEATED: Final = "response_headers_repeated"
 RESPONSE_AFTER_END: Final = "response_after_end"
+PROTOCOL_CONFIG_NOT_FIRST: Final = "protocol_config_not_first"
 
 REASONS: Final = (
     UNDECODABLE,
@@ -55,6 +67,7 @@ REASONS: Final = (
     RESPONSE_BEFORE_REQUEST,
     RESPONSE_HEADERS_REPEATED,
     RESPONSE_AFTER_END,
+    PROTOCOL_CONFIG_NOT_FIRST,
 )
 
 LOG_EVERY_S: Final = 30.0

@@ -11,8 +11,17 @@ the body (the decision on the last body reply, or as ``envoy.lb`` metadata on th
 reply). Request trailers are always answered. Response chunks go through the Director, which
 passes streamed (SSE) responses on at once and holds the others until their end (up to the body
 limit in FULL_DUPLEX_STREAMED); outside FULL_DUPLEX_STREAMED every response chunk is answered
-with a plain body reply (``streamed_response`` is a FULL_DUPLEX_STREAMED-only mutation).
-``protocol_config`` is read from the first message only.
+with a plain body reply (``streamed_response`` is a FULL_DUPLEX_STREAMED-only mutation); in
+STREAMED, where Envoy forwards each chunk once answered, a non-streamed response is only copied.
+``protocol_config`` is read from the first message (on a later one it is misuse, below).
+
+A response body nobody needs (``epp.requestcontrol.bodyneed``): in the response body modes Envoy
+lets a reply override (STREAMED, BUFFERED, BUFFERED_PARTIAL) the response-headers reply carries
+``mode_override {request_body_mode: <from protocol_config>, response_body_mode: NONE}``; Envoy
+1.40 then sends no body message and ends the ext_proc stream with the HTTP stream, which completes
+the request as ``NATURAL`` (a client leaving during that body too). FULL_DUPLEX_STREAMED ignores
+``mode_override`` (none is sent); there, and where Envoy refuses it, each chunk goes back unread
+and its end of stream completes the request. No ``protocol_config`` (Envoy < 1.34): no override.
 
 Protocol misuse. Envoy sends one stream per HTTP request, in the order request headers → body →
 trailers, then response headers → body → trailers. A message outside that order never comes from
@@ -20,16 +29,7 @@ a conforming data plane, and Envoy would wait for an answer to it until its mess
 (``message_timeout`` does not even fire in FULL_DUPLEX_STREAMED). Such a message ends the stream
 at once with gRPC status ``INVALID_ARGUMENT``, the details naming the case; it is counted in
 ``llm_d_epp_extproc_protocol_errors_total{reason}`` and logged (rate-limited, see
-``epp.server.misuse``, which tables the cases).
-
-Why a gRPC error and not an ImmediateResponse: these are faults of the data plane (a
-misconfigured processing mode, a proxy bug, a foreign client), not of the HTTP client, and they
-can arrive in the response phase. On a gRPC error Envoy applies the operator's failure mode:
-``failure_mode_allow: true`` lets the request or the response go on without the EPP (in the
-response phase the client still gets the model server's answer), fail-closed answers 500. An
-ImmediateResponse would override that choice and, once the response has started, cut it off.
-What the *client* got wrong (a body over the limit, JSON that does not parse, no model) is still
-an ImmediateResponse with its HTTP status (413, 400, …).
+``epp.server.misuse``, which tables the cases and says why this is no ImmediateResponse).
 
 Everything a request means (routing, usage, hooks, completion, metrics) is the Director's
 (``epp.requestcontrol.director``); this module only maps messages to its calls and back.
@@ -39,13 +39,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine
 from typing import Any, Final
 
 from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.flowcontrol.eviction import EVICTION_ATTRIBUTE, Eviction
 from epp.plugin import ErrorCode, InferenceError, TerminationCause, wire
-from epp.requestcontrol.director import Decision, Exchange
+from epp.requestcontrol.director import Exchange
 from epp.server import messages
 from epp.server import misuse as m
 from epp.server.context import ServerContext
@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 _MODE = pb.ProcessingMode
 _FULL_DUPLEX = _MODE.FULL_DUPLEX_STREAMED
 _PER_CHUNK = (_MODE.STREAMED, _MODE.GRPC)  # every body chunk is answered
+_OVERRIDABLE = (_MODE.STREAMED, _MODE.BUFFERED, _MODE.BUFFERED_PARTIAL)
+"""Response body modes Envoy lets a response-headers reply override (FULL_DUPLEX_STREAMED not)."""
 Replies = list[messages.Reply]
 
 
@@ -77,6 +79,7 @@ class RequestStream:
         self.response_body = False
         self.response_ended = False
         self.was_evicted = False
+        self.skip_asked = False  # the response-headers reply told Envoy not to send the body
         # clock readings of the first and last response message; time spent handling them
         self.response_started = self.response_finished = self.response_busy = 0.0
 
@@ -94,6 +97,8 @@ class RequestStream:
             if msg.HasField("protocol_config"):
                 self.request_mode = msg.protocol_config.request_body_mode
                 self.response_mode = msg.protocol_config.response_body_mode
+        elif msg.HasField("protocol_config"):  # Envoy sends it on the first message only
+            raise ProtocolError(m.PROTOCOL_CONFIG_NOT_FIRST, "protocol_config on a later message")
         kind = msg.WhichOneof("request")
         if kind == "request_headers":
             return self._on_request_headers(msg)
@@ -232,7 +237,7 @@ class RequestStream:
         dest = decision.destination
         lb: dict[str, Any] = {wire.DESTINATION_HEADER: dest}
         if self.ctx.emit_scores:
-            lb[wire.SCORES_KEY] = _scores(decision)
+            lb[wire.SCORES_KEY] = decision.scores_by_hostport()
         set_headers = self._set_headers(dest, decision.body)
         if decision.parsed.skip_response_processing:
             self.done = True
@@ -325,6 +330,9 @@ class RequestStream:
         if msg.response_headers.end_of_stream:
             self.response_ended = True
             self.director.complete(ex, TerminationCause.NATURAL)
+        elif ex.skip_body and self.response_mode in _OVERRIDABLE:
+            self.skip_asked = True
+            return [messages.response_headers_reply(set_headers, skip_body=self.request_mode)]
         return [messages.response_headers_reply(set_headers)]
 
     def _on_response_body(self, chunk: pb.HttpBody) -> Replies:
@@ -334,7 +342,10 @@ class RequestStream:
         eos = chunk.end_of_stream
         self.response_ended = eos
         limit = self.ctx.max_body_bytes if duplex else None
-        forward = self.director.on_response_chunk(ex, chunk.body, eos, hold_limit=limit)
+        per_chunk = self.response_mode in _PER_CHUNK
+        forward = self.director.on_response_chunk(
+            ex, chunk.body, eos, hold_limit=limit, copy_held=per_chunk
+        )
         if forward is None:  # held until the end of the response
             return [] if duplex else [messages.buffered_response_body_reply(None)]
         if not duplex:  # Envoy takes ``streamed_response`` only in FULL_DUPLEX_STREAMED
@@ -346,7 +357,8 @@ class RequestStream:
         ex = self._response_exchange()
         self.response_ended = True
         replies: Replies = []
-        forward = self.director.on_response_trailers(ex)
+        per_chunk = self.response_mode in _PER_CHUNK
+        forward = self.director.on_response_trailers(ex, copy_held=per_chunk)
         if forward is not None:
             if self.response_mode == _FULL_DUPLEX:
                 replies.extend(
@@ -372,6 +384,8 @@ class RequestStream:
         """Stream ended (normally, by client disconnect or by error)."""
         if self.exchange is not None:
             cause = TerminationCause.ERROR if error else TerminationCause.CLIENT_DISCONNECT
+            if self.skip_asked and not error and not self.response_body:
+                cause = TerminationCause.NATURAL  # Envoy ends the stream when the response ends
             if self.was_evicted:
                 cause = TerminationCause.EVICTED
             self.director.complete(self.exchange, cause)
@@ -384,13 +398,3 @@ class RequestStream:
 
 
 _RESPONSE_KINDS: Final = frozenset({"response_headers", "response_body", "response_trailers"})
-
-
-def _scores(decision: Decision) -> dict[str, float]:
-    by_id = {e.id: e for e in decision.candidates}
-    scores: Mapping[str, float] = decision.result.primary.scores
-    out = {}
-    for eid, score in scores.items():
-        ep = by_id.get(eid)
-        out[ep.hostport if ep else eid] = score
-    return out

@@ -5,9 +5,8 @@ port's ``--metrics-cert-dir`` and ``--metrics-client-ca-file``.
 With ``--enable-cert-reload`` a :class:`CertFiles` re-reads its directory every
 ``RELOAD_INTERVAL`` and takes a new pair once ``tls.crt`` and ``tls.key`` both parse and match
 (a half-written rotation keeps the old pair). New connections get the new certificate without a
-restart; open ones keep theirs. gRPC asks a certificate-config fetcher on every handshake
-(``grpc.dynamic_ssl_server_credentials``); the metrics server's ``SSLContext`` is loaded again in
-place. The client CA file is read once, at start.
+restart; open ones keep theirs: both servers' ``SSLContext`` (ext_proc and metrics) is loaded
+again in place. The client CA files are read once, at start.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final, Protocol
 
-import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -129,39 +127,19 @@ def _digest(pair: tuple[bytes, bytes]) -> bytes:
     return hashlib.sha256(pair[0] + b"\0" + pair[1]).digest()
 
 
-def grpc_credentials(
-    files: CertFiles | None, *, reload: bool, client_ca: bytes | None = None
-) -> grpc.ServerCredentials:
-    """The ext_proc server's credentials: ``files``' pair (following its changes when
-    ``reload``), or a self-signed certificate without ``files``; with ``client_ca``, clients
-    must present a certificate it signed (mTLS)."""
-    mtls = client_ca is not None
-    if files is None:
-        cert, key = self_signed()
-        return grpc.ssl_server_credentials([(key, cert)], client_ca, require_client_auth=mtls)
-    if not reload:
-        pairs = [(files.key, files.cert)]
-        return grpc.ssl_server_credentials(pairs, client_ca, require_client_auth=mtls)
-    served = [files.generation]
-
-    def fetch() -> grpc.ServerCertificateConfiguration | None:
-        # Called by gRPC on every handshake, from its own thread; None keeps what it has.
-        generation, key, cert = files.snapshot
-        if generation == served[0]:
-            return None
-        served[0] = generation
-        return grpc.ssl_server_certificate_configuration([(key, cert)], client_ca)
-
-    initial = grpc.ssl_server_certificate_configuration([(files.key, files.cert)], client_ca)
-    return grpc.dynamic_ssl_server_credentials(initial, fetch, require_client_authentication=mtls)
-
-
-def metrics_ssl_context(
-    files: CertFiles, *, client_ca_file: str, min_version: str, cipher_suites: tuple[str, ...]
+def server_ssl_context(
+    files: CertFiles | None,
+    *,
+    client_ca_file: str,
+    min_version: str,
+    cipher_suites: tuple[str, ...],
+    alpn: tuple[str, ...] = (),
 ) -> ssl.SSLContext:
-    """The metrics port's TLS: at least TLS 1.2 (``min_version`` may raise it), ``cipher_suites``
-    for TLS 1.2, verified client certificates required when ``client_ca_file`` is set. Follows
-    ``files``' changes (whether they are watched is the caller's choice)."""
+    """A server's TLS: at least TLS 1.2 (``min_version`` may raise it to 1.3),
+    ``cipher_suites`` for TLS 1.2, verified client certificates required when
+    ``client_ca_file`` is set, ``alpn`` offered. The pair is ``files``' (following its changes;
+    whether they are watched is the caller's choice) or, without ``files``, a self-signed one.
+    ``ssl.SSLError`` or ``OSError`` when a file does not load."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = max(
         ssl.TLSVersion.TLSv1_2, parse_tls_version(min_version) or ssl.TLSVersion.TLSv1_2
@@ -172,6 +150,12 @@ def metrics_ssl_context(
     if client_ca_file:
         ctx.load_verify_locations(cafile=client_ca_file)
         ctx.verify_mode = ssl.CERT_REQUIRED
+    if alpn:
+        ctx.set_alpn_protocols(list(alpn))
+    if files is None:
+        cert, key = self_signed()
+        load_pair(ctx, key, cert)
+        return ctx
     load_pair(ctx, files.key, files.cert)
     files.on_change(lambda key, cert: load_pair(ctx, key, cert))
     return ctx
@@ -211,7 +195,7 @@ def metrics_tls(s: MetricsTlsSettings) -> tuple[ssl.SSLContext | None, CertFiles
         return None, None
     files = CertFiles(s.metrics_cert_dir)
     try:
-        ctx = metrics_ssl_context(
+        ctx = server_ssl_context(
             files,
             client_ca_file=s.metrics_client_ca_file,
             min_version=s.tls_min_version,

@@ -1,17 +1,13 @@
 """``--tls-min-version`` and ``--tls-cipher-suites``: upstream's Go names, parsed into what
-OpenSSL (the metrics server) and gRPC's BoringSSL (the ext_proc server) understand.
+OpenSSL (the ext_proc and metrics servers, both on Python's ``ssl``) understands.
 
-- ``--tls-min-version``: ``VersionTLS10`` … ``VersionTLS13``. gRPC never negotiates below TLS 1.2,
-  so ``VersionTLS10``/``VersionTLS11``/``VersionTLS12`` all mean "TLS 1.2 or newer" on the
-  ext_proc port. gRPC Python cannot require TLS 1.3, so ``VersionTLS13`` with
-  ``--secure-serving`` is refused at startup rather than served weaker than asked (it applies to
-  the metrics server alone when ``--secure-serving=false``).
+- ``--tls-min-version``: ``VersionTLS10`` … ``VersionTLS13``. Neither server negotiates below
+  TLS 1.2 (HTTP/2 forbids it for the ext_proc port, RFC 9113 §9.2), so ``VersionTLS10``,
+  ``VersionTLS11`` and ``VersionTLS12`` all mean "TLS 1.2 or newer"; ``VersionTLS13`` refuses
+  TLS 1.2 handshakes on both ports.
 - ``--tls-cipher-suites``: Go ``crypto/tls`` names (``TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256``);
-  they restrict TLS 1.2 and below, as in Go. TLS 1.3 suite names are accepted and change nothing
-  (TLS 1.3 suites are not configurable, in Go either). gRPC reads its cipher list from
-  ``GRPC_SSL_CIPHER_SUITES`` once, when it loads: ``epp`` sets that variable before gRPC is
-  imported, and an App started in a process where gRPC was already loaded with another list
-  refuses to start (:func:`check_grpc_ciphers`).
+  they restrict TLS 1.2, as in Go. TLS 1.3 suite names are accepted and change nothing (TLS 1.3
+  suites are not configurable, in Go either).
 """
 
 from __future__ import annotations
@@ -53,7 +49,6 @@ GO_ALIASES: Final = {
 TLS13_SUITES: Final = frozenset(
     {"TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256"}
 )
-GRPC_CIPHERS_ENV: Final = "GRPC_SSL_CIPHER_SUITES"
 
 
 def parse_tls_version(name: str) -> ssl.TLSVersion | None:
@@ -83,17 +78,6 @@ def openssl_ciphers(names: Sequence[str]) -> str:
     return ":".join(dict.fromkeys(out))
 
 
-def check_grpc_ciphers(names: Sequence[str]) -> None:
-    """Raise ``RuntimeError`` unless gRPC was (or will be) loaded with the cipher list asked
-    for: ``GRPC_SSL_CIPHER_SUITES`` must hold it before gRPC is imported."""
-    wanted = openssl_ciphers(names)
-    if wanted and os.environ.get(GRPC_CIPHERS_ENV) != wanted:
-        raise RuntimeError(
-            f"--tls-cipher-suites: gRPC reads its cipher list once, from ${GRPC_CIPHERS_ENV}, "
-            f"before it loads; start the process with {GRPC_CIPHERS_ENV}={wanted} (epp does)"
-        )
-
-
 class TlsSettings(Protocol):
     """The TLS options of ``epp.settings.Settings``."""
 
@@ -120,18 +104,13 @@ class TlsSettings(Protocol):
 
 
 def tls_problem(s: TlsSettings) -> str:
-    """Why the TLS options do not fit together (upstream's rules and messages, spec §2, plus
-    what gRPC Python cannot do), or ``""``."""
+    """Why the TLS options do not fit together (upstream's rules and messages, spec §2), or
+    ``""``."""
     try:
-        version = parse_tls_version(s.tls_min_version)
+        parse_tls_version(s.tls_min_version)
         openssl_ciphers(s.tls_cipher_suites)
     except ValueError as exc:
         return f"--tls-*: {exc}"
-    if version is not None and version > ssl.TLSVersion.TLSv1_2 and s.secure_serving:
-        return (
-            "--tls-min-version=VersionTLS13: the ext_proc gRPC server cannot refuse TLS 1.2 "
-            "(gRPC Python has no such option); use VersionTLS12, or terminate TLS in front"
-        )
     if s.metrics_client_ca_file and not s.metrics_cert_dir:
         return '"metrics-client-ca-file" requires "metrics-cert-dir"'
     if s.metrics_cert_dir and not (s.metrics_client_ca_file or s.metrics_endpoint_auth):

@@ -19,6 +19,7 @@ from epp.settings.kinds import (
     _FLAG_KEY,
     BOOL,
     DURATION,
+    FRACTION,
     INT,
     NAMES,
     OPTIONAL_TEXT,
@@ -74,12 +75,12 @@ def flag_of(f: dataclasses.Field[Any]) -> Flag | None:
 
 
 def flags() -> list[tuple[dataclasses.Field[Any], Flag]]:
-    """Every ``Settings`` field that is a flag, with its flag, in declaration (= help) order."""
+    """Every ``Settings`` field that is a flag, with its flag, in declaration order."""
     pairs = ((f, flag_of(f)) for f in dataclasses.fields(Settings))
     return [(f, spec) for f, spec in pairs if spec is not None]
 
 
-# Field order is the order of ``epp --help``. Help texts and defaults are upstream's (spec §2).
+# Help texts and defaults are upstream's (spec §2); ``epp --help`` groups them (cli.FLAG_GROUPS).
 @dataclass(frozen=True)
 class Settings:
     grpc_port: int = flag(9002, "ext_proc gRPC port", INT)
@@ -156,15 +157,6 @@ class Settings:
         NAMES,
     )
     health_checking: bool = flag(False, "also serve grpc.health.v1 on the ext_proc port", BOOL)
-    ext_proc_server: str = flag(
-        "grpc",
-        "what serves the ext_proc port: grpc (grpc.aio) or h2 (the EPP's own HTTP/2 server: about "
-        "5x less CPU per message; experimental: no admin API, eviction replies, stream metrics, "
-        "mTLS, TLS tuning or certificate reload)",
-    )
-    """Our addition (``epp.server.h2``). ``grpc`` stays the default until ``h2`` has the features
-    ``_h2_supports`` refuses, the admin API and eviction replies (see README "Per-request
-    cost")."""
     tracing: bool = flag(
         True,
         "OpenTelemetry tracing of requests, exported as the OTEL_* variables say "
@@ -228,15 +220,23 @@ class Settings:
         2.0, "age after which an endpoint's metrics count as stale (default 2s)", DURATION
     )
     grpc_max_recv_msg_size: int = flag(
-        64 << 20, "largest gRPC message accepted (default 64MiB)", QUANTITY
+        4 << 20, "largest gRPC message accepted (default 4MiB, gRPC's)", QUANTITY
     )
     grpc_max_send_msg_size: int = flag(
-        64 << 20, "largest gRPC message sent (default 64MiB)", QUANTITY
+        2**31 - 1, "largest gRPC message sent (default unlimited, gRPC's)", QUANTITY
     )
     max_request_body_bytes: int = flag(
         64 << 20, "request bodies above this get a 413 (default 64MiB)", QUANTITY
     )
     """Our addition: larger bodies are answered with a 413."""
+    response_body_sample_ratio: float = flag(
+        0.1,
+        "share of the streamed responses no plugin needs that the EPP still reads, for TTFT, "
+        "inter-token latency, token and size metrics; the others it does not take (default 0.1; "
+        "1: every one)",
+        FRACTION,
+    )
+    """Our addition (``epp.requestcontrol.bodyneed``)."""
     seed: int | None = flag(None, "seed the scheduler's random source", INT)
     """Our addition: seeds the scheduler's random source (reproducible tie-breaks in tests)."""
     verbosity: int = flag(
@@ -295,24 +295,6 @@ class Settings:
             log_json=(s.zap_encoder or ("console" if s.zap_devel else "json")) == "json",
         )
 
-    def _h2_supports(self) -> None:
-        """``--ext-proc-server h2`` does not implement these yet: refused, never ignored."""
-        given = [
-            name
-            for name, on in (
-                ("--enable-cert-reload", self.enable_cert_reload),
-                ("--grpc-client-ca-file", bool(self.grpc_client_ca_file)),
-                ("--tls-cipher-suites", bool(self.tls_cipher_suites)),
-                ("--tls-min-version", bool(self.tls_min_version)),
-                ("--enable-grpc-stream-metrics", self.enable_grpc_stream_metrics),
-            )
-            if on
-        ]
-        if given:
-            raise SettingsError(
-                f"--ext-proc-server=h2 does not support {', '.join(given)} yet; use grpc"
-            )
-
     def validate(self) -> None:
         """Raise :class:`SettingsError` unless the fields fit together (spec §2): one config
         source; at most one Kubernetes mode, standalone mode with a well-formed selector and its
@@ -334,10 +316,6 @@ class Settings:
                 raise SettingsError("--endpoint-selector needs --endpoint-target-ports")
         elif self.endpoint_target_ports:
             raise SettingsError("--endpoint-target-ports is only used with --endpoint-selector")
-        if self.ext_proc_server not in ("h2", "grpc"):
-            raise SettingsError("--ext-proc-server must be h2 or grpc")
-        if self.ext_proc_server == "h2":
-            self._h2_supports()
         if not 1 <= self.workers <= MAX_WORKERS:
             raise SettingsError(f"--workers must be 1..{MAX_WORKERS}")
         if self.workers > 1 and self.ha_enable_leader_election:

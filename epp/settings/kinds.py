@@ -59,6 +59,13 @@ def _text_or_none(text: str) -> str | None:
     return text or None
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise SettingsError(f"expected a fraction from 0 to 1, got {text}")
+    return value
+
+
 @dataclass(frozen=True)
 class Kind:
     """How one flag's text becomes a field value. ``parse`` raises :class:`SettingsError` with a
@@ -78,6 +85,8 @@ OPTIONAL_TEXT: Final = Kind(_text_or_none)
 """Text where an empty value means ``None``."""
 INT: Final = Kind(int)
 BOOL: Final = Kind(_bool, metavar="BOOL", optional_value=True)
+FRACTION: Final = Kind(_fraction)
+"""A number from 0 to 1."""
 DURATION: Final = Kind(_duration)
 """Go durations (``50ms``, ``1m30s``) → seconds."""
 QUANTITY: Final = Kind(_quantity)

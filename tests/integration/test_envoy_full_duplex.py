@@ -145,7 +145,7 @@ async def test_no_endpoints_gives_503(start_app, envoy) -> None:
 
 async def test_sse_response_streams_with_usage(start_app, sim_pods, envoy) -> None:
     fleet = await sim_pods(1)
-    app = await start_app(fleet.ports)
+    app = await start_app(fleet.ports, response_body_sample_ratio=1.0)  # every body read
     proxy = envoy(app)
     req = {
         "model": "sim-model",

@@ -28,6 +28,15 @@ RESP_TRAILERS = pb.ProcessingRequest(response_trailers=pb.HttpTrailers())
 ROUTED = [headers_msg(H), body_msg(CHAT)]
 
 
+def with_protocol_config(msg: pb.ProcessingRequest) -> pb.ProcessingRequest:
+    """``msg`` with a ``protocol_config``, which Envoy sends on a stream's first message only."""
+    out = pb.ProcessingRequest()
+    out.CopyFrom(msg)
+    out.protocol_config.request_body_mode = MODE.FULL_DUPLEX_STREAMED
+    out.protocol_config.response_body_mode = MODE.FULL_DUPLEX_STREAMED
+    return out
+
+
 async def raw_exchange(
     app, payloads: list[bytes]
 ) -> tuple[list[pb.ProcessingResponse], grpc.aio.AioRpcError | None]:
@@ -95,6 +104,24 @@ def counted(app, reason: str) -> float:
             "response_after_end",
             4,
             id="trailers-after-response-end",
+        ),
+        pytest.param(
+            [headers_msg(H), with_protocol_config(body_msg(CHAT))],
+            "protocol_config_not_first",
+            0,
+            id="protocol-config-on-body",
+        ),
+        pytest.param(
+            [*ROUTED, with_protocol_config(RESP_HEADERS)],
+            "protocol_config_not_first",
+            2,
+            id="protocol-config-on-response",
+        ),
+        pytest.param(
+            [with_protocol_config(headers_msg(H)), with_protocol_config(body_msg(CHAT))],
+            "protocol_config_not_first",
+            0,
+            id="protocol-config-twice",
         ),
     ],
 )

@@ -46,8 +46,20 @@ def metric(app: Any, name: str, **labels: str) -> float:
     )
 
 
+# The same with upstream's eviction policies declared (they are the defaults; alpha)
+DECLARED = FLOW.replace(
+    "    plugins:\n",
+    "    plugins:\n"
+    "    - type: sheddable-eviction-filter\n"
+    "    - type: priority-then-time-eviction-order-policy\n",
+)
+
+
+@pytest.mark.parametrize(
+    "config", [pytest.param(FLOW, id="default-policies"), pytest.param(DECLARED, id="declared")]
+)
 async def test_evicted_request_gets_its_429_and_frees_its_slot_when_a_higher_band_waits(
-    start_app: Any, sim_pods: Any, envoy: Any, tmp_path: Path
+    start_app: Any, sim_pods: Any, envoy: Any, tmp_path: Path, config: str
 ) -> None:
     fleet = await sim_pods(1)
     # The pod answers nothing for 3 s: the sheddable request is in flight, no response yet.
@@ -59,7 +71,15 @@ async def test_evicted_request_gets_its_429_and_frees_its_slot_when_a_higher_ban
         assert r.status == 200
     objectives = tmp_path / "objectives.yaml"
     objectives.write_text(OBJECTIVES)
-    app = await start_app(fleet.ports, FLOW, objectives_files=(str(objectives),))
+    app = await start_app(
+        fleet.ports,
+        config,
+        objectives_files=(str(objectives),),
+        allow_experimental_plugins=config is DECLARED,
+    )
+    assert {"sheddable-eviction-filter", "priority-then-time-eviction-order-policy"} <= {
+        p.typed_name.type for p in app.pipeline.instances.values()
+    }
     proxy = envoy(app)
     url = f"{proxy.url}/v1/completions"
     dispatched = {"outcome": "Dispatched"}

@@ -1,6 +1,5 @@
-"""The ext_proc port served by ``epp.server.h2`` (``--ext-proc-server h2``) and by grpc.aio
-(the default), through real gRPC clients: health on the ext_proc port, TLS,
-unknown methods, a client's cancel, and stop."""
+"""The ext_proc port, served by ``epp.server.h2``, through real gRPC clients: health on the
+ext_proc port, TLS, unknown methods, a client's cancel, and stop."""
 
 from __future__ import annotations
 
@@ -29,16 +28,15 @@ def running(app) -> float:
     )
 
 
-@pytest.mark.parametrize("server", ["h2", "grpc"])
-async def test_both_servers_route_a_request_when_selected(start_app, server: str) -> None:
-    app = await start_app(DEAD, ext_proc_server=server)
+async def test_the_server_routes_a_request(start_app) -> None:
+    app = await start_app(DEAD)
     replies = await exchange(app, [headers_msg(H), body_msg(CHAT)])
     assert [r.WhichOneof("response") for r in replies] == ["request_headers", "request_body"]
     assert set_headers_of(replies[0])["x-gateway-destination-endpoint"].startswith("127.0.0.1:")
 
 
 async def test_health_is_served_on_the_ext_proc_port_when_health_checking(start_app) -> None:
-    app = await start_app(DEAD, health_checking=True, ext_proc_server="h2")
+    app = await start_app(DEAD, health_checking=True)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         check = await stub.Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=5)
@@ -51,11 +49,10 @@ async def test_health_is_served_on_the_ext_proc_port_when_health_checking(start_
         assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-@pytest.mark.parametrize("server", ["h2", "grpc"])
 async def test_health_is_not_on_the_ext_proc_port_without_health_checking(
-    start_app, server
+    start_app,
 ) -> None:
-    app = await start_app(DEAD, ext_proc_server=server)
+    app = await start_app(DEAD)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as ch:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
@@ -66,7 +63,7 @@ async def test_tls_with_the_certificate_of_cert_path(start_app, tmp_path: Path) 
     cert, key = self_signed()
     (tmp_path / "tls.crt").write_bytes(cert)
     (tmp_path / "tls.key").write_bytes(key)
-    app = await start_app(DEAD, secure_serving=True, cert_path=str(tmp_path), ext_proc_server="h2")
+    app = await start_app(DEAD, secure_serving=True, cert_path=str(tmp_path))
     creds = grpc.ssl_channel_credentials(root_certificates=cert)
     options = [("grpc.ssl_target_name_override", "epp")]
     target = f"127.0.0.1:{app.grpc_port}"
@@ -75,9 +72,8 @@ async def test_tls_with_the_certificate_of_cert_path(start_app, tmp_path: Path) 
     assert [r.WhichOneof("response") for r in replies] == ["request_headers", "request_body"]
 
 
-@pytest.mark.parametrize("server", ["h2", "grpc"])
-async def test_a_cancelled_stream_completes_its_request(start_app, server) -> None:
-    app = await start_app(DEAD, ext_proc_server=server)
+async def test_a_cancelled_stream_completes_its_request(start_app) -> None:
+    app = await start_app(DEAD)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as ch:
         call = process(ch)()
         await call.write(headers_msg(H))
@@ -91,9 +87,8 @@ async def test_a_cancelled_stream_completes_its_request(start_app, server) -> No
                 await asyncio.sleep(0.01)
 
 
-@pytest.mark.parametrize("server", ["h2", "grpc"])
-async def test_stop_lets_an_open_stream_finish_and_refuses_new_ones(start_app, server) -> None:
-    app = await start_app(DEAD, ext_proc_server=server)
+async def test_stop_lets_an_open_stream_finish_and_refuses_new_ones(start_app) -> None:
+    app = await start_app(DEAD)
     target = f"127.0.0.1:{app.grpc_port}"
     async with grpc.aio.insecure_channel(target) as ch:
         call = process(ch)()

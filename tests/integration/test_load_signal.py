@@ -9,13 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections import Counter
+from typing import Any
 
+import grpc
 import pytest
 import yaml
 
-from epp.config.schema import DEFAULT_CONFIG_TEXT
-from tests.conftest import COMPLETION, post, set_overrides, settle
+from epp.config.schema import DEFAULT_CONFIG_TEXT, UPSTREAM_DEFAULT_CONFIG_TEXT
+from epp.server import extproc_rpc
+from tests.conftest import (
+    COMPLETION,
+    body_msg,
+    headers_msg,
+    post,
+    set_headers_of,
+    set_overrides,
+    settle,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.envoy]
 
@@ -45,9 +58,9 @@ async def _send(url: str, n: int, *, tag: str, max_tokens: int = 4) -> list[str]
     return list(await asyncio.gather(*(one(i) for i in range(n))))
 
 
-def _builtin_default_body() -> str:
+def _builtin_default_body(text: str = DEFAULT_CONFIG_TEXT) -> str:
     """The built-in default's plugins and profile (the fixture adds discovery and sources)."""
-    doc = yaml.safe_load(DEFAULT_CONFIG_TEXT)
+    doc = yaml.safe_load(text)
     for key in ("apiVersion", "kind", "dataLayer"):
         doc.pop(key)
     sources = ("metrics-data-source", "core-metrics-extractor")
@@ -125,3 +138,53 @@ async def test_burst_from_this_epp_alone_is_spread(start_app, sim_pods, envoy) -
     busiest = max(served.values())
     assert busiest <= 1.5 * mean, served
     assert len(served) == len(fleet.ports), served
+
+
+async def _route_then_hang_up(app: Any, prompt: str) -> str:
+    """One request on its own ext_proc stream, cancelled by the client right after the routing
+    answer (headers and body replies): the endpoint it was routed to."""
+    body = json.dumps({**COMPLETION, "prompt": prompt}).encode()
+    headers = {":path": "/v1/completions", ":method": "POST", "content-type": "application/json"}
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
+        call = extproc_rpc.process(channel)()
+        await call.write(headers_msg(headers))
+        await call.write(body_msg(body))
+        routed = await asyncio.wait_for(call.read(), 30)
+        await asyncio.wait_for(call.read(), 30)  # the body reply
+        call.cancel()
+    return set_headers_of(routed)["x-gateway-destination-endpoint"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(DEFAULT_CONFIG_TEXT, id="builtin-default"),
+        pytest.param(UPSTREAM_DEFAULT_CONFIG_TEXT, id="upstream-default"),
+    ],
+)
+async def test_idle_epp_sends_cold_requests_to_the_least_loaded_pod(
+    start_app, sim_pods, text: str
+) -> None:
+    """llm-d's "select lower queue and kv cache" case, one request after another, each stream
+    ended by the client once routed: the EPP is idle again before each request, so every one
+    goes to the pod with the shortest queue and the emptiest cache. (The built-in default once
+    sent the second to the pod with 3 waiting: ``no-hit-lru-scorer`` at weight 1 spread the cold
+    requests regardless of load.)"""
+    fleet = await sim_pods(3)
+    for url, q, kv in zip(fleet.urls, [3, 0, 10], [0.2, 0.1, 0.2], strict=True):
+        await set_overrides(url, num_requests_waiting=q, kv_cache_usage_perc=kv)
+    app = await start_app(fleet.ports, _builtin_default_body(text))
+    await settle(
+        app,
+        lambda m: (
+            [getattr(m[port], "waiting_queue_size", None) for port in fleet.ports] == [3, 0, 10]
+        ),
+    )
+    served = [await _route_then_hang_up(app, f"cold request {i}") for i in range(4)]
+    assert served == [f"127.0.0.1:{fleet.ports[1]}"] * 4
+    # every request ended: none is open in the KV tracker (and the in-flight load, if any)
+    plugins = {p.TYPE: p for p in app.pipeline.instances.values()}
+    kv = plugins["kv-cache-utilization-scorer"]
+    await wait_for(lambda: len(kv.tracker) == 0)
+    if "inflight-load-producer" in plugins:
+        assert plugins["inflight-load-producer"].dump_state()["open"] == 0

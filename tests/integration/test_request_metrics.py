@@ -24,7 +24,7 @@ async def test_streamed_request_records_itl_tpot_and_processing_times_when_serve
     start_app: Any, sim_pods: Any, envoy: Any
 ) -> None:
     fleet = await sim_pods(1)
-    app = await start_app(fleet.ports)
+    app = await start_app(fleet.ports, response_body_sample_ratio=1.0)  # every body read
     proxy = envoy(app)
     streamed = {**COMPLETION, "max_tokens": 6, "stream": True}
     streamed["stream_options"] = {"include_usage": True}

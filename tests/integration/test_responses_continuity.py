@@ -74,10 +74,12 @@ async def _conversation(url: str, index: int, gate: asyncio.Semaphore) -> list[t
     return rows
 
 
-async def _run(start_app: Any, sim_pods: Any, envoy: Any, body: str) -> list[tuple[str, ...]]:
+async def _run(
+    start_app: Any, sim_pods: Any, envoy: Any, body: str, gateway: str = "full-duplex", **kw: Any
+) -> list[tuple[str, ...]]:
     fleet = await sim_pods(4)
-    app = await start_app(fleet.ports, body)
-    proxy = envoy(app)
+    app = await start_app(fleet.ports, body, **kw)
+    proxy = envoy(app, gateway)
     gate = asyncio.Semaphore(8)
     results = await asyncio.gather(
         *(_conversation(proxy.url, i, gate) for i in range(CONVERSATIONS))
@@ -104,6 +106,18 @@ async def test_every_follow_up_reaches_the_pod_holding_its_previous_response(
     # First turns spread over the pool: no pod takes more than half of them.
     per_pod = Counter(pod for _, _, pod in firsts)
     assert max(per_pod.values()) <= CONVERSATIONS // 2, per_pod
+
+
+async def test_continuity_holds_where_the_epp_skips_the_bodies_it_does_not_need(
+    start_app: Any, sim_pods: Any, envoy: Any
+) -> None:
+    """Envoy's streamed config lets the EPP switch a response body off: it still reads every
+    Responses API answer (the response-affinity filter needs its id), nothing else."""
+    body = profile_body(DEFAULT_CONFIG_TEXT, with_filter=True)
+    rows = await _run(start_app, sim_pods, envoy, body, "streamed", response_body_sample_ratio=0.0)
+    follow_ups = [r for r in rows if r[0] == "follow-up"]
+    assert len(follow_ups) == CONVERSATIONS * FOLLOW_UPS
+    assert follow_ups == [("follow-up", "200", "same")] * len(follow_ups)
 
 
 async def test_follow_ups_fail_without_the_filter_when_routing_ignores_previous_response(

@@ -12,6 +12,7 @@ from epp.cli import _REJECTED, build_parser, main, settings_from_args
 from epp.settings import (
     BOOL,
     DURATION,
+    FRACTION,
     INT,
     NAMES,
     OPTIONAL_TEXT,
@@ -99,6 +100,9 @@ def test_flag_values(args: list[str], attr: str, value: object) -> None:
         ),
         pytest.param(["--drain-timeout", "soon"], "invalid duration", id="bad-duration"),
         pytest.param(["--secure-serving=maybe"], "invalid boolean", id="bad-bool"),
+        pytest.param(
+            ["--response-body-sample-ratio", "1.5"], "a fraction from 0 to 1", id="bad-fraction"
+        ),
     ],
 )
 def test_bad_flags_exit_with_a_clear_message(
@@ -129,6 +133,7 @@ def _samples(spec: Flag, default: object) -> tuple[str, object]:
         OPTIONAL_TEXT: ("x", "x"),
         INT: ("7", 7),
         DURATION: ("1m30s", 90.0),
+        FRACTION: ("0.5", 0.5),
         QUANTITY: ("1Ki", 1024),
         PORTS: ("81,82", (81, 82)),
         PATHS: ("a,b", ("a", "b")),
@@ -223,8 +228,8 @@ def test_settings_keep_their_keyword_defaults() -> None:
         "metrics_staleness_threshold": 2.0,
         "drain_timeout": 30.0,
         "workers": 1,
-        "grpc_max_recv_msg_size": 64 << 20,
-        "grpc_max_send_msg_size": 64 << 20,
+        "grpc_max_recv_msg_size": 4 << 20,
+        "grpc_max_send_msg_size": 2**31 - 1,
         "max_request_body_bytes": 64 << 20,
         "emit_endpoint_scores": False,
         "disable_endpoint_subset_filter": False,
@@ -371,3 +376,21 @@ def test_version_prints_the_installed_package_version(
         main([flag])
     assert exited.value.code == 0
     assert capsys.readouterr().out == f"epp {declared}\n"
+
+
+def test_help_groups_every_flag_once_and_lists_the_subcommands(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from epp.cli import FLAG_GROUPS, SUBCOMMANDS_HELP, build_parser
+    from epp.settings import flags
+
+    grouped = [name for _, names in FLAG_GROUPS for name in names]
+    assert sorted(grouped) == sorted(spec.name for _, spec in flags())
+    assert len(grouped) == len(set(grouped))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    text = capsys.readouterr().out
+    positions = [text.index(f"\n{title}:\n") for title, _ in FLAG_GROUPS]
+    assert positions == sorted(positions)
+    for name, _ in SUBCOMMANDS_HELP:
+        assert f"  epp {name}" in text

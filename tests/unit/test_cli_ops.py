@@ -64,7 +64,6 @@ def test_working_flags_do_not_warn(caplog: pytest.LogCaptureFixture) -> None:
     ("argv", "message"),
     [
         (["--tls-min-version=TLS1.2"], "unknown TLS version 'TLS1.2'"),
-        (["--tls-min-version=VersionTLS13"], "cannot refuse TLS 1.2"),
         (["--tls-cipher-suites=FAKE_CIPHER_SUITE"], "unsupported cipher suite 'FAKE_CIPHER_SUITE'"),
         (["--metrics-client-ca-file=/etc/ca.crt"], '"metrics-client-ca-file" requires'),
         (
@@ -118,19 +117,21 @@ def test_working_flags_with_nothing_to_act_on_are_named() -> None:
 
 
 @pytest.mark.parametrize(
-    "flag",
+    "argv",
     [
-        "--enable-cert-reload",
-        "--enable-grpc-stream-metrics",
-        "--tls-min-version=VersionTLS12",
-        "--tls-cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+        ["--enable-cert-reload", "--cert-path=/c"],
+        ["--enable-grpc-stream-metrics"],
+        ["--tls-min-version=VersionTLS13"],
+        ["--tls-cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"],
     ],
 )
-def test_options_the_h2_server_lacks_are_refused_with_it(
-    flag: str, capsys: pytest.CaptureFixture[str]
+def test_every_tls_and_stream_option_is_accepted_with_the_one_ext_proc_server(
+    argv: list[str],
 ) -> None:
-    assert settings_from_args(["--ext-proc-server=h2"]).ext_proc_server == "h2"
+    assert settings_from_args(argv).secure_serving
+
+
+def test_the_removed_server_choice_is_an_unknown_flag(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        settings_from_args(["--ext-proc-server=h2", flag])
-    name = flag.split("=", 1)[0]
-    assert f"--ext-proc-server=h2 does not support {name}" in capsys.readouterr().err
+        settings_from_args(["--ext-proc-server=h2"])
+    assert "--ext-proc-server" in capsys.readouterr().err

@@ -125,6 +125,10 @@ class ConcurrencyDetector(PluginBase):
         counts[0] += 1
         counts[1] += held.tokens
 
+    def needs_response_body(self, request: InferenceRequest, response: ResponseInfo) -> bool:
+        """``ResponseBodyNeed``: only the response's end matters here."""
+        return False
+
     def response_complete(self, request: InferenceRequest, response: ResponseInfo) -> None:
         self.release(request)
 

@@ -230,6 +230,9 @@ class InflightLoadProducer(PluginBase):
             if self._sync:
                 self._publisher.touch(eid)
 
+    def needs_response_body(self, request: InferenceRequest, response: ResponseInfo) -> bool:
+        return False  # ResponseBodyNeed: headers and completion are all the tracker reads
+
     def response_complete(self, request: InferenceRequest, response: ResponseInfo) -> None:
         rid = request.request_id
         entry = self._open.pop(rid, None)

@@ -45,6 +45,11 @@ Parameters:
 - ``vllm``: ``url`` (default ``http://localhost:8000``), ``timeout`` (``5s``), ``mmTimeout``
   (``30s``, for requests with media).
 
+``tokenizer`` is upstream's deprecated name of this type (deprecated in v0.9.0): the same
+producer with the same parameters, publishing under its own instance name
+(``TokenizedPrompt/tokenizer`` when unnamed, so consumers of the default key still get an
+auto-created ``token-producer``, as upstream); it logs its deprecation at start-up.
+
 YAML::
 
     plugins:
@@ -356,3 +361,16 @@ _SERIALISERS: Final[Mapping[str, Callable[[Mapping[str, Any]], list[bytes | byte
     "responses": _responses,
     "anthropic-messages": _anthropic,
 }
+
+
+class Tokenizer(TokenProducer):
+    """``tokenizer``: upstream's deprecated name of ``token-producer`` (module docstring)."""
+
+    TYPE: ClassVar[str] = "tokenizer"
+
+    def __init__(self, *, name: str, params: Any, handle: Handle) -> None:
+        super().__init__(name=name, params=params, handle=handle)
+        self._log.warning(
+            "plugin type 'tokenizer' is deprecated; use 'token-producer' instead (plugin %r)",
+            self.typed_name.name,
+        )

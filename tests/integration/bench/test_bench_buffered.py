@@ -1,4 +1,4 @@
-"""The ``epp-h2-buffered`` bench target really runs Envoy's buffered config: a request is routed
+"""The ``epp-buffered`` bench target really runs Envoy's buffered config: a request is routed
 by the EPP, and the EPP sees no response message (so it records no time to first byte)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _metric(text: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
-@pytest.mark.parametrize(("key", "ttfts"), [("epp-h2-buffered", 0.0), ("epp-h2", 1.0)])
+@pytest.mark.parametrize(("key", "ttfts"), [("epp-buffered", 0.0), ("epp", 1.0)])
 def test_only_the_buffered_target_keeps_the_response_from_the_epp(
     tmp_path: Path, key: str, ttfts: float
 ) -> None:

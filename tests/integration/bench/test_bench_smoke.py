@@ -48,7 +48,7 @@ def test_the_buffered_target_routes_every_request_without_response_messages(
     # through it and is answered, and the report names the target
     out = tmp_path / "report"
     done = subprocess.run(
-        [EPP, "bench", "--workloads", "a", "--targets", "epp-h2-buffered", "--requests", "12",
+        [EPP, "bench", "--workloads", "a", "--targets", "epp-buffered", "--requests", "12",
          "--probe", "2", "--out", str(out)],
         capture_output=True, text=True, timeout=870, check=False,
     )  # fmt: skip
@@ -56,8 +56,8 @@ def test_the_buffered_target_routes_every_request_without_response_messages(
     (workload,) = json.loads((out / "results.json").read_text())["workloads"]
     (result,) = workload["results"]
     assert (result["target"], result["status"], result["ok"], result["errors"]) == (
-        "epp-h2-buffered", "ok", 12, 0,
+        "epp-buffered", "ok", 12, 0,
     )  # fmt: skip
     assert set(result["cpu_s"]) == {"epp", "envoy"}
     markdown = (out / "report.md").read_text()
-    assert "| EPP (h2 server) via Envoy, buffered (no response messages) | 12 / 0 |" in markdown
+    assert "| EPP via Envoy, buffered (no response messages) | 12 / 0 |" in markdown

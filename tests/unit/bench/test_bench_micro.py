@@ -45,12 +45,12 @@ def test_wire_rows_measure_each_server_when_every_stream_is_answered() -> None:
     from epp.bench import wire
 
     variants = [
-        wire.Variant("h2", "h2"),
-        wire.Variant("grpc", "grpc"),
-        wire.Variant("tls", "h2", tls=True),
+        wire.Variant("epp", "epp"),
+        wire.Variant("empty", "empty-aio"),
+        wire.Variant("tls", "epp", tls=True),
     ]
     costs = wire.measure(variants, chunks=3, requests=wire.STREAMS)
-    assert [c.variant.label for c in costs] == ["h2", "grpc", "tls"]
+    assert [c.variant.label for c in costs] == ["epp", "empty", "tls"]
     assert all(c.per_request_us >= 0 and c.per_chunk_us >= 0 for c in costs)
 
 
@@ -79,9 +79,9 @@ def test_scrape_rows_put_the_previous_parse_beside_the_current_one() -> None:
 def test_round_trip_rows_time_each_phase_when_the_server_answers_every_step() -> None:
     from epp.bench import wire, wirelat
 
-    variants = [wire.Variant("h2", "h2"), wire.Variant("empty", "empty-aio")]
+    variants = [wire.Variant("epp", "epp"), wire.Variant("empty", "empty-aio")]
     trips = wirelat.measure(variants, n=3)
-    assert [t.variant.label for t in trips] == ["h2", "empty"]
+    assert [t.variant.label for t in trips] == ["epp", "empty"]
     for t in trips:
         assert list(t.median_us) == list(wirelat.PHASES)
         assert all(0.0 < us < 30e6 for us in t.median_us.values())

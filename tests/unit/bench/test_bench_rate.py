@@ -93,7 +93,7 @@ def test_step_row_reports_rate_picks_cpu_and_errors_when_a_step_ends() -> None:
     before = Reading(_text(0, 0, 0, 0, 0), {"epp": 1.0, "client": 0.0}, 100.0)
     after = Reading(_text(80, 95, 100, 100, 0.1), {"epp": 1.5, "client": 0.2}, 102.0, 0.5)
     shots = [Shot(0.001, 200, 0.010) for _ in range(100)] + [Shot(0.001, 0, 0, "client cap")]
-    row = step_row("aio", 50, 2.0, shots, 2.0, before, after, idle_cores=0.05)
+    row = step_row("epp", 50, 2.0, shots, 2.0, before, after, idle_cores=0.05)
     assert (row["sent"], row["ok"], row["errors"]) == (101, 100, 1)
     assert row["error_kinds"] == {"client cap": 1}
     assert row["achieved_rate"] == 50.0 and not row["reached"]  # an error: not reached
@@ -103,12 +103,12 @@ def test_step_row_reports_rate_picks_cpu_and_errors_when_a_step_ends() -> None:
     assert row["epp_net_ms_per_req"] == 4.0  # 0.5 s less 0.05 cores x 2 s, over 100
     assert row["cores"]["epp"] == 0.25
     assert row["epp_cpu_wait_s_per_s"] == 0.25
-    clean = step_row("aio", 50, 2.0, shots[:100], 2.6, before, after, 0.0)
+    clean = step_row("epp", 50, 2.0, shots[:100], 2.6, before, after, 0.0)
     assert clean["reached"] and clean["achieved_rate"] == 50.0  # the answers' tail is no loss
-    slow = step_row("aio", 60, 2.0, shots[:100], 2.0, before, after, 0.0)
+    slow = step_row("epp", 60, 2.0, shots[:100], 2.0, before, after, 0.0)
     assert not slow["reached"]  # 50/s is below 95% of 60/s
-    md = report_md({"run": _RUN, "servers": [{"server": "aio", "status": "ok", "steps": [row]}]})
-    assert "| aio | 50 | 50 (not reached) | 1 | 0.62 / 2.00 / 4.40 |" in md
+    md = report_md({"run": _RUN, "servers": [{"server": "epp", "status": "ok", "steps": [row]}]})
+    assert "| epp | 50 | 50 (not reached) | 1 | 0.62 / 2.00 / 4.40 |" in md
     assert "| 0.25 | - / - / 0.10 | 1.0 | 0.25 | - |" in md
 
 

@@ -38,13 +38,7 @@ def test_render_shows_every_map_and_the_verdict() -> None:
     assert "(flat, limit 5%)" in text
 
 
-@pytest.mark.parametrize("server", ["grpc", "h2"])
-def test_ext_proc_server_option_reaches_the_epp_command_line(server: str) -> None:
-    args = epp_args(options(["--ext-proc-server", server]))
-    assert args[args.index("--ext-proc-server") + 1] == server
-
-
-def test_ext_proc_server_defaults_to_grpc_and_refuses_others() -> None:
-    assert options([]).ext_proc_server == "grpc"
+def test_the_epp_runs_with_experimental_plugins_and_the_removed_server_option_is_refused() -> None:
+    assert epp_args(options([])) == ["--allow-experimental-plugins"]
     with pytest.raises(SystemExit):
-        options(["--ext-proc-server", "http1"])
+        options(["--ext-proc-server", "h2"])

@@ -44,7 +44,7 @@ def test_line_counts_only_answered_requests_when_summarised() -> None:
         Outcome(2, "s", "", 500, error="HTTP 500"),
     ]
     probe = {"fresh": [0.003, 0.005, 0.004], "reused": [0.002]}
-    text = together.line("epp-h2", outcomes, probe, {"epp": 0.010, "envoy": 0.004})
-    assert text.startswith("epp-h2: 2/3 ok, TTFT p50 40.0 p90 40.0")
+    text = together.line("epp-buffered", outcomes, probe, {"epp": 0.010, "envoy": 0.004})
+    assert text.startswith("epp-buffered: 2/3 ok, TTFT p50 40.0 p90 40.0")
     assert "probe fresh 4.0 reused 2.0" in text
     assert text.endswith("CPU ms/req envoy 2.00 · epp 5.00")

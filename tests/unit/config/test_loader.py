@@ -39,7 +39,7 @@ def test_builtin_default_config_weights_and_auto_producers(registry: PluginRegis
         "kv-cache-utilization-scorer": 1,
         "prefix-cache-scorer": 4,
         "estimated-load-scorer": 2,
-        "no-hit-lru-scorer": 1,
+        "no-hit-lru-scorer": 0.25,
     }
     assert sorted(x.typed_name.type for x in p.producers) == [
         "approx-prefix-cache-producer",

@@ -90,6 +90,32 @@ def test_buffered_fail_open_routes_undecided_requests_to_the_fallback(
     assert (fallback["name"], fallback["type"]) == ("fallback", "STRICT_DNS")
 
 
+def test_streamed_allows_only_the_override_that_switches_the_response_body_off(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main([*EPP, "--body", "streamed"]) == 0
+    ext = _ext_proc(capsys.readouterr().out)
+    mode = ext["processing_mode"]
+    assert (mode["request_body_mode"], mode["response_body_mode"]) == ("BUFFERED", "STREAMED")
+    assert mode["response_header_mode"] == "SEND"
+    assert ext["allow_mode_override"] is True
+    (allowed,) = ext["allowed_override_modes"]
+    # Envoy compares the resolved override with each entry field by field: every field of the
+    # configured mode is spelled out, and only the response body differs (NONE, left out)
+    assert allowed == {k: v for k, v in mode.items() if k != "response_body_mode"}
+    assert ext["route_cache_action"] == "CLEAR"  # the decision comes with the body reply
+
+
+@pytest.mark.parametrize("body", ["full-duplex", "buffered"])
+def test_no_mode_override_where_the_epp_never_asks_for_one(
+    body: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # full-duplex: Envoy ignores mode_override; buffered: the EPP sees no response headers
+    assert main([*EPP, "--body", body]) == 0
+    ext = _ext_proc(capsys.readouterr().out)
+    assert "allow_mode_override" not in ext and "allowed_override_modes" not in ext
+
+
 def test_replicas_are_health_checked_without_panic_routing() -> None:
     from epp.envoyconfig.clusters import epp_cluster
     from epp.envoyconfig.render import as_dict

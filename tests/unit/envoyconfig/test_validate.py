@@ -54,6 +54,8 @@ BOOTSTRAPS = {
         "--fallback",
         "models.llm.svc:8000",
     ],
+    "streamed": [*EPP, "--body", "streamed"],
+    "streamed-fail-open": [*EPP, "--body", "streamed", "--fail-open", "--fallback", "m:8000"],
     "json": [*EPP, "--format", "json", "--message-timeout", "2", "--route-timeout", "60"],
 }
 

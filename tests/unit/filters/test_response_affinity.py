@@ -170,3 +170,15 @@ def test_least_recently_used_binding_goes_first_when_max_entries_reached() -> No
 def test_params_rejected_when_invalid(params: dict[str, Any]) -> None:
     with pytest.raises(ParamError, match=r"maxEntries|ttl|duration|unknown field"):
         decode(ResponseAffinityFilter.Params, params)
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "needed"),
+    [("responses", 200, True), ("responses", 404, False), ("chat", 200, False)],
+)
+def test_it_needs_only_the_body_of_a_successful_responses_api_answer(
+    kind: str, status: int, needed: bool
+) -> None:
+    request = make_request(body=RequestBody(kind=kind, payload={"model": "m"}, raw=b"{}"))
+    response = ResponseInfo(request_id="r", headers={}, status=status)
+    assert plugin().needs_response_body(request, response) is needed

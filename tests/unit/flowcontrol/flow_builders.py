@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from prometheus_client import CollectorRegistry
 
-from epp.config.loader import ensure_flow_defaults
+from epp.config.loader import ensure_eviction_defaults, ensure_flow_defaults
 from epp.config.schema import FlowControlSpec
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.shared import CrossReplicaOptions
@@ -22,6 +22,7 @@ from epp.plugin import Endpoint, InferenceRequest, SaturationDetector
 from epp.plugin.params import decode
 from epp.plugins.flow.admitter import ProbabilisticAdmitter
 from epp.plugins.flow.concurrency import ConcurrencyDetector
+from epp.plugins.flow.eviction import PriorityThenTimeEvictionOrderPolicy
 from epp.plugins.flow.fairness import GlobalStrictFairnessPolicy, RoundRobinFairnessPolicy
 from epp.plugins.flow.ordering import (
     EDFOrderingPolicy,
@@ -36,6 +37,7 @@ from epp.plugins.flow.usage_limits import (
     StaticUsageLimitPolicy,
 )
 from epp.plugins.flow.utilization import UtilizationDetector
+from filters.sheddable_eviction import SheddableEvictionFilter
 from tests.builders import FakeHandle, make_endpoint, make_request
 
 PLUGIN_CLASSES: dict[str, type[Any]] = {
@@ -54,6 +56,8 @@ PLUGIN_CLASSES: dict[str, type[Any]] = {
         UtilizationDetector,
         ProbabilisticAdmitter,
         TurnPriority,
+        SheddableEvictionFilter,
+        PriorityThenTimeEvictionOrderPolicy,
     )
 }
 
@@ -100,12 +104,13 @@ def make_env(
     detector: str = "utilization-detector",
     pool_size: int = 1,
     cross_replica: CrossReplicaOptions | None = None,
+    built: Mapping[str, Any] | None = None,
 ) -> Env:
     """``flow_control`` is the ``flowControl`` YAML section; ``plugins`` are extra
-    ``(type, name, parameters)`` instances."""
+    ``(type, name, parameters)`` instances, ``built`` extra instances by name."""
     h = FakeHandle()
     registry = h.registry
-    instances: dict[str, Any] = {}
+    instances: dict[str, Any] = dict(built or {})
     for type_name, name, params in plugins:
         instances[name or type_name] = build_plugin(h, type_name, name, **params)
 
@@ -116,6 +121,8 @@ def make_env(
     ensure_flow_defaults(add, instances)
     raw = yaml.safe_load(flow_control) if isinstance(flow_control, str) else flow_control
     spec = decode(FlowControlSpec, raw) if raw is not None else None
+    if spec is not None and spec.enable_eviction:
+        ensure_eviction_defaults(add, instances)
     det: SaturationDetector = instances.get(detector) or add(detector)
     controller = FlowController.from_config(
         spec,

@@ -33,16 +33,6 @@ from tests.builders import handle
         pytest.param(
             ["--replicas", "2", "--pd"], "--replicas and --pd cannot be combined", id="with-pd"
         ),
-        pytest.param(
-            ["--ext-proc-server", "grpc,quic"],
-            "--ext-proc-server takes grpc and h2, got quic",
-            id="unknown-server",
-        ),
-        pytest.param(
-            ["--ext-proc-server", "h2", "--pd"],
-            "--ext-proc-server and --pd cannot be combined",
-            id="server-with-pd",
-        ),
     ],
 )
 def test_stack_refuses_replicas_it_cannot_run_when_parsing(
@@ -78,16 +68,6 @@ def test_one_replica_keeps_the_single_epp_command_line_when_built(tmp_path: Path
     argv = list(several.proc.argv)
     assert "--health-checking" in argv and argv[argv.index("--seed") + 1] == "2"
     assert several.grpc_port != one.grpc_port
-    assert "--ext-proc-server" not in argv
-
-
-def test_stack_runs_the_epp_once_per_ext_proc_server_named_when_given(tmp_path: Path) -> None:
-    args = stack_cli._parser().parse_args(["--ext-proc-server", "grpc, h2"])
-    assert stack_cli._servers(args) == ["grpc", "h2"]
-    assert stack_cli._servers(stack_cli._parser().parse_args([])) == [""]
-    h2 = epp_replica(tmp_path / "c.yaml", tmp_path / "epp.log", server="h2")
-    argv = list(h2.proc.argv)
-    assert argv[argv.index("--ext-proc-server") + 1] == "h2"
 
 
 def test_replica_config_is_the_stack_config_plus_the_redis_syncer_when_loaded() -> None:

@@ -4,8 +4,11 @@ behind the same check and removable, pprof behind it too; the verdict cache."""
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
+import sys
 from typing import Any
+from urllib.parse import urljoin
 
 import aiohttp
 import pytest
@@ -83,9 +86,27 @@ async def test_pprof_profile_behind_auth(start_app: Any) -> None:
         assert len(await r.read()) > 0
 
 
+async def test_pprof_index_lists_the_profiles_served_as_go_does(start_app: Any) -> None:
+    app = await start_app([closed_port()], ready=False, metrics_token=TOKEN)
+    port = app.metrics_port
+    assert (await get(port, "/debug/pprof/"))[0] == 401
+    for path in ("/debug/pprof/", "/debug/pprof"):  # Go's mux redirects the bare path
+        status, page = await get(port, path, TOKEN)
+        assert status == 200 and "Types of profiles available:" in page, path
+    links = re.findall(r"<a href='([^']+)'>([^<]+)</a>", page)
+    assert links == [("cmdline", "cmdline"), ("profile", "profile")]
+    assert "<div class=profile-name>profile: </div> CPU profile" in page
+    # each link, resolved against the index like a browser does, is served
+    status, argv = await get(port, urljoin("/debug/pprof/", "cmdline"), TOKEN)
+    assert status == 200 and argv.split("\x00") == sys.orig_argv
+    status, text = await get(port, urljoin("/debug/pprof/", "profile?seconds=1&format=text"), TOKEN)
+    assert status == 200 and "function calls" in text
+
+
 async def test_pprof_off(start_app: Any) -> None:
     app = await start_app([closed_port()], ready=False, metrics_token=TOKEN, enable_pprof=False)
-    assert (await get(app.metrics_port, "/debug/pprof/profile?seconds=1", TOKEN))[0] == 404
+    for path in ("/debug/pprof/", "/debug/pprof/cmdline", "/debug/pprof/profile?seconds=1"):
+        assert (await get(app.metrics_port, path, TOKEN))[0] == 404, path
     assert (await get(app.metrics_port, "/debug/config", TOKEN))[0] == 200
 
 

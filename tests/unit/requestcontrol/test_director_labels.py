@@ -27,6 +27,7 @@ PIPELINE: Any = SimpleNamespace(
     request_header=[],
     response_headers=[],
     response_streaming=[],
+    response_complete=[],
     saturation_detector=None,
 )
 

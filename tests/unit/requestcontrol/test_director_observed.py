@@ -32,6 +32,7 @@ from epp.plugin import (
 from epp.plugin.params import decode
 from epp.plugins.parsers.openai import OpenAIParser
 from epp.requestcontrol import director as director_module
+from epp.requestcontrol import responses as responses_module
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.objectives import ObjectiveStore
 from epp.requestcontrol.rewrites import ModelRewrite, RewriteRule, RewriteStore, RewriteTarget
@@ -146,6 +147,7 @@ class Clock:
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock()
     monkeypatch.setattr(director_module, "time", fake)
+    monkeypatch.setattr(responses_module, "time", fake)  # the Director's response side
     return fake
 
 

@@ -170,3 +170,13 @@ def test_memory_is_bounded() -> None:
     assert tracker.change("ep", 0.5) == -MAX_DONE  # sent before 0.5: only the newest are kept
     tracker.complete(f"r{MAX_DONE + 20}", 10.0, 1)  # 9 s later: older records are dropped
     assert tracker.change("ep", 9.5) == -1  # only the completion after 9.5 is left
+
+
+def test_it_reads_no_response_body_and_releases_the_prompt_without_usage() -> None:
+    # a skipped body leaves usage unknown: the completion releases the prompt's tokens, as in
+    # test_released_tokens_are_the_prompt_when_the_server_reports_no_usage
+    scorer, _ = _tracked()
+    assert (
+        scorer.needs_response_body(make_request(), ResponseInfo(request_id="r", headers={}))
+        is False
+    )

@@ -3,16 +3,22 @@ stops it) and the debug views' reviewer."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from pathlib import Path
 
-import grpc
 import pytest
 
 from epp.config.loader import ConfigError
 from epp.observability.auth import Verdict
-from epp.server.admin import AdminServicer, AdminSources, read_token
+from epp.server.admin import (
+    PERMISSION_DENIED,
+    UNAUTHENTICATED,
+    UNAVAILABLE,
+    AdminError,
+    AdminServicer,
+    AdminSources,
+    read_token,
+)
 
 
 def test_no_file_means_no_token() -> None:
@@ -32,23 +38,6 @@ def test_an_empty_or_missing_file_stops_startup_with_the_reason(tmp_path: Path) 
         read_token(str(tmp_path / "missing"))
 
 
-class _Aborted(Exception):
-    pass
-
-
-class _Context:
-    def __init__(self, authorization: str | None) -> None:
-        self._md = () if authorization is None else (("authorization", authorization),)
-        self.code: grpc.StatusCode | None = None
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self._md
-
-    async def abort(self, code: grpc.StatusCode, details: str) -> None:
-        self.code = code
-        raise _Aborted(details)
-
-
 class _Reviewer:
     def __init__(self, status: int | Exception) -> None:
         self.status = status
@@ -66,24 +55,25 @@ def _servicer(token: str = "", reviewer: _Reviewer | None = None) -> AdminServic
     return AdminServicer(dataclasses.replace(sources, token=token, reviewer=reviewer))
 
 
-async def _code(servicer: AdminServicer, authorization: str | None) -> grpc.StatusCode | None:
-    ctx = _Context(authorization)
-    with contextlib.suppress(_Aborted):
-        await servicer._authorize(ctx)  # type: ignore[arg-type]
-    return ctx.code
+async def _code(servicer: AdminServicer, authorization: str | None) -> int | None:
+    try:
+        await servicer._authorize(authorization or "")
+    except AdminError as err:
+        return err.code
+    return None
 
 
 @pytest.mark.parametrize(
     ("status", "expected"),
     [
         pytest.param(200, None, id="allowed"),
-        pytest.param(401, grpc.StatusCode.UNAUTHENTICATED, id="unknown-token"),
-        pytest.param(403, grpc.StatusCode.PERMISSION_DENIED, id="not-granted"),
-        pytest.param(RuntimeError("api server down"), grpc.StatusCode.UNAVAILABLE, id="failed"),
+        pytest.param(401, UNAUTHENTICATED, id="unknown-token"),
+        pytest.param(403, PERMISSION_DENIED, id="not-granted"),
+        pytest.param(RuntimeError("api server down"), UNAVAILABLE, id="failed"),
     ],
 )
 async def test_the_debug_reviewer_judges_admin_calls_as_a_get_of_debug_admin(
-    status: int | Exception, expected: grpc.StatusCode | None
+    status: int | Exception, expected: int | None
 ) -> None:
     reviewer = _Reviewer(status)
     assert await _code(_servicer(reviewer=reviewer), "Bearer t0k") == expected
@@ -95,5 +85,5 @@ async def test_the_admin_token_is_accepted_without_asking_the_reviewer() -> None
     servicer = _servicer(token="own", reviewer=reviewer)
     assert await _code(servicer, "Bearer own") is None
     assert reviewer.asked == []
-    assert await _code(servicer, None) == grpc.StatusCode.UNAUTHENTICATED
+    assert await _code(servicer, None) == UNAUTHENTICATED
     assert await _code(_servicer(), None) is None  # nothing configured: open, as /debug is

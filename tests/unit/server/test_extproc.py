@@ -1,24 +1,24 @@
-"""The grpc.aio servicer's dispatch loop: replies in order, misuse as INVALID_ARGUMENT with its
-message, an unexpected error as a 500, eviction while waiting for the next message, and how each
-stream is counted and completed."""
+"""An ext_proc stream (``epp.server.h2.ExtProcCall``) over a real ``RequestStream`` and a recording
+Director: replies in order, misuse as INVALID_ARGUMENT with its message, an unexpected error as a
+500, eviction while the response streams, the flow-control half-close, and how each stream is
+counted and completed."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-import grpc
 import pytest
-from google.protobuf.message import DecodeError
 
 from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.flowcontrol.eviction import EVICTION_ATTRIBUTE, Eviction
 from epp.plugin import TerminationCause
 from epp.requestcontrol.exchange import Decision, Exchange
+from epp.server import h2wire as w
 from epp.server.context import ServerContext
-from epp.server.extproc import ExtProcServicer
+from epp.server.h2 import ExtProcCall
+from epp.server.misuse import MisuseLog
 from tests.unit.server.test_stream import (
     Director,
     body,
@@ -30,19 +30,24 @@ from tests.unit.server.test_stream import (
 INTERNAL_BODY = b"inference error: Internal - unexpected error in the endpoint picker"
 
 
-class Context:
+class IO:
     def __init__(self) -> None:
-        self.code_: grpc.StatusCode | None = None
-        self.details: str | None = None
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.sent: list[bytes] = []
+        self.finished: list[tuple[int, str]] = []
 
-    def set_code(self, code: grpc.StatusCode) -> None:
-        self.code_ = code
+    def send(self, payload: bytes) -> None:
+        assert not self.finished, "a message after the trailers"
+        self.sent.append(payload)
 
-    def set_details(self, details: str) -> None:
-        self.details = details
+    def finish(self, code: int, message: str = "") -> None:
+        self.finished.append((code, message))
 
-    def code(self) -> grpc.StatusCode | None:
-        return self.code_
+    def kinds(self) -> list[str | None]:
+        return [pb.ProcessingResponse.FromString(b).WhichOneof("response") for b in self.sent]
+
+    def last(self) -> pb.ProcessingResponse:
+        return pb.ProcessingResponse.FromString(self.sent[-1])
 
 
 class Streams:
@@ -80,32 +85,26 @@ class Recording(Director):
         return decision
 
 
-async def messages(items: Iterable[Any], gate: asyncio.Event | None = None) -> AsyncIterator[Any]:
-    for item in items:
-        if isinstance(item, BaseException):
-            raise item
-        yield item
-    if gate is not None:  # the client keeps the stream open until told
-        await gate.wait()
-
-
-def servicer(streams: Streams | None = None) -> tuple[ExtProcServicer, Recording]:
-    director = Recording()
+def new_call(streams: Streams | None = None) -> tuple[ExtProcCall, IO, Recording]:
+    director, io = Recording(), IO()
     ctx = ServerContext(director=director, streams=streams)  # type: ignore[arg-type]
-    return ExtProcServicer(ctx), director
+    return (
+        ExtProcCall(io, ctx, MisuseLog(logging.getLogger("epp.server.h2"), lambda: 0.0)),
+        io,
+        director,
+    )
 
 
-async def run(
-    svc: ExtProcServicer, items: Iterable[Any], ctx: Context
-) -> list[pb.ProcessingResponse]:
-    out = []
-    async for reply in svc.Process(messages(items), ctx):  # type: ignore[arg-type]
-        out.append(
-            reply
-            if isinstance(reply, pb.ProcessingResponse)
-            else pb.ProcessingResponse.FromString(reply)
-        )
-    return out
+async def settle() -> None:
+    """Let the call's tasks run as far as they can."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def send(call: ExtProcCall, *msgs: pb.ProcessingRequest | bytes) -> None:
+    for msg in msgs:
+        call.on_message(msg if isinstance(msg, bytes) else msg.SerializeToString())
+        await settle()
 
 
 @pytest.mark.parametrize("counted", [False, True])
@@ -113,11 +112,11 @@ async def test_a_request_is_answered_and_completed_when_the_client_half_closes(
     counted: bool,
 ) -> None:
     streams = Streams() if counted else None
-    svc, director = servicer(streams)
-    ctx = Context()
-    replies = await run(svc, [headers(), body(b"{}")], ctx)
-    assert [r.WhichOneof("response") for r in replies] == ["request_headers", "request_body"]
-    assert ctx.code_ is None
+    call, io, director = new_call(streams)
+    await send(call, headers(), body(b"{}"))
+    assert io.kinds() == ["request_headers", "request_body"] and io.finished == []
+    call.on_half_close()
+    assert io.finished == [(w.GRPC_OK, "")]
     assert director.calls[-1] == ("complete", TerminationCause.CLIENT_DISCONNECT)
     if streams is not None:
         assert streams.events == ["started", "OK"]
@@ -127,25 +126,21 @@ async def test_misuse_ends_with_invalid_argument_and_its_message(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     streams = Streams()
-    svc, director = servicer(streams)
-    ctx = Context()
-    with caplog.at_level(logging.WARNING, logger="epp.server.extproc"):
-        assert await run(svc, [body(b"{}")], ctx) == []
-    assert (ctx.code_, ctx.details) == (
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "request_body before request_headers",
-    )
+    call, io, director = new_call(streams)
+    with caplog.at_level(logging.WARNING, logger="epp.server.h2"):
+        await send(call, body(b"{}"))
+    assert io.sent == []
+    assert io.finished == [(w.GRPC_INVALID_ARGUMENT, "request_body before request_headers")]
     assert director.calls == [("protocol_error", "request_body_before_headers")]
     assert streams.events == ["started", "InvalidArgument"]
     assert "ext_proc protocol error (request_body_before_headers)" in caplog.text
 
 
 async def test_undecodable_bytes_are_misuse() -> None:
-    svc, director = servicer()
-    ctx = Context()
-    replies = await run(svc, [headers(), DecodeError("bad wire type")], ctx)
-    assert replies == [] and ctx.code_ == grpc.StatusCode.INVALID_ARGUMENT
-    assert ctx.details == "undecodable ProcessingRequest: bad wire type"
+    call, io, director = new_call()
+    await send(call, headers(), b"\xff\xff\xff")
+    assert io.sent == [] and io.finished[0][0] == w.GRPC_INVALID_ARGUMENT
+    assert io.finished[0][1].startswith("undecodable ProcessingRequest: ")
     assert director.calls[-2:] == [
         ("protocol_error", "undecodable"),
         ("complete", TerminationCause.ERROR),
@@ -155,147 +150,154 @@ async def test_undecodable_bytes_are_misuse() -> None:
 async def test_an_unexpected_error_is_a_500_and_the_request_completes_as_error(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    svc, director = servicer()
+    call, io, director = new_call()
 
     def broken(ex: Exchange, headers: dict[str, str], served: str) -> dict[str, str]:
         raise RuntimeError("bug")
 
     director.on_response_headers = broken  # type: ignore[method-assign]
-    ctx = Context()
-    with caplog.at_level(logging.ERROR, logger="epp.server.extproc"):
-        replies = await run(svc, [headers(), body(b"{}"), response_headers()], ctx)
-    assert [r.WhichOneof("response") for r in replies][-1] == "immediate_response"
-    assert replies[-1].immediate_response.status.code == 500
-    assert replies[-1].immediate_response.body == INTERNAL_BODY
-    assert ctx.code_ is None
+    with caplog.at_level(logging.ERROR, logger="epp.server.h2"):
+        await send(call, headers(), body(b"{}"), response_headers())
+    assert io.kinds()[-1] == "immediate_response"
+    assert io.last().immediate_response.status.code == 500
+    assert io.last().immediate_response.body == INTERNAL_BODY
+    assert io.finished == [(w.GRPC_OK, "")]
     assert director.calls[-1] == ("complete", TerminationCause.ERROR)
-    (record,) = [r for r in caplog.records if r.name == "epp.server.extproc"]
-    assert record.getMessage() == "ext_proc stream failed"
-    assert record.__dict__["request_kind"] == "response_headers"
+    (record,) = [r for r in caplog.records if r.name == "epp.server.h2"]
+    assert record.getMessage() == "ext_proc stream failed while handling a message"
     assert record.exc_info is not None and record.exc_info[0] is RuntimeError
 
 
-async def test_a_done_stream_stops_reading() -> None:
-    svc, director = servicer()
-    director.skip_response = True
-    ctx = Context()
-    replies = await run(svc, [headers(), body(b"{}"), body(b"never read")], ctx)
-    assert len(replies) == 2 and ctx.code_ is None  # the third message is not misuse
-
-
-async def test_an_error_reading_the_stream_counts_as_internal() -> None:
-    streams = Streams()
-    svc, _ = servicer(streams)
-    with pytest.raises(OSError, match="reset"):
-        await run(svc, [headers(), OSError("reset")], Context())
-    assert streams.events == ["started", "Internal"]
+async def test_a_done_stream_ignores_what_follows() -> None:
+    call, io, _ = new_call()
+    call.stream.director.skip_response = True  # type: ignore[attr-defined]
+    await send(call, headers(), body(b"{}"), body(b"never read"))
+    assert len(io.sent) == 2 and io.finished == [(w.GRPC_OK, "")]  # no misuse after the end
 
 
 async def test_a_client_that_goes_away_counts_as_canceled() -> None:
     streams = Streams()
-    svc, _ = servicer(streams)
-    gen = svc.Process(messages([headers(), body(b"{}")], asyncio.Event()), Context())  # type: ignore[arg-type]
-    await anext(gen)
-    await gen.aclose()
-    assert streams.events == ["started", "Canceled"]
-
-
-async def test_eviction_while_waiting_answers_429_and_ends_the_stream() -> None:
-    svc, director = servicer()
-    director.evictable = eviction = Eviction()
-    gate = asyncio.Event()
-    gen = svc.Process(messages([headers(), body(b"{}")], gate), Context())  # type: ignore[arg-type]
-    got = [await anext(gen), await anext(gen)]
-    assert len(got) == 2
-    pending = asyncio.ensure_future(anext(gen))
-    await asyncio.sleep(0)  # the loop now waits for the next message or the eviction
-    assert not pending.done()
-    eviction.fire()
-    reply = await asyncio.wait_for(pending, 5)
-    assert reply.immediate_response.status.code == 429
-    assert reply.immediate_response.body == b"request evicted by flow control"
-    with pytest.raises(StopAsyncIteration):
-        await anext(gen)
-    assert director.calls[-1] == ("complete", TerminationCause.EVICTED)
-
-
-async def test_messages_keep_flowing_while_the_request_can_be_evicted() -> None:
-    svc, director = servicer()
-    director.evictable = Eviction()
-    items = [headers(), body(b"{}"), response_headers(), response_body(b"x", eos=True)]
-    replies = await run(svc, items, Context())
-    kinds = [r.WhichOneof("response") for r in replies]
-    assert kinds == ["request_headers", "request_body", "response_headers", "response_body"]
+    call, io, director = new_call(streams)
+    await send(call, headers(), body(b"{}"))
+    call.on_reset()
+    assert streams.events == ["started", "Canceled"] and io.finished == []
     assert director.calls[-1] == ("complete", TerminationCause.CLIENT_DISCONNECT)
 
 
-def kind(reply: Any) -> str | None:
-    if not isinstance(reply, pb.ProcessingResponse):
-        reply = pb.ProcessingResponse.FromString(reply)
-    return reply.WhichOneof("response")
+async def test_a_reply_over_the_send_limit_fails_the_call_as_grpc_would() -> None:
+    director, io = Recording(), IO()
+    ctx = ServerContext(director=director)  # type: ignore[arg-type]
+    call = ExtProcCall(io, ctx, MisuseLog(logging.getLogger("t"), lambda: 0.0), max_send=10)
+    await send(call, headers(), body(b"{}"))
+    assert io.sent == [] and io.finished == [
+        (w.GRPC_RESOURCE_EXHAUSTED, "reply over the send limit")
+    ]
+    assert director.calls[-1] == ("complete", TerminationCause.ERROR)
 
 
-def queued() -> tuple[ExtProcServicer, Recording, Streams]:
-    """A flow-controlled servicer whose routing waits (as in a queue) until ``hold`` is set."""
+async def test_eviction_while_the_response_streams_answers_429_and_ends_the_stream() -> None:
     streams = Streams()
-    svc, director = servicer(streams)
+    call, io, director = new_call(streams)
+    director.evictable = eviction = Eviction()
+    await send(call, headers(), body(b"{}"), response_headers())
+    assert io.kinds() == ["request_headers", "request_body", "response_headers"]
+    eviction.fire()
+    await settle()
+    assert io.last().immediate_response.status.code == 429
+    assert io.last().immediate_response.body == b"request evicted by flow control"
+    assert io.finished == [(w.GRPC_OK, "")]
+    assert director.calls[-1] == ("complete", TerminationCause.EVICTED)
+    assert streams.events == ["started", "OK"]
+    await send(call, response_body(b"late", eos=True))  # after the end: dropped
+    assert io.kinds()[-1] == "immediate_response"
+
+
+async def test_messages_keep_flowing_while_the_request_can_be_evicted() -> None:
+    call, io, director = new_call()
+    director.evictable = eviction = Eviction()
+    await send(call, headers(), body(b"{}"), response_headers(), response_body(b"x", eos=True))
+    assert io.kinds() == ["request_headers", "request_body", "response_headers", "response_body"]
+    eviction.fire()  # the response ended: too late to evict
+    await settle()
+    call.on_half_close()
+    assert io.kinds()[-1] == "response_body" and io.finished == [(w.GRPC_OK, "")]
+    assert director.calls[-1] == ("complete", TerminationCause.CLIENT_DISCONNECT)
+
+
+async def test_a_stream_that_ends_stops_watching_for_eviction() -> None:
+    call, _, director = new_call()
+    director.evictable = Eviction()
+    await send(call, headers(), body(b"{}"))
+    watcher = call.evicting
+    assert watcher is not None and not watcher.done()
+    call.on_reset()
+    await settle()
+    assert watcher.cancelled() and call.evicting is None
+
+
+def queued(streams: Streams | None = None) -> tuple[ExtProcCall, IO, Recording]:
+    """A flow-controlled call whose routing waits (as in a queue) until ``hold`` is set."""
+    call, io, director = new_call(streams)
     director.flow_controlled = True
     director.hold = asyncio.Event()
-    return svc, director, streams
+    return call, io, director
 
 
 async def test_a_half_close_while_the_request_waits_in_flow_control_abandons_it() -> None:
-    svc, director, streams = queued()
-    ctx = Context()
+    streams = Streams()
+    call, io, director = queued(streams)
+    await send(call, headers(), body(b"{}"))
+    call.on_half_close()
+    await settle()
     # full duplex: nothing is answered before the decision, and none is made
-    assert await asyncio.wait_for(run(svc, [headers(), body(b"{}")], ctx), 5) == []
-    assert director.route_cancelled and ctx.code_ is None
+    assert io.sent == [] and io.finished == [(w.GRPC_OK, "")]
+    assert director.route_cancelled
     assert director.calls[-1] == ("complete", TerminationCause.CLIENT_DISCONNECT)
     assert streams.events == ["started", "OK"]
 
 
-async def test_messages_read_ahead_while_routing_waits_are_answered_in_order() -> None:
-    svc, director, _ = queued()
+async def test_messages_that_arrive_while_routing_waits_are_answered_in_order() -> None:
+    call, io, director = queued()
     assert director.hold is not None
-    open_ = asyncio.Event()
-    items = [headers(), body(b"{}"), response_headers()]
-    gen = svc.Process(messages(items, open_), Context())  # type: ignore[arg-type]
-    pending = asyncio.ensure_future(anext(gen))
-    for _ in range(10):  # the read-ahead takes response_headers while routing waits
-        await asyncio.sleep(0)
-    assert not pending.done()
+    await send(call, headers(), body(b"{}"), response_headers())
+    assert io.sent == []
     director.hold.set()
-    kinds = [kind(await asyncio.wait_for(pending, 5))]
-    while kinds[-1] != "response_headers":
-        kinds.append(kind(await asyncio.wait_for(anext(gen), 5)))
-    assert kinds == ["request_headers", "request_body", "response_headers"]
-    assert not director.route_cancelled
-    open_.set()
-    with pytest.raises(StopAsyncIteration):
-        await asyncio.wait_for(anext(gen), 5)
+    await settle()
+    assert io.kinds() == ["request_headers", "request_body", "response_headers"]
+    assert not director.route_cancelled and io.finished == []
 
 
 async def test_a_half_close_after_the_decision_still_gets_the_answer() -> None:
-    svc, director, _ = queued()
+    call, io, director = queued()
     assert director.hold is not None
-    director.hold.set()  # routing does not wait: the decision is made before the end is read
-    director.flow_controlled = True
-    replies = await asyncio.wait_for(
-        run(svc, [headers(), body(b"{}"), response_headers()], Context()), 5
-    )
-    kinds = [r.WhichOneof("response") for r in replies]
-    assert kinds == ["request_headers", "request_body", "response_headers"]
+    director.hold.set()  # routing does not wait: the decision is made at once
+    await send(call, headers(), body(b"{}"))
+    call.on_half_close()
+    assert io.kinds() == ["request_headers", "request_body"]
+    assert io.finished == [(w.GRPC_OK, "")] and not director.route_cancelled
 
 
-async def test_cancelling_the_stream_cancels_the_routing_that_waits() -> None:
-    svc, director, streams = queued()
-    gen = svc.Process(messages([headers(), body(b"{}")], asyncio.Event()), Context())  # type: ignore[arg-type]
-    pending = asyncio.ensure_future(anext(gen))
-    for _ in range(10):
-        await asyncio.sleep(0)
-    pending.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await pending
-    assert director.route_cancelled
-    await gen.aclose()
+async def test_a_call_abandoned_before_its_routing_started_leaves_no_coroutine_behind(
+    recwarn: pytest.WarningsRecorder,
+) -> None:
+    call, io, director = queued()
+    call.on_message(headers().SerializeToString())
+    call.on_message(body(b"{}").SerializeToString())  # the routing task is not started yet
+    call.on_half_close()
+    await settle()
+    import gc
+
+    gc.collect()
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+    assert io.finished == [(w.GRPC_OK, "")]
+    assert director.calls[-1] == ("complete", TerminationCause.CLIENT_DISCONNECT)
+
+
+async def test_a_reset_cancels_the_routing_that_waits() -> None:
+    streams = Streams()
+    call, io, director = queued(streams)
+    await send(call, headers(), body(b"{}"))
+    call.on_reset()
+    await settle()
+    assert director.route_cancelled and io.sent == []
     assert streams.events == ["started", "Canceled"]

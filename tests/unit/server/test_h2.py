@@ -23,11 +23,10 @@ from epp.server.h2 import (
     ExtProcCall,
     H2Server,
     HealthCall,
-    tls_context,
 )
 from epp.server.health import HealthServicer
 from epp.server.misuse import MisuseLog, ProtocolError
-from epp.server.tls import self_signed
+from epp.server.tls import CertFiles, self_signed, server_ssl_context
 
 HEADERS = pb.ProcessingRequest(request_headers=pb.HttpHeaders())
 BODY = pb.ProcessingRequest(request_body=pb.HttpBody(body=b"{}", end_of_stream=True))
@@ -70,6 +69,7 @@ class Stream:
         self.done = False
         self.closed: list[bool] = []
         self.abandons = False  # what ``abandoned_on_half_close`` answers
+        self.eviction = None  # never evictable
 
     def abandoned_on_half_close(self) -> bool:
         return self.abandons
@@ -370,7 +370,10 @@ async def test_tls_offers_h2_with_a_given_or_a_self_signed_certificate(
     if own_certificate:
         (tmp_path / "tls.crt").write_bytes(cert)
         (tmp_path / "tls.key").write_bytes(key)
-    server_ctx = tls_context(str(tmp_path) if own_certificate else "")
+    files = CertFiles(str(tmp_path)) if own_certificate else None
+    server_ctx = server_ssl_context(
+        files, client_ca_file="", min_version="", cipher_suites=(), alpn=("h2",)
+    )
     handshakes: asyncio.Queue[tuple[str | None, bytes]] = asyncio.Queue()
 
     async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

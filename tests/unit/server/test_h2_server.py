@@ -15,8 +15,9 @@ from grpc_health.v1 import health_pb2
 
 from epp.server import h2wire as w
 from epp.server.context import ServerContext
-from epp.server.h2 import HEALTH_CHECK, PROCESS, H2Server, tls_context
+from epp.server.h2 import HEALTH_CHECK, PROCESS, H2Server
 from epp.server.health import HealthServicer
+from epp.server.tls import server_ssl_context
 from tests.unit.server.test_h2 import Director
 
 Frame = tuple[int, int, int, bytes]
@@ -138,7 +139,14 @@ async def test_reuse_port_lets_two_servers_bind_one_port() -> None:
 
 async def test_tls_serves_calls_over_h2(caplog: pytest.LogCaptureFixture) -> None:
     srv = server()
-    port = await srv.start("127.0.0.1", 0, tls=tls_context(""), reuse_port=False)
+    port = await srv.start(
+        "127.0.0.1",
+        0,
+        tls=server_ssl_context(
+            None, client_ca_file="", min_version="", cipher_suites=(), alpn=("h2",)
+        ),
+        reuse_port=False,
+    )
     tls = ssl.create_default_context()
     tls.check_hostname = False
     tls.verify_mode = ssl.CERT_NONE

@@ -4,8 +4,9 @@ group worker's private servers bind."""
 
 from __future__ import annotations
 
-import logging
+import asyncio
 import socket
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +37,10 @@ class _S:
     secure_serving: bool = False
     cert_path: str = ""
     enable_cert_reload: bool = False
+    tls_min_version: str = ""
     tls_cipher_suites: tuple[str, ...] = ()
     grpc_client_ca_file: str = ""
     group_member: bool = False
-    ext_proc_server: str = "grpc"
 
 
 Start = Callable[..., Awaitable[GrpcServers]]
@@ -144,26 +145,83 @@ async def test_an_unreadable_client_ca_stops_startup(start: Start, tmp_path: Pat
     assert str(missing) in str(info.value)
 
 
-async def test_ciphers_grpc_did_not_load_stop_startup(
-    start: Start, monkeypatch: pytest.MonkeyPatch
+def _handshake(port: int, ctx: ssl.SSLContext) -> ssl.SSLSocket:
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    return ctx.wrap_socket(raw, server_hostname="localhost")
+
+
+def _client(ca: CA, *, version: ssl.TLSVersion | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cadata=ca.pem.decode())
+    ctx.set_alpn_protocols(["h2"])
+    if version is not None:
+        ctx.minimum_version = ctx.maximum_version = version
+    return ctx
+
+
+async def test_tls_min_version_13_refuses_a_tls_12_handshake(start: Start, tmp_path: Path) -> None:
+    ca = CA()
+    certs = ca.leaf().write(tmp_path / "certs")
+    servers = await start(
+        _S(secure_serving=True, cert_path=str(certs), tls_min_version="VersionTLS13")
+    )
+    loop = asyncio.get_running_loop()
+    with pytest.raises(ssl.SSLError):
+        await loop.run_in_executor(
+            None, _handshake, servers.grpc_port, _client(ca, version=ssl.TLSVersion.TLSv1_2)
+        )
+    tls13 = await loop.run_in_executor(
+        None, _handshake, servers.grpc_port, _client(ca, version=ssl.TLSVersion.TLSv1_3)
+    )
+    assert tls13.version() == "TLSv1.3" and tls13.selected_alpn_protocol() == "h2"
+    tls13.close()
+    servers = await start(_S(secure_serving=True, cert_path=str(certs)))  # the default: 1.2 too
+    tls12 = await loop.run_in_executor(
+        None, _handshake, servers.grpc_port, _client(ca, version=ssl.TLSVersion.TLSv1_2)
+    )
+    assert tls12.version() == "TLSv1.2"
+    tls12.close()
+
+
+async def test_cipher_suites_restrict_tls_12(start: Start, tmp_path: Path) -> None:
+    ca = CA()
+    certs = ca.leaf().write(tmp_path / "certs")
+    suites = ("TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",)
+    servers = await start(_S(secure_serving=True, cert_path=str(certs), tls_cipher_suites=suites))
+    loop = asyncio.get_running_loop()
+    client = _client(ca, version=ssl.TLSVersion.TLSv1_2)
+    client.set_ciphers("ECDHE-ECDSA-AES128-GCM-SHA256")  # not among the server's
+    with pytest.raises(ssl.SSLError):
+        await loop.run_in_executor(None, _handshake, servers.grpc_port, client)
+    client = _client(ca, version=ssl.TLSVersion.TLSv1_2)
+    client.set_ciphers("ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384")
+    tls = await loop.run_in_executor(None, _handshake, servers.grpc_port, client)
+    assert tls.cipher()[0] == "ECDHE-ECDSA-AES256-GCM-SHA384"
+    tls.close()
+
+
+async def test_a_client_ca_requires_client_certificates_it_signed(
+    start: Start, tmp_path: Path
 ) -> None:
-    monkeypatch.delenv("GRPC_SSL_CIPHER_SUITES", raising=False)
-    suites = ("TLS_RSA_WITH_AES_128_CBC_SHA",)
-    with pytest.raises(ConfigError) as info:
-        await start(_S(secure_serving=True, tls_cipher_suites=suites))
-    assert str(info.value).startswith("--tls-cipher-suites: gRPC reads its cipher list once")
-    servers = await start(_S(secure_serving=False, tls_cipher_suites=suites))  # not used
-    assert servers.grpc_port > 0
-
-
-async def test_h2_serves_ext_proc_but_not_the_admin_api(start: Start, caplog: Any) -> None:
-    with caplog.at_level(logging.WARNING, "epp.server.serve"):
-        servers = await start(_S(ext_proc_server="h2", health_checking=True), admin=True)
-    assert [r.getMessage() for r in caplog.records] == [
-        "--ext-proc-server=h2: the admin gRPC API is not served (use grpc)"
-    ]
-    assert await _health(f"127.0.0.1:{servers.grpc_port}") == SERVING
-    assert await _health(f"127.0.0.1:{servers.health_port}") == SERVING
+    ca, clients = CA(), CA()
+    certs = ca.leaf().write(tmp_path / "certs")
+    (tmp_path / "clients.pem").write_bytes(clients.pem)
+    servers = await start(
+        _S(
+            health_checking=True,
+            secure_serving=True,
+            cert_path=str(certs),
+            grpc_client_ca_file=str(tmp_path / "clients.pem"),
+        )
+    )
+    target = f"127.0.0.1:{servers.grpc_port}"
+    with pytest.raises(grpc.aio.AioRpcError):  # no client certificate
+        await _health(target, grpc.ssl_channel_credentials(ca.pem))
+    stranger = CA().leaf(client=True)  # signed by a CA the server does not trust
+    with pytest.raises(grpc.aio.AioRpcError):
+        await _health(target, grpc.ssl_channel_credentials(ca.pem, stranger.key, stranger.cert))
+    mine = clients.leaf(client=True)
+    creds = grpc.ssl_channel_credentials(ca.pem, mine.key, mine.cert)
+    assert await _health(target, creds) == SERVING
 
 
 def test_a_group_worker_binds_its_private_servers_to_loopback() -> None:
@@ -182,18 +240,15 @@ async def test_group_workers_share_the_ext_proc_port_and_nothing_else(start: Sta
         await start(_S(group_member=True, grpc_health_port=first.health_port))
 
 
-@pytest.mark.parametrize("server", ["grpc", "h2"])
 @pytest.mark.parametrize("field", ["grpc_port", "grpc_health_port"])
-async def test_a_port_in_use_stops_startup_naming_the_flag(
-    start: Start, server: str, field: str
-) -> None:
+async def test_a_port_in_use_stops_startup_naming_the_flag(start: Start, field: str) -> None:
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     port = taken.getsockname()[1]
     try:
         with pytest.raises(ConfigError) as info:
-            await start(_S(ext_proc_server=server, **{field: port}))
+            await start(_S(**{field: port}))
     finally:
         taken.close()
     flag = "--" + field.replace("_", "-")

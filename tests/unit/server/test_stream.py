@@ -47,6 +47,9 @@ class Director:
         self.skip_response = False
         self.forward: Forward | None = Forward(b"out", whole=False, changed=False)
         self.flow_controlled = False
+        self.skip_body = False  # what on_response_headers decides for the body
+        self.response_set_headers = {"x-resp": "r"}
+        self.copy_held: list[bool] = []  # per response chunk or trailers call
 
     def begin(self, headers: dict[str, str]) -> Exchange:
         self.calls.append(("begin", headers))
@@ -90,18 +93,21 @@ class Director:
     ) -> dict[str, str]:
         assert isinstance(ex, Exchange)
         self.calls.append(("response_headers", headers, served))
-        return {"x-resp": "r"}
+        ex.skip_body = self.skip_body
+        return dict(self.response_set_headers)
 
     def on_response_chunk(
-        self, ex: Exchange, body: bytes, eos: bool, *, hold_limit: int | None
+        self, ex: Exchange, body: bytes, eos: bool, *, hold_limit: int | None, copy_held: bool
     ) -> Forward | None:
         assert isinstance(ex, Exchange)
         self.calls.append(("chunk", body, eos, hold_limit))
+        self.copy_held.append(copy_held)
         return self.forward
 
-    def on_response_trailers(self, ex: Exchange) -> Forward | None:
+    def on_response_trailers(self, ex: Exchange, *, copy_held: bool) -> Forward | None:
         assert isinstance(ex, Exchange)
         self.calls.append(("trailers",))
+        self.copy_held.append(copy_held)
         return self.forward
 
     def names(self) -> list[str]:
@@ -460,13 +466,15 @@ async def test_misuse_names_the_case(sequence: list[pb.ProcessingRequest], messa
     assert err.value.message == message
 
 
-async def test_protocol_config_is_read_from_the_first_message_only() -> None:
-    stream, _ = new_stream()
+async def test_protocol_config_after_the_first_message_is_misuse() -> None:
+    stream, director = new_stream()
     await send(stream, headers())
     late = body(b"{}")
     late.protocol_config.request_body_mode = MODE.BUFFERED
-    kinds = [r.WhichOneof("response") for r in await send(stream, late)]
-    assert kinds == ["request_headers", "request_body"]  # still full duplex
+    with pytest.raises(ProtocolError) as err:
+        await stream.on_message(late)
+    assert err.value.reason == "protocol_config_not_first"
+    assert not any(call[0] == "route" for call in director.calls)  # not routed
 
 
 @pytest.mark.parametrize(

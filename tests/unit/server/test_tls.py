@@ -16,7 +16,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 
-from epp.server.tls import CertFiles, metrics_ssl_context, metrics_tls, self_signed
+from epp.server.tls import CertFiles, metrics_tls, self_signed, server_ssl_context
 from tests.certs import CA
 
 
@@ -152,7 +152,7 @@ def test_the_metrics_context_is_tls12_or_newer_with_verified_clients(tmp_path: P
 def test_metrics_ciphers_restrict_tls12(tmp_path: Path) -> None:
     ca = CA()
     files = CertFiles(str(ca.leaf().write(tmp_path)))
-    ctx = metrics_ssl_context(
+    ctx = server_ssl_context(
         files,
         client_ca_file="",
         min_version="",
@@ -160,7 +160,7 @@ def test_metrics_ciphers_restrict_tls12(tmp_path: Path) -> None:
     )
     tls12 = {c["name"] for c in ctx.get_ciphers() if c["protocol"] == "TLSv1.2"}
     assert tls12 == {"ECDHE-ECDSA-AES256-GCM-SHA384"}
-    default = metrics_ssl_context(files, client_ca_file="", min_version="", cipher_suites=())
+    default = server_ssl_context(files, client_ca_file="", min_version="", cipher_suites=())
     assert len({c["name"] for c in default.get_ciphers() if c["protocol"] == "TLSv1.2"}) > 1
 
 

@@ -9,13 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.server.tlsopts import (
-    GRPC_CIPHERS_ENV,
-    check_grpc_ciphers,
-    openssl_ciphers,
-    parse_tls_version,
-    tls_problem,
-)
+from epp.server.tlsopts import openssl_ciphers, parse_tls_version, tls_problem
 
 
 @dataclass(frozen=True)
@@ -71,25 +65,6 @@ def test_an_unknown_cipher_is_named_as_given() -> None:
     assert str(info.value) == "unknown or unsupported cipher suite ' TLS_RSA_WITH_RC4_128_SHA'"
 
 
-def test_grpc_must_have_been_loaded_with_the_asked_ciphers(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv(GRPC_CIPHERS_ENV, raising=False)
-    check_grpc_ciphers([])  # nothing asked: nothing to check
-    check_grpc_ciphers(["TLS_AES_128_GCM_SHA256"])  # TLS 1.3 only: nothing to check
-    with pytest.raises(RuntimeError) as info:
-        check_grpc_ciphers(["TLS_RSA_WITH_AES_128_CBC_SHA"])
-    assert str(info.value) == (
-        "--tls-cipher-suites: gRPC reads its cipher list once, from $GRPC_SSL_CIPHER_SUITES, "
-        "before it loads; start the process with GRPC_SSL_CIPHER_SUITES=AES128-SHA (epp does)"
-    )
-    monkeypatch.setenv(GRPC_CIPHERS_ENV, "AES256-SHA")
-    with pytest.raises(RuntimeError):
-        check_grpc_ciphers(["TLS_RSA_WITH_AES_128_CBC_SHA"])
-    monkeypatch.setenv(GRPC_CIPHERS_ENV, "AES128-SHA")
-    check_grpc_ciphers(["TLS_RSA_WITH_AES_128_CBC_SHA"])
-
-
 def test_defaults_fit_together() -> None:
     assert tls_problem(_Tls()) == ""
     assert tls_problem(_Tls(secure_serving=False)) == ""
@@ -105,11 +80,8 @@ def test_bad_names_are_reported_under_tls_flags() -> None:
     )
 
 
-def test_tls13_minimum_is_refused_only_with_secure_serving() -> None:
-    assert tls_problem(_Tls(tls_min_version="VersionTLS13")) == (
-        "--tls-min-version=VersionTLS13: the ext_proc gRPC server cannot refuse TLS 1.2 "
-        "(gRPC Python has no such option); use VersionTLS12, or terminate TLS in front"
-    )
+def test_a_tls13_minimum_fits_with_or_without_secure_serving() -> None:
+    assert tls_problem(_Tls(tls_min_version="VersionTLS13")) == ""
     assert tls_problem(_Tls(tls_min_version="VersionTLS12")) == ""
     assert tls_problem(_Tls(tls_min_version="VersionTLS13", secure_serving=False)) == ""
 

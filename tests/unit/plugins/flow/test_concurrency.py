@@ -173,3 +173,11 @@ def test_filter_drops_endpoints_when_at_burst_limit(
 def test_params_rejected_when_invalid(params: dict[str, Any], message: str) -> None:
     with pytest.raises(ParamError, match=message):
         decode(ConcurrencyDetector.Params, params)
+
+
+def test_it_reads_no_response_body() -> None:
+    from epp.plugin import ResponseInfo
+    from tests.builders import make_request
+
+    info = ResponseInfo(request_id="r", headers={})
+    assert _detector().needs_response_body(make_request(), info) is False

@@ -256,3 +256,9 @@ def test_produces_both_keys() -> None:
         "InFlightLoad/inflight-load-producer",
         "LoadEstimate/inflight-load-producer",
     }
+
+
+def test_it_reads_no_response_body() -> None:
+    # headers (prefill done) and completion are all it uses: a streamed body may be skipped
+    info = ResponseInfo(request_id="r", headers={})
+    assert producer().needs_response_body(make_request(), info) is False

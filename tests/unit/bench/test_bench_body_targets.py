@@ -1,0 +1,45 @@
+"""The bench targets that compare response-body handling start what their names say: the
+streamed ones behind Envoy's streamed config, the every-body one reading every response body."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from epp.bench import targets
+from epp.bench.replicaset import EppSet
+from epp.bench.spec import FleetSpec
+from epp.bench.workloads import build
+
+
+@pytest.mark.parametrize(
+    ("key", "envoy", "args"),
+    [
+        ("epp", "full-duplex", []),
+        ("epp-streamed", "streamed", []),
+        ("epp-every-body", "full-duplex", ["--response-body-sample-ratio", "1"]),
+    ],
+)
+def test_each_target_runs_its_envoy_config_and_flags(
+    key: str, envoy: str, args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[EppSet] = []
+
+    def start(group: EppSet, timeout: float = 0.0) -> EppSet:
+        started.append(group)
+        group.ports = [SimpleNamespace(metrics=1)]  # type: ignore[list-item]
+        return group
+
+    monkeypatch.setattr(EppSet, "start", start)
+    monkeypatch.setattr(EppSet, "pids", lambda group: {})
+    fleet: Any = SimpleNamespace(
+        pods=["pod-0"], hostports=[("127.0.0.1", 1)], spec=FleetSpec(pods=1)
+    )
+    assert targets.is_known(key)
+    targets.start(key, fleet, build("a"), tmp_path / key)
+    (group,) = started
+    assert group.envoy_config == envoy
+    assert list(group.extra_args) == args
