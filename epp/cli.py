@@ -125,7 +125,7 @@ FLAG_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "bind-address", "objectives-file", "objectives-poll-interval", "admin-token-file",
             "grpc-client-ca-file", "tracing-plugin-threshold", "enable-debug-endpoints",
-            "workers", "max-request-body-bytes", "seed",
+            "workers", "max-request-body-bytes", "response-body-sample-ratio", "seed",
         ),
     ),
 )  # fmt: skip
@@ -168,8 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
     for title, names in FLAG_GROUPS:
         group = p.add_argument_group(title)
         for name in names:
-            field, spec = by_name[name]
+            field, spec = by_name.pop(name)
             _add_flag(group, field.name, field.default, spec)
+    other = p.add_argument_group("other")  # empty unless a new flag was left out of the groups
+    for field, spec in by_name.values():
+        _add_flag(other, field.name, field.default, spec)
     for name in _REJECTED:
         p.add_argument(f"--{name}", default=None, help=argparse.SUPPRESS)
     return p

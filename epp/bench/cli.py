@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="comma-separated: "
         + ", ".join((*TARGETS, *NAMED_ONLY, "epp-pd"))
-        + " (default: all but epp-pd and the buffered, streamed and every-body ones, plus each"
+        + " (default: all but epp-pd and the buffered, streamed and sampled ones, plus each"
         " workload's own, e.g. epp-pd for e)",
     )
     p.add_argument("--scale", choices=SCALES, default="default", help="workload size")

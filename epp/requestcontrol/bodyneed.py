@@ -9,9 +9,10 @@ when something needs it:
   ``ResponseBodyNeed`` capability always does, one with it says so per response (the
   ``response-affinity-filter`` for a Responses API answer, whose first event carries the id);
 - the response is sampled for the response metrics: a fraction ``sample_ratio`` of the streamed
-  responses that nothing else needs (``--response-body-sample-ratio``, default 0.1), drawn at
-  random. TTFT, inter-token latency, time per output token, token counts and response size are
-  recorded for those only: their quantiles hold, their counts and sums cover the sample.
+  responses that nothing else needs (``--response-body-sample-ratio``, default 1: every one, so
+  the response metrics count every request as llm-d's EPP does), drawn at random. Below 1, TTFT,
+  inter-token latency, time per output token, token counts and response size are recorded for
+  the sample only: their quantiles hold, their counts and sums cover the sample.
 
 A non-streamed response (held to its end, a message or two) and a response without a routing
 decision (header-only requests) are always read. For a skipped body the
@@ -30,7 +31,7 @@ from epp.plugin import InferenceRequest, ResponseBodyNeed, ResponseInfo
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SAMPLE_RATIO = 0.1
+DEFAULT_SAMPLE_RATIO = 1.0
 """Share of the streamed responses nothing else needs that are read for the response metrics."""
 
 
