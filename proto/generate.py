@@ -30,9 +30,11 @@ def generate(out_dir: Path) -> list[Path]:
     from grpc_tools import protoc
 
     protos = sorted(p.relative_to(ROOT) for p in ROOT.rglob("*.proto"))
+    # protobuf's own types (google/protobuf/struct.proto), as grpcio-tools ships them
+    well_known = Path(protoc.__file__).resolve().parent / "_proto"
     written: list[Path] = []
     with tempfile.TemporaryDirectory() as tmp:
-        args = ["protoc", f"-I{ROOT}", f"--python_out={tmp}", f"--pyi_out={tmp}"]
+        args = ["protoc", f"-I{ROOT}", f"-I{well_known}", f"--python_out={tmp}", f"--pyi_out={tmp}"]
         if protoc.main([*args, *(str(p) for p in protos)]) != 0:
             raise RuntimeError("protoc failed")
         out_dir.mkdir(parents=True, exist_ok=True)

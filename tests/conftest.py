@@ -18,16 +18,15 @@ import aiohttp
 import grpc
 import pytest
 from aiohttp import web
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
 
+from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.app import App
 from epp.localstack.envoy import Envoy
 from epp.localstack.redis import RedisServer
 from epp.plugin import Endpoint
 from epp.plugin.registry import GROUP, PluginInfo, PluginRegistry
+from epp.server import extproc_rpc
 from epp.settings import Settings
 
 TEST_PLUGINS = Path(__file__).parent / "fixtures" / "epp-testplugins"
@@ -215,10 +214,8 @@ def headers_msg(
 ) -> pb.ProcessingRequest:
     msg = pb.ProcessingRequest(
         request_headers=pb.HttpHeaders(
-            headers=base_pb2.HeaderMap(
-                headers=[
-                    base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()
-                ]
+            headers=pb.HeaderMap(
+                headers=[pb.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()]
             ),
             end_of_stream=end_of_stream,
         )
@@ -239,7 +236,6 @@ async def exchange(
 ) -> list[pb.ProcessingResponse]:
     """Send ``messages`` on one ext_proc stream, half-close, collect every reply."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as ch:
-        stub = pb_grpc.ExternalProcessorStub(ch)
 
         async def gen() -> AsyncIterator[pb.ProcessingRequest]:
             for m in messages:
@@ -247,7 +243,7 @@ async def exchange(
 
         out = []
         async with asyncio.timeout(timeout):
-            async for reply in stub.Process(gen()):
+            async for reply in extproc_rpc.process(ch)(gen()):
                 out.append(reply)
         return out
 

@@ -71,6 +71,26 @@ def open_channel(args: argparse.Namespace) -> grpc.aio.Channel:
     return grpc.aio.secure_channel(args.address, creds, options=options)
 
 
+NOT_TLS = "this EPP does not serve TLS (it runs with --secure-serving=false): use --plaintext"
+MAYBE_TLS = (
+    "if this EPP serves TLS (its default), use --insecure or --ca-file instead of --plaintext"
+)
+
+
+def connection_hint(args: argparse.Namespace, error: str) -> str:
+    """What to do about a failed connection, from the error's text; ``""`` when nothing is known.
+    A TLS client reaching a plaintext port fails its handshake with ``WRONG_VERSION_NUMBER`` (the
+    server's first bytes are not a TLS record); a plaintext client reaching a TLS port sees the
+    connection closed."""
+    if "WRONG_VERSION_NUMBER" in error.upper().replace(" ", "_"):
+        return NOT_TLS
+    if args.plaintext and "socket closed" in error.lower():
+        return MAYBE_TLS
+    if "connection refused" in error.lower():
+        return "nothing listens there: is the EPP running, and is this its --grpc-port?"
+    return ""
+
+
 async def call(args: argparse.Namespace, method: str, request: Any) -> Any:
     """One admin call; grpc.aio.AioRpcError when the EPP refuses or is unreachable."""
     request_type, response_type = METHODS[method]

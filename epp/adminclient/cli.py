@@ -24,7 +24,7 @@ from google.protobuf.json_format import MessageToDict
 
 from epp._proto import epp_admin_v1_pb2 as pb
 from epp.adminclient import tables
-from epp.adminclient.channel import add_connection_flags, call
+from epp.adminclient.channel import add_connection_flags, call, connection_hint
 
 
 def _header(text: str) -> tuple[str, str]:
@@ -68,11 +68,16 @@ def explain_request(args: argparse.Namespace) -> pb.ExplainRequest:
 def _run(args: argparse.Namespace, method: str, request: Any, render: Callable[[Any], str]) -> int:
     try:
         answer = asyncio.run(call(args, method, request))
-    except (ValueError, OSError) as exc:
+    except ValueError as exc:
         print(f"epp: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # --insecure reads the certificate itself, before gRPC connects
+        hint = connection_hint(args, str(exc))
+        print(f"epp: {args.address}: {hint or exc}", file=sys.stderr)
+        return 2
     except grpc.aio.AioRpcError as exc:
-        print(f"epp: {args.address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        reason = connection_hint(args, str(exc.details())) or f"{exc.code().name}: {exc.details()}"
+        print(f"epp: {args.address}: {reason}", file=sys.stderr)
         return 1
     if args.json:
         print(

@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.bench.fuzz_gen import CANCEL, DUPLEX, HALF_CLOSE, Case, Step
 from epp.plugin import wire
+from epp.server import extproc_rpc
 
-METHOD: Final = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 VERDICTS: Final = ("ok", "crash", "hung", "silent", "leak", "bad_route", "rejected_legal")
 ANY: Final = "any"
 _CLIENT_RACE: Final = "Internal error from Core"
@@ -115,7 +115,7 @@ def answers(reply: pb.ProcessingResponse, want: str) -> bool:
 class _Stream:
     def __init__(self, channel: grpc.aio.Channel) -> None:
         method = channel.stream_stream(
-            METHOD,
+            extproc_rpc.METHOD,
             request_serializer=_identity,
             response_deserializer=pb.ProcessingResponse.FromString,
         )

@@ -20,16 +20,15 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
-from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import struct_pb2
 
+from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.plugin import wire
 
-MODE = processing_mode_pb2.ProcessingMode
+MODE = pb.ProcessingMode
+BodyMode: TypeAlias = pb.ProcessingMode.BodySendMode
 DUPLEX: Final = MODE.FULL_DUPLEX_STREAMED
 SEND: Final = "send"
 HALF_CLOSE: Final = "half_close"
@@ -155,20 +154,18 @@ def body_bytes(rng: random.Random, api: str, spec: Spec) -> tuple[bytes, str, st
     return data, kind, str(model) if kind == "truncated" else ""
 
 
-def _header(key: str, value: str | bytes, rng: random.Random) -> base_pb2.HeaderValue:
+def _header(key: str, value: str | bytes, rng: random.Random) -> pb.HeaderValue:
     raw = value if isinstance(value, bytes) else value.encode("utf-8", "surrogatepass")
     if isinstance(value, str) and rng.random() < 0.1:
-        return base_pb2.HeaderValue(key=key, value=value)  # old Envoys fill ``value``
-    return base_pb2.HeaderValue(key=key, raw_value=raw)
+        return pb.HeaderValue(key=key, value=value)  # old Envoys fill ``value``
+    return pb.HeaderValue(key=key, raw_value=raw)
 
 
 def _spoof_case(name: str, rng: random.Random) -> str:
     return rng.choice((name, name.upper(), name.title(), name.swapcase()))
 
 
-def request_headers(
-    rng: random.Random, path: str, case: Case, spec: Spec
-) -> list[base_pb2.HeaderValue]:
+def request_headers(rng: random.Random, path: str, case: Case, spec: Spec) -> list[pb.HeaderValue]:
     pairs: list[tuple[str, str | bytes]] = [(":method", "POST"), (":authority", "fuzz")]
     if path:
         pairs.append((":path", path))
@@ -238,7 +235,7 @@ def chunks(data: bytes, rng: random.Random) -> list[bytes]:
 # ---- a conforming exchange ----------------------------------------------------------------------
 
 
-def _modes(rng: random.Random) -> tuple[int | None, int]:
+def _modes(rng: random.Random) -> tuple[BodyMode | None, BodyMode]:
     request = rng.choices(
         (DUPLEX, MODE.BUFFERED, MODE.STREAMED, MODE.BUFFERED_PARTIAL, MODE.NONE, None),
         weights=(60, 15, 5, 3, 5, 12),
@@ -255,7 +252,7 @@ def generate(rng: random.Random, spec: Spec) -> Case:
     header_only = rng.random() < 0.1
     msg = pb.ProcessingRequest(
         request_headers=pb.HttpHeaders(
-            headers=base_pb2.HeaderMap(headers=request_headers(rng, path, case, spec)),
+            headers=pb.HeaderMap(headers=request_headers(rng, path, case, spec)),
             end_of_stream=header_only,
         )
     )
@@ -322,7 +319,7 @@ def response_phase(rng: random.Random, mode: int, spec: Spec) -> list[Step]:
     eos = rng.random() < 0.05
     msg = pb.ProcessingRequest(
         response_headers=pb.HttpHeaders(
-            headers=base_pb2.HeaderMap(
+            headers=pb.HeaderMap(
                 headers=[
                     _header(":status", status, rng),
                     _header("content-type", content_type, rng),

@@ -20,9 +20,7 @@ import random
 from collections.abc import Callable
 from typing import Final
 
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
+from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.bench.fuzz_gen import (
     CANCEL,
     DUPLEX,
@@ -130,9 +128,9 @@ def _raw_truncated(rng: random.Random, case: Case, spec: Spec) -> None:
 
 
 def _raw_bad_utf8(rng: random.Random, case: Case, spec: Spec) -> None:
-    header = base_pb2.HeaderValue(key=_MARKER.decode(), raw_value=b"v")
+    header = pb.HeaderValue(key=_MARKER.decode(), raw_value=b"v")
     msg = pb.ProcessingRequest(
-        request_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=[header]))
+        request_headers=pb.HttpHeaders(headers=pb.HeaderMap(headers=[header]))
     )
     data = msg.SerializeToString().replace(_MARKER, _BAD_UTF8)
     case.steps.insert(_pos(rng, case, 1), Step(SEND, data, "raw bad utf-8"))

@@ -28,9 +28,8 @@ from typing import Any, Final
 
 import grpc
 import yaml
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.bench.fuzz_drive import VERDICTS, Result, Timeouts, drive
 from epp.bench.fuzz_gen import SPOOF_HOST, Case, Spec, send
 from epp.bench.fuzz_mutate import make_case
@@ -144,16 +143,16 @@ def _exchange(model: str, status: str, *, spoof: bool, body_text: str = "hi") ->
     headers = [(":path", "/v1/chat/completions"), (":method", "POST")]
     if spoof:
         headers += [(wire.DESTINATION_HEADER, SPOOF_HOST), ("X-Prefiller-Host-Port", SPOOF_HOST)]
-    header_map = base_pb2.HeaderMap(
-        headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers]
+    header_map = pb.HeaderMap(
+        headers=[pb.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers]
     )
     answer = json.dumps({"model": model, "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
     if not status.startswith("2"):
         answer = json.dumps({"error": {"message": f"The model `{model}` does not exist."}})
-    response_headers = base_pb2.HeaderMap(
+    response_headers = pb.HeaderMap(
         headers=[
-            base_pb2.HeaderValue(key=":status", raw_value=status.encode()),
-            base_pb2.HeaderValue(key="content-type", raw_value=b"application/json"),
+            pb.HeaderValue(key=":status", raw_value=status.encode()),
+            pb.HeaderValue(key="content-type", raw_value=b"application/json"),
         ]
     )
     steps = [

@@ -8,9 +8,9 @@ numbers compare across sizes:
   prompt's blocks and matching them against an index that holds the same prompt for one
   endpoint) on a ~195K-token chat prompt (ns per token; the producer matches at most
   ``maxPrefixTokensToMatch`` = 131072 tokens by default);
-* ``Scheduler.schedule`` with the built-in default profile (queue 2, kv-cache 2, prefix 3,
-  max-score picker) over 10, 100 and 1000 endpoints with scraped metrics and prefix match info
-  (µs per endpoint).
+* ``Scheduler.schedule`` with the built-in default profile (what ``epp`` runs without
+  ``--config-*``; ``--help`` lists its plugins and weights, read from that config) over 10, 100
+  and 1000 endpoints with scraped metrics and prefix match info (µs per endpoint).
 
 * the ext_proc wire (``epp.bench.wire``): the server process's CPU per request and per streamed
   response chunk, through a real server (the whole EPP, asyncio or uvloop, with or without TLS;
@@ -372,10 +372,22 @@ def table(rows: Sequence[Row], runs: int) -> str:
     return "\n".join(lines)
 
 
+def default_profile() -> str:
+    """The built-in default profile's plugins, in order, scorers with their weight."""
+    import yaml
+
+    from epp.config.schema import DEFAULT_CONFIG_TEXT
+
+    (profile,) = yaml.safe_load(DEFAULT_CONFIG_TEXT)["schedulingProfiles"]
+    return ", ".join(
+        " ".join(str(p[k]) for k in ("pluginRef", "weight") if k in p) for p in profile["plugins"]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="epp bench micro",
-        description=__doc__,
+        description=f"{__doc__}\nThe built-in default profile: {default_profile()}.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--runs", type=int, default=30, help="runs per step (default 30)")

@@ -5,8 +5,8 @@ workload.
 * ``hit_ratio.png``: prefix-cache hit ratio per target, with the oracle's achievable reuse;
 * ``per_pod_load.png``: requests per pod for each target.
 
-matplotlib is an optional dependency (the ``bench`` extra); without it no plot is drawn and the
-runner says so.
+matplotlib is an optional dependency (the ``stack`` extra the README's first command installs, or
+``bench``); without it no plot is drawn and the runner says so.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@
 key         what runs
 ==========  ===================================================================================
 ``epp``     Envoy (``full-duplex`` config) + this EPP as its own process (``epp --config-file
-            ... --secure-serving=false``): the built-in default config (queue 2, kv-cache 2,
-            prefix 3) with file discovery of the pods, plus the workload's extra scorers
+            ... --secure-serving=false``): the built-in default config (what ``epp`` runs
+            without ``--config-*``) with file discovery of the pods, plus the workload's extra
+            scorers
 ``epp-buffered``  the ``epp`` target behind Envoy's ``buffered-failopen`` config
             (``deploy/envoy``): the request body BUFFERED, response headers and body not sent
             to the EPP, failing open to the pods; the request completes when its ext_proc stream

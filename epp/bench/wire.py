@@ -38,9 +38,9 @@ from typing import Any
 
 import grpc
 import orjson
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from epp._proto import epp_extproc_v3_pb2 as pb
+from epp.server import extproc_rpc
 
 STREAMS = 32
 CHUNKS = 100
@@ -90,13 +90,13 @@ def stream_messages(chunks: int) -> list[pb.ProcessingRequest]:
         {"model": "sim-model", "messages": [{"role": "user", "content": "hello " * 40}]}
     )
     hdrs = {":path": "/v1/chat/completions", ":method": "POST", "content-type": "application/json"}
-    headers = base_pb2.HeaderMap(
-        headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hdrs.items()]
+    headers = pb.HeaderMap(
+        headers=[pb.HeaderValue(key=k, raw_value=v.encode()) for k, v in hdrs.items()]
     )
-    resp = base_pb2.HeaderMap(
+    resp = pb.HeaderMap(
         headers=[
-            base_pb2.HeaderValue(key=":status", raw_value=b"200"),
-            base_pb2.HeaderValue(key="content-type", raw_value=b"text/event-stream"),
+            pb.HeaderValue(key=":status", raw_value=b"200"),
+            pb.HeaderValue(key="content-type", raw_value=b"text/event-stream"),
         ]
     )
     out = [
@@ -114,7 +114,7 @@ def stream_messages(chunks: int) -> list[pb.ProcessingRequest]:
 async def _drive(channel: grpc.aio.Channel, requests: int, chunks: int) -> None:
     """``requests`` streams, ``STREAMS`` at a time; each must get a reply to every message but
     the request headers (the EPP answers them with the body in FULL_DUPLEX_STREAMED)."""
-    stub = pb_grpc.ExternalProcessorStub(channel)
+    call = extproc_rpc.process(channel)
     messages = stream_messages(chunks)
     todo = iter(range(requests))
 
@@ -124,7 +124,7 @@ async def _drive(channel: grpc.aio.Channel, requests: int, chunks: int) -> None:
                 yield m
 
         replies = 0
-        async for _ in stub.Process(gen()):
+        async for _ in call(gen()):
             replies += 1
         if replies < len(messages) - 1:
             raise RuntimeError(f"{replies} replies to {len(messages)} messages")
@@ -252,20 +252,17 @@ async def _announce(port: int) -> None:
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 
 
-class _Empty(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+def _empty(requests: Any, context: Any) -> Any:
     """Answers every message with an empty response-body reply."""
-
-    def Process(self, requests: Any, context: Any) -> Any:
-        reply = pb.ProcessingResponse(response_body=pb.BodyResponse())
-        for _ in requests:
-            yield reply
+    reply = pb.ProcessingResponse(response_body=pb.BodyResponse())
+    for _ in requests:
+        yield reply
 
 
-class _EmptyAio(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    async def Process(self, requests: Any, context: Any) -> Any:
-        reply = pb.ProcessingResponse(response_body=pb.BodyResponse())
-        async for _ in requests:
-            yield reply
+async def _empty_aio(requests: Any, context: Any) -> Any:
+    reply = pb.ProcessingResponse(response_body=pb.BodyResponse())
+    async for _ in requests:
+        yield reply
 
 
 async def _serve_empty(sync: bool) -> None:
@@ -273,7 +270,7 @@ async def _serve_empty(sync: bool) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         srv = grpc.server(ThreadPoolExecutor(max_workers=STREAMS + 4))
-        pb_grpc.add_ExternalProcessorServicer_to_server(_Empty(), srv)
+        srv.add_generic_rpc_handlers((extproc_rpc.handler(_empty),))
         port = srv.add_insecure_port("127.0.0.1:0")
         srv.start()
         with contextlib.suppress(Exception):
@@ -281,7 +278,7 @@ async def _serve_empty(sync: bool) -> None:
         srv.stop(None)
         return
     aio = grpc.aio.server()
-    pb_grpc.add_ExternalProcessorServicer_to_server(_EmptyAio(), aio)
+    aio.add_generic_rpc_handlers((extproc_rpc.handler(_empty_aio),))
     port = aio.add_insecure_port("127.0.0.1:0")
     await aio.start()
     await _announce(port)

@@ -24,11 +24,12 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.bench import wire
+from epp.server import extproc_rpc
 
 VARIANTS = (
     wire.Variant("empty servicer, grpc.aio", "empty-aio"),
@@ -43,9 +44,9 @@ class RoundTrips:
     median_us: dict[str, float]
 
 
-async def _one(stub: pb_grpc.ExternalProcessorStub, empty: bool) -> list[float]:
+async def _one(process: Any, empty: bool) -> list[float]:
     headers, body, resp, chunk, last = wire.stream_messages(2)
-    call = stub.Process()
+    call = process()
     t0 = time.perf_counter()
     await call.write(headers)
     await call.write(body)
@@ -67,11 +68,11 @@ async def _one(stub: pb_grpc.ExternalProcessorStub, empty: bool) -> list[float]:
 
 async def _measure(port: int, cert: bytes | None, n: int, empty: bool) -> dict[str, float]:
     async with wire.channel(port, cert) as ch:
-        stub = pb_grpc.ExternalProcessorStub(ch)
+        process = extproc_rpc.process(ch)
         async with asyncio.timeout(300):
             for _ in range(10):  # warm up: the connection, imports, caches
-                await _one(stub, empty)
-            samples = [await _one(stub, empty) for _ in range(n)]
+                await _one(process, empty)
+            samples = [await _one(process, empty) for _ in range(n)]
     return {phase: statistics.median(s[i] for s in samples) * 1e6 for i, phase in enumerate(PHASES)}
 
 

@@ -103,7 +103,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--keep-running",
         action="store_true",
-        help="after the table, keep Envoy + EPP + pods up until Ctrl-C",
+        help="after the table, keep Envoy + EPP + pods up until Ctrl-C, and print the epp "
+        "explain/endpoints/state commands that look inside this EPP",
     )
     return p
 
@@ -141,8 +142,11 @@ def pd_roles(pods: int, prefill_pods: int) -> list[Role]:
     return prefill + decode
 
 
+FIRST_PROMPT = "Say hello to the endpoint picker."
+
+
 async def _first_request(url: str, fleet: SimFleet) -> None:
-    body = {"model": MODEL, "prompt": "Say hello to the endpoint picker.", "max_tokens": 8}
+    body = {"model": MODEL, "prompt": FIRST_PROMPT, "max_tokens": 8}
     async with aiohttp.ClientSession() as s, s.post(f"{url}/v1/completions", json=body) as r:
         pod = r.headers.get("x-sim-pod", "?")
         text = json.loads(await r.read())
@@ -215,7 +219,10 @@ async def _run_epp(
                     print(pd_table([summary]) if args.pd else table([summary]))
                     if report:
                         print(report)
-                    print("stack is up; Ctrl-C to stop")
+                    print("stack is up; Ctrl-C to stop. Look inside from another shell:")
+                    for command in group.admin_commands(MODEL, FIRST_PROMPT):
+                        print(f"  {command}")
+                    sys.stdout.flush()
                     await asyncio.Event().wait()
     return summary, report
 

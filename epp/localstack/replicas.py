@@ -22,6 +22,9 @@ log at start). ``stop`` stops the replicas, then Redis.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import shlex
 import sys
 import time
 import urllib.error
@@ -153,6 +156,26 @@ class EppGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def admin_commands(self, model: str, prompt: str) -> list[str]:
+        """``epp explain``, ``endpoints`` and ``state`` against each replica, ready to paste: its
+        address, ``--insecure`` (the replicas serve TLS with their self-signed certificate) and,
+        when ``$EPP_METRICS_TOKEN`` guards the admin API, a file holding that token."""
+        script = Path(sys.executable).parent / "epp"
+        epp = shlex.quote(str(script)) if script.exists() else f"{sys.executable} -m epp"
+        flags = "--insecure"
+        token = os.environ.get("EPP_METRICS_TOKEN", "")
+        if token:
+            path = self.workdir / "admin-token"
+            path.write_text(token)
+            flags += f" --token-file {shlex.quote(str(path))}"
+        body = shlex.quote(json.dumps({"model": model, "prompt": prompt}))
+        out = []
+        for m in self.members:
+            target = f"{flags} --address 127.0.0.1:{m.grpc_port}"
+            out += [f"{epp} explain {target} -d {body}", f"{epp} endpoints {target}"]
+            out.append(f"{epp} state {target}")
+        return out
 
     def envoy(self) -> Envoy:
         """Envoy in front of every replica (not started)."""

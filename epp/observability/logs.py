@@ -16,14 +16,16 @@ Encoders (``--zap-encoder``):
 
 Flags, with upstream's semantics:
 
-- ``--zap-devel`` (default true, as upstream): development defaults, console encoder and
-  stack traces from ``warn``; ``--zap-devel=false``: production defaults, JSON and stack traces
-  from ``error``.
+- ``--zap-devel`` (default true, as upstream): development defaults, the console encoder;
+  ``--zap-devel=false``: production defaults, JSON.
 - ``--zap-log-level``: ``debug``, ``info``, ``warn``, ``error``, ``dpanic``, ``panic``,
   ``fatal``, or an integer n > 0 (logr's ``V(n)`` lines and below). When absent, ``-v`` decides
   (default 2): 3 adds verbose lines, 4 debug lines, 5 trace lines. One deliberate difference:
   ``debug`` shows the debug lines (``V(4)``); in zap it is ``V(1)``, which hides them.
-- ``--zap-stacktrace-level``: lines at this level or above carry ``stacktrace``.
+- ``--zap-stacktrace-level``: lines at this level or above carry ``stacktrace``. Deliberate
+  difference: the default is ``error`` in both modes; zap's development mode traces from
+  ``warn``, which printed a Python stack under every expected warning (metrics auth off, a
+  plugin's clamped parameter). ``--zap-stacktrace-level=warn`` asks for those traces.
 - ``--zap-time-encoding``: ``rfc3339`` (default, as controller-runtime), ``rfc3339nano``,
   ``iso8601`` (all with the zone offset), ``epoch`` (seconds), ``millis``, ``nano``.
 
@@ -111,7 +113,7 @@ def _zap_level(text: str, flag: str) -> int:
 class LogConfig:
     level: int = logging.INFO
     json: bool = False
-    stacktrace_level: int = logging.WARNING
+    stacktrace_level: int = logging.ERROR
     time_encoding: str = "rfc3339"
     worker: int | None = None
 
@@ -138,7 +140,7 @@ def log_config(
     stack = (
         _zap_level(zap_stacktrace_level, "zap-stacktrace-level")
         if zap_stacktrace_level
-        else (logging.WARNING if zap_devel else logging.ERROR)
+        else logging.ERROR  # zap's devel mode says warn: a warning is expected, not a fault
     )
     return LogConfig(
         level=level,

@@ -125,7 +125,7 @@ def exporter_from(environ: Mapping[str, str]) -> SpanExporter | None:
         raise ValueError(f"OTEL_TRACES_EXPORTER: {kind!r} is not one of otlp, console, none")
     try:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    except ImportError as exc:  # e.g. xds-protos' older opentelemetry/proto installed over it
+    except ImportError as exc:  # e.g. another wheel's copy of opentelemetry/proto installed over it
         raise ValueError(
             f"the OTLP exporter cannot be loaded ({exc}): reinstall opentelemetry-proto "
             "(pip install --force-reinstall --no-deps opentelemetry-proto)"

@@ -7,8 +7,9 @@
 
 from __future__ import annotations
 
+import difflib
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 
 class ErrorCode(enum.Enum):
@@ -72,12 +73,38 @@ class PluginError(Exception):
     """Base of every startup-time plugin error."""
 
 
+def close_names(name: str, names: Iterable[str]) -> list[str]:
+    """The names a misspelt ``name`` most likely meant, closest first (at most three; none when
+    nothing is close). Case, ``-`` and ``_`` are ignored: ``max_queue_depth`` finds
+    ``maxQueueDepth``."""
+
+    def plain(text: str) -> str:
+        return text.lower().replace("-", "").replace("_", "")
+
+    by_plain: dict[str, str] = {}
+    for candidate in sorted(names):
+        by_plain.setdefault(plain(candidate), candidate)
+    close = difflib.get_close_matches(plain(name), list(by_plain), n=3, cutoff=0.6)
+    return [by_plain[c] for c in close]
+
+
+def did_you_mean(name: str, names: Iterable[str]) -> str:
+    """``"did you mean 'a' or 'b'?"``, or ``""`` when no name is close."""
+    close = close_names(name, names)
+    return f"did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
 class UnknownPluginType(PluginError):
+    """A config names a type no installed package registers: the message suggests the closest
+    types rather than listing every one (``epp plugins list`` does that)."""
+
     def __init__(self, type_name: str, available: list[str]) -> None:
-        super().__init__(
-            f"unknown plugin type {type_name!r}; available types: {', '.join(sorted(available))}"
+        hint = did_you_mean(type_name, available) or (
+            f"none of the {len(available)} available types is close; `epp plugins list` lists them"
         )
+        super().__init__(f"unknown plugin type {type_name!r}; {hint}")
         self.type_name = type_name
+        self.available = sorted(available)
 
 
 class DuplicatePluginType(PluginError):

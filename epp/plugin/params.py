@@ -2,7 +2,9 @@
 
 YAML keys are camelCase; each dataclass field ``foo_bar`` is read from ``fooBar`` unless the field
 declares ``metadata={"yaml": "otherName"}``. Unknown keys, wrong types and values rejected by the
-dataclass's ``__post_init__`` (raise ``ValueError``) fail with the field path.
+dataclass's ``__post_init__`` (raise ``ValueError``) fail with the field path; an unknown key is
+answered with the closest known ones (``did you mean 'maxQueueDepth'?``), or the known keys when
+none is close.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Union, get_args, get_origin
+
+from epp.plugin.errors import did_you_mean
 
 
 class ParamError(Exception):
@@ -39,8 +43,10 @@ def decode(cls: type[Any], data: Any, path: str = "") -> Any:
     fields = {yaml_key(f): f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        where = _join(path, str(unknown[0]))
-        raise ParamError(where, f"unknown field (known: {', '.join(sorted(fields)) or 'none'})")
+        key = str(unknown[0])
+        hint = did_you_mean(key, fields)
+        known = f"; {hint}" if hint else f" (known: {', '.join(sorted(fields)) or 'none'})"
+        raise ParamError(_join(path, key), f"unknown field{known}")
     kwargs = {}
     for key, field in fields.items():
         if key in data:

@@ -65,10 +65,10 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 
+from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.flowcontrol.eviction import Eviction
 from epp.observability import streams as codes
 from epp.plugin import ErrorCode, InferenceError

@@ -5,16 +5,15 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, cast
 
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.type.v3 import http_status_pb2
 from google.protobuf import json_format, struct_pb2
 
+from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.plugin import InferenceError, wire
 
-_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+_OVERWRITE = pb.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+BodyMode: TypeAlias = pb.ProcessingMode.BodySendMode
 
 
 def header_map(headers: pb.HttpHeaders) -> dict[str, str]:
@@ -54,8 +53,8 @@ def served_endpoint(request: pb.ProcessingRequest) -> str:
 def mutation(set_headers: Mapping[str, str], remove: Sequence[str] = ()) -> pb.HeaderMutation:
     return pb.HeaderMutation(
         set_headers=[
-            base_pb2.HeaderValueOption(
-                header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE
+            pb.HeaderValueOption(
+                header=pb.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE
             )
             for k, v in set_headers.items()
         ],
@@ -192,6 +191,12 @@ def encode(reply: Reply) -> bytes:
     return reply if isinstance(reply, bytes) else reply.SerializeToString()
 
 
+def http_status(code: int) -> pb.HttpStatus:
+    """Any HTTP status: Envoy's ``StatusCode`` names the usual ones, and as a proto3 enum it
+    carries any other number too."""
+    return pb.HttpStatus(code=cast(pb.StatusCode, code))
+
+
 def immediate(err: InferenceError) -> pb.ProcessingResponse:
     headers = dict(err.headers)
     headers.setdefault("content-type", "text/plain; charset=utf-8")
@@ -199,7 +204,7 @@ def immediate(err: InferenceError) -> pb.ProcessingResponse:
         headers[wire.DROPPED_REASON_HEADER] = err.drop_reason
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
-            status=http_status_pb2.HttpStatus(code=err.code.http_status),
+            status=http_status(err.code.http_status),
             headers=mutation(headers),
             body=err.body.encode(),
             details=err.code.label,
@@ -213,7 +218,7 @@ def evicted(err: InferenceError) -> pb.ProcessingResponse:
     headers = {wire.DROPPED_REASON_HEADER: err.drop_reason} if err.drop_reason else {}
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
-            status=http_status_pb2.HttpStatus(code=err.code.http_status),
+            status=http_status(err.code.http_status),
             headers=mutation(headers),
             body=err.message.encode(),
             details=err.code.label,
@@ -230,11 +235,11 @@ def _response_headers(set_headers: Mapping[str, str]) -> pb.ProcessingResponse:
 
 
 _WENT_INTO: Final = MappingProxyType({wire.WENT_INTO_RESP_HEADERS: "true"})
-_WENT_INTO_REPLY: Final = _response_headers(_WENT_INTO).SerializeToString()
+_WENT_INTO_REPLY: Final[bytes] = _response_headers(_WENT_INTO).SerializeToString()
 
 
 def response_headers_reply(
-    set_headers: Mapping[str, str], *, skip_body: int | None = None
+    set_headers: Mapping[str, str], *, skip_body: BodyMode | None = None
 ) -> Reply:
     """The response-headers reply; the common one (no response-headers hook set a header) is
     serialized once, as it is on every response's first-token path. ``skip_body``: the request
@@ -251,7 +256,7 @@ def response_headers_reply(
     return _response_headers(set_headers)
 
 
-def skip_body_override(reply: pb.ProcessingResponse, request_body_mode: int) -> None:
+def skip_body_override(reply: pb.ProcessingResponse, request_body_mode: BodyMode) -> None:
     """Set ``mode_override`` to ``{request_body_mode, response_body_mode: NONE}``: the header and
     trailer modes stay DEFAULT, which Envoy (1.34 and later) reads as unchanged, and the request
     body mode is the configured one (the request is over; it matters only to an
@@ -260,11 +265,11 @@ def skip_body_override(reply: pb.ProcessingResponse, request_body_mode: int) -> 
     mode = reply.mode_override
     mode.SetInParent()
     mode.request_body_mode = request_body_mode
-    mode.response_body_mode = 0  # BodySendMode.NONE
+    mode.response_body_mode = pb.ProcessingMode.NONE
 
 
 @functools.lru_cache(maxsize=8)
-def _skip_body_reply(request_body_mode: int) -> bytes:
+def _skip_body_reply(request_body_mode: BodyMode) -> bytes:
     reply = _response_headers(_WENT_INTO)
     skip_body_override(reply, request_body_mode)
     return encode(reply)

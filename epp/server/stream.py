@@ -42,9 +42,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any, Final
 
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
+from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.flowcontrol.eviction import EVICTION_ATTRIBUTE, Eviction
 from epp.plugin import ErrorCode, InferenceError, TerminationCause, wire
 from epp.requestcontrol.director import Exchange
@@ -55,7 +53,7 @@ from epp.server.misuse import ProtocolError
 
 log = logging.getLogger(__name__)
 
-_MODE = processing_mode_pb2.ProcessingMode
+_MODE = pb.ProcessingMode
 _FULL_DUPLEX = _MODE.FULL_DUPLEX_STREAMED
 _PER_CHUNK = (_MODE.STREAMED, _MODE.GRPC)  # every body chunk is answered
 _OVERRIDABLE = (_MODE.STREAMED, _MODE.BUFFERED, _MODE.BUFFERED_PARTIAL)
@@ -245,7 +243,7 @@ class RequestStream:
             self.done = True
         owned = wire.OWNED_REQUEST_HEADERS
         if self.request_mode == _FULL_DUPLEX:
-            replies = [
+            replies: Replies = [
                 messages.request_headers_reply(set_headers, owned, lb),
                 *messages.streamed_body(decision.body, response=False),
             ]

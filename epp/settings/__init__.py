@@ -253,15 +253,14 @@ class Settings:
         "(verbosity); default from -v",
     )
     zap_stacktrace_level: str = flag(
-        "", "level from which lines carry a stack trace (default warn with --zap-devel, else error)"
+        "", "level from which lines carry a stack trace (default error)"
     )
     zap_time_encoding: str = flag(
         "", "ts format: rfc3339 (default), rfc3339nano, iso8601, epoch, millis, nano"
     )
     zap_devel: bool = flag(
         True,
-        "development defaults (console encoder, stack traces from warn); false: production "
-        "defaults (json encoder, stack traces from error)",
+        "development defaults (console encoder); false: production defaults (json encoder)",
         BOOL,
     )
     """Logging (``epp.observability.logs``) with controller-runtime's semantics."""

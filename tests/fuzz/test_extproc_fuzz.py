@@ -9,19 +9,17 @@ import asyncio
 import os
 from typing import Any
 
-from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.bench.fuzz_drive import Timeouts, drive
 from epp.bench.fuzz_gen import CANCEL, HALF_CLOSE, SEND, SPOOF_HOST, Case, Step
 from epp.bench.fuzz_run import ErrorLog, routing_check, run_cases
 from epp.plugin import wire
 from tests.fuzz.conftest import FuzzTarget
 
-MODE = processing_mode_pb2.ProcessingMode
+MODE = pb.ProcessingMode
 SEED = int(os.environ.get("EPP_FUZZ_SEED", "1"))
 SEQUENCES = int(os.environ.get("EPP_FUZZ_SEQUENCES", "400"))
 
@@ -102,8 +100,8 @@ def message(kind: str) -> bytes:
         return b"\xff\x00\xfe"
     if name in ("request_headers", "response_headers"):
         pairs = HEADERS if name == "request_headers" else {":status": "200"}
-        headers = base_pb2.HeaderMap(
-            headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()]
+        headers = pb.HeaderMap(
+            headers=[pb.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()]
         )
         value: Any = pb.HttpHeaders(headers=headers, end_of_stream=bool(eos))
     elif name in ("request_body", "response_body"):

@@ -8,21 +8,19 @@ import logging
 
 import grpc
 import pytest
-from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from epp._proto import epp_extproc_v3_pb2 as pb
 from tests.conftest import body_msg, dead_ports, exchange, headers_msg, set_headers_of
 
 CHAT = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 H = {":path": "/v1/chat/completions", ":method": "POST", "x-request-id": "rid"}
 DEAD = dead_ports(3)
-MODE = processing_mode_pb2.ProcessingMode
+MODE = pb.ProcessingMode
 
 REQ_TRAILERS = pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
 RESP_HEADERS = pb.ProcessingRequest(
     response_headers=pb.HttpHeaders(
-        headers=base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=":status", raw_value=b"200")])
+        headers=pb.HeaderMap(headers=[pb.HeaderValue(key=":status", raw_value=b"200")])
     )
 )
 RESP_BODY = pb.ProcessingRequest(response_body=pb.HttpBody(body=b"{}", end_of_stream=True))
@@ -219,10 +217,10 @@ async def test_streamed_mode_answers_each_chunk_and_never_uses_streamed_response
     first.protocol_config.response_body_mode = MODE.STREAMED
     sse = pb.ProcessingRequest(
         response_headers=pb.HttpHeaders(
-            headers=base_pb2.HeaderMap(
+            headers=pb.HeaderMap(
                 headers=[
-                    base_pb2.HeaderValue(key=":status", raw_value=b"200"),
-                    base_pb2.HeaderValue(key="content-type", raw_value=b"text/event-stream"),
+                    pb.HeaderValue(key=":status", raw_value=b"200"),
+                    pb.HeaderValue(key="content-type", raw_value=b"text/event-stream"),
                 ]
             )
         )

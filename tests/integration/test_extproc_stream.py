@@ -8,11 +8,10 @@ import json
 import aiohttp
 import grpc
 import pytest
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from epp._proto import epp_extproc_v3_pb2 as pb
 from tests.conftest import (
     body_msg,
     dead_ports,
@@ -136,7 +135,7 @@ async def test_request_trailers_are_answered(start_app) -> None:
 async def test_buffered_mode_answers_headers_at_once_and_decides_on_body(start_app) -> None:
     app = await start_app(DEAD)
     first = headers_msg({**H, "x-llm-d-model-name-rewrite": "target"})
-    first.protocol_config.request_body_mode = processing_mode_pb2.ProcessingMode.BUFFERED
+    first.protocol_config.request_body_mode = pb.ProcessingMode.BUFFERED
     body = json.dumps(CHAT).encode()
     replies = await exchange(app, [first, body_msg(body)])
     assert [r.WhichOneof("response") for r in replies] == ["request_headers", "request_body"]

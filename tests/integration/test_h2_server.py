@@ -9,9 +9,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from epp.server.extproc_rpc import process
 from epp.server.tls import self_signed
 from tests.conftest import body_msg, exchange, headers_msg, set_headers_of
 
@@ -68,15 +68,14 @@ async def test_tls_with_the_certificate_of_cert_path(start_app, tmp_path: Path) 
     options = [("grpc.ssl_target_name_override", "epp")]
     target = f"127.0.0.1:{app.grpc_port}"
     async with grpc.aio.secure_channel(target, creds, options=options) as ch:
-        stub = pb_grpc.ExternalProcessorStub(ch)
-        replies = [r async for r in stub.Process(iter([headers_msg(H), body_msg(CHAT)]))]
+        replies = [r async for r in process(ch)(iter([headers_msg(H), body_msg(CHAT)]))]
     assert [r.WhichOneof("response") for r in replies] == ["request_headers", "request_body"]
 
 
 async def test_a_cancelled_stream_completes_its_request(start_app) -> None:
     app = await start_app(DEAD)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as ch:
-        call = pb_grpc.ExternalProcessorStub(ch).Process()
+        call = process(ch)()
         await call.write(headers_msg(H))
         await call.write(body_msg(CHAT))
         await call.read()
@@ -92,7 +91,7 @@ async def test_stop_lets_an_open_stream_finish_and_refuses_new_ones(start_app) -
     app = await start_app(DEAD)
     target = f"127.0.0.1:{app.grpc_port}"
     async with grpc.aio.insecure_channel(target) as ch:
-        call = pb_grpc.ExternalProcessorStub(ch).Process()
+        call = process(ch)()
         await call.write(headers_msg(H))
         await call.write(body_msg(CHAT))
         await call.read()

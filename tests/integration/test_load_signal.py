@@ -16,9 +16,9 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.config.schema import DEFAULT_CONFIG_TEXT, UPSTREAM_DEFAULT_CONFIG_TEXT
+from epp.server import extproc_rpc
 from tests.conftest import (
     COMPLETION,
     body_msg,
@@ -146,7 +146,7 @@ async def _route_then_hang_up(app: Any, prompt: str) -> str:
     body = json.dumps({**COMPLETION, "prompt": prompt}).encode()
     headers = {":path": "/v1/completions", ":method": "POST", "content-type": "application/json"}
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
-        call = pb_grpc.ExternalProcessorStub(channel).Process()
+        call = extproc_rpc.process(channel)()
         await call.write(headers_msg(headers))
         await call.write(body_msg(body))
         routed = await asyncio.wait_for(call.read(), 30)

@@ -1,4 +1,6 @@
-"""The README's "Running the EPP" commands, as written, route a request.
+"""The README's "Run it by hand" commands for the pods and the EPP, as written, route a request
+(``tests/integration/test_docs.py`` runs the whole section on the README's own ports; this test
+holds when they are taken).
 
 The EPP command is taken from the README's code block verbatim and run as a process from a
 directory laid out like the repository (``deploy/configs/default.yaml`` as shipped), with only
@@ -36,12 +38,12 @@ BIN = Path(sys.executable).parent
 
 
 def readme_commands() -> list[list[str]]:
+    """The section's first two commands: the simulated pods, then the EPP."""
     text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Running the EPP\n") :]
-    block = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert block is not None
-    lines = [line.rstrip(" &") for line in block.group(1).splitlines() if line.strip()]
-    return [shlex.split(line) for line in lines]
+    start = text.index("## Run it by hand\n")
+    section = text[start : text.index("\n## ", start)]
+    sim, epp = re.findall(r"```sh\n(.*?)```", section, re.S)[:2]
+    return [shlex.split(block.strip()) for block in (sim, epp)]
 
 
 async def _ready(port: int, proc: subprocess.Popen[bytes]) -> None:

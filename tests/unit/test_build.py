@@ -92,3 +92,28 @@ def test_dockerignore_keeps_out_history_and_venvs_but_nothing_the_image_copies()
     for src in copied:
         assert (ROOT / src).exists(), src
         assert not ignored(src), f"{src} is copied into the image but .dockerignore excludes it"
+
+
+def test_no_two_installed_distributions_ship_the_same_file() -> None:
+    """pip lets the wheel installed last overwrite a file another wheel holds: the EPP's
+    dependencies must not overlap (an old copy of opentelemetry/proto shipped by a second wheel
+    broke the OTLP exporter depending on install order). Checks this environment: a leftover
+    package a dependency change dropped shows up too, with the command that removes it."""
+    from importlib.metadata import distributions
+
+    owner: dict[str, str] = {}
+    clashes: dict[tuple[str, str], list[str]] = {}
+    for dist in distributions():
+        name = dist.metadata["Name"]
+        for file in dist.files or ():
+            path = str(file)
+            if ".dist-info/" in path or "__pycache__" in path or path.startswith(".."):
+                continue
+            if owner.get(path, name) != name:
+                clashes.setdefault((owner[path], name), []).append(path)
+            owner[path] = name
+    assert not clashes, "; ".join(
+        f"{a} and {b} both ship {len(paths)} files ({paths[0]}, ...): "
+        f"`pip uninstall` the one the project does not depend on"
+        for (a, b), paths in clashes.items()
+    )

@@ -17,7 +17,12 @@ DESCRIPTOR = re.compile(rb"AddSerializedFile\((b'.*?')\)", re.S)
 
 def test_generated_modules_are_not_stale(tmp_path: Path) -> None:
     written = generate.generate(tmp_path)
-    assert {p.name for p in written} == {"epp_admin_v1_pb2.py", "epp_admin_v1_pb2.pyi"}
+    assert {p.name for p in written} == {
+        "epp_admin_v1_pb2.py",
+        "epp_admin_v1_pb2.pyi",
+        "epp_extproc_v3_pb2.py",
+        "epp_extproc_v3_pb2.pyi",
+    }
     for fresh in written:
         committed = REPO / "epp" / "_proto" / fresh.name
         assert committed.exists(), f"{committed} missing: run `python proto/generate.py`"

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
+from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.bench.fuzz_drive import ANY, check_replies, demand
 from epp.bench.fuzz_gen import DUPLEX, MODE, Spec
 from epp.bench.fuzz_mutate import MUTATIONS, make_case
@@ -47,7 +45,7 @@ def test_envoy_waits_as_the_body_mode_says() -> None:
 def _headers_reply(sets: dict[str, str], remove: list[str]) -> pb.ProcessingResponse:
     mutation = pb.HeaderMutation(
         set_headers=[
-            base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=k, raw_value=v.encode()))
+            pb.HeaderValueOption(header=pb.HeaderValue(key=k, raw_value=v.encode()))
             for k, v in sets.items()
         ],
         remove_headers=remove,

@@ -1,6 +1,11 @@
 from __future__ import annotations
 
+import pytest
+
 from epp.bench.micro import ENDPOINT_COUNTS, Row, chat_body, endpoints, measure, table
+from epp.config.loader import load_config
+from epp.plugin.registry import PluginRegistry
+from tests.builders import handle
 
 
 async def test_micro_measures_every_hot_path_step_when_run_once() -> None:
@@ -86,3 +91,19 @@ def test_in_process_chunk_cost_is_measured_on_a_routed_stream() -> None:
     from epp.bench import chunkcost
 
     assert 0.0 <= chunkcost.measure(chunks=400) < 10_000.0
+
+
+def test_micro_help_names_the_default_profile_the_hot_path_loads(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from epp.bench import micro
+
+    with pytest.raises(SystemExit):
+        micro.main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    # what HotPath loads: the built-in default, through the normal loader
+    pipeline = load_config(None, registry=PluginRegistry.from_entry_points(), handle_for=handle)
+    (profile,) = pipeline.profiles.values()
+    loaded = [f.typed_name.name for f in profile.filters]
+    loaded += [f"{s.typed_name.name} {weight:g}" for s, weight in profile.scorers]
+    assert f"The built-in default profile: {', '.join(loaded)}." in help_text

@@ -160,9 +160,23 @@ def test_unknown_parameter_key_is_rejected(registry: PluginRegistry) -> None:
         load(text, registry)
 
 
-def test_unknown_plugin_type_lists_available_types(registry: PluginRegistry) -> None:
-    with pytest.raises(UnknownPluginType, match=r"available types: .*queue-scorer"):
-        load(HEAD + "plugins:\n- type: warp-scorer\n", registry)
+def test_an_unknown_plugin_type_suggests_the_closest_types_not_all_of_them(
+    registry: PluginRegistry,
+) -> None:
+    with pytest.raises(UnknownPluginType) as typo:
+        load(HEAD + "plugins:\n- type: queue-scorr\n", registry)
+    assert str(typo.value) == "unknown plugin type 'queue-scorr'; did you mean 'queue-scorer'?"
+    with pytest.raises(UnknownPluginType) as far:
+        load(HEAD + "plugins:\n- type: zzz\n", registry)
+    assert "none of the" in str(far.value) and "`epp plugins list`" in str(far.value)
+    assert "queue-scorer" not in str(far.value)  # no list of every type
+    assert "queue-scorer" in far.value.available
+
+
+def test_an_unknown_config_field_suggests_the_closest(registry: PluginRegistry) -> None:
+    with pytest.raises(ConfigError, match=r"schedulingProfile: unknown field; did you mean "
+                       r"'schedulingProfiles'\?"):  # fmt: skip
+        load(HEAD + "schedulingProfile: []\n", registry)
 
 
 def test_feature_gate_values(registry: PluginRegistry) -> None:

@@ -125,6 +125,24 @@ def test_production_defaults_are_json_with_stacks_from_error_when_not_devel(
     assert isinstance(warn["ts"], float)
 
 
+def test_a_warning_has_no_stack_trace_unless_asked_while_an_error_keeps_it(
+    capture: io.StringIO,
+) -> None:
+    """The console default (--zap-devel): an expected warning is one line; an error still
+    carries its stack, and --zap-stacktrace-level=warn brings the warnings' back."""
+    configured(capture)
+    log = logging.getLogger("epp.test")
+    log.warning("metrics auth is off")
+    warning = capture.getvalue()
+    assert re.match(r"^\S+ warn  epp.test metrics auth is off\n$", warning), warning
+    log.error("failed")
+    assert "test_logs.py" in capture.getvalue()[len(warning) :]
+    asked = io.StringIO()
+    configured(asked, "--zap-stacktrace-level=warn")
+    log.warning("metrics auth is off")
+    assert "test_logs.py" in asked.getvalue()
+
+
 def test_console_is_for_people_with_fields_as_key_values_when_devel(capture: io.StringIO) -> None:
     configured(capture, "--zap-stacktrace-level=error")
     logging.getLogger("epp.test").info("routed", extra={"endpoint": "default/pod-0"})

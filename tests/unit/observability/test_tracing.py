@@ -73,8 +73,9 @@ def test_always_on_is_honoured_when_named() -> None:
 def test_an_otlp_exporter_that_cannot_load_turns_tracing_off_with_the_reason(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Two wheels hold opentelemetry/proto (xds-protos bundles an older copy): when the wrong one
-    wins, the EPP still starts, with tracing off and a line saying how to fix it."""
+    """When the exporter cannot be imported (another wheel's older copy of opentelemetry/proto
+    installed over opentelemetry-proto's), the EPP still starts, with tracing off and a line
+    saying how to fix it."""
     monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.grpc.trace_exporter", None)
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}
     with pytest.raises(ValueError, match="reinstall opentelemetry-proto"):

@@ -127,12 +127,18 @@ def test_every_field_decodes_from_its_camel_case_key() -> None:
 def test_snake_case_and_init_false_keys_are_unknown() -> None:
     err = _error(Params, {"max_queue_depth": 3})
     assert err.path == "max_queue_depth"
-    assert str(err) == (
-        "max_queue_depth: unknown field (known: enabled, inner, labels, maxQueueDepth, mode, "
-        "oldName, tags, timeout, weight)"
-    )
+    assert str(err) == "max_queue_depth: unknown field; did you mean 'maxQueueDepth'?"
     assert _error(Params, {"derived": 1}).path == "derived"
     assert _error(Params, {"legacyName": "x"}).path == "legacyName"
+
+
+def test_an_unknown_key_names_the_closest_known_ones_or_all_when_none_is_close() -> None:
+    assert str(_error(Params, {"wieght": 1})) == "wieght: unknown field; did you mean 'weight'?"
+    assert str(_error(Params, {"timout": 1})) == "timout: unknown field; did you mean 'timeout'?"
+    assert str(_error(Params, {"zzz": 1})) == (
+        "zzz: unknown field (known: enabled, inner, labels, maxQueueDepth, mode, oldName, tags, "
+        "timeout, weight)"
+    )
 
 
 def test_the_first_unknown_key_in_sorted_order_is_named() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from grpc_health.v1 import health_pb2
 
+from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.server import h2wire as w
 from epp.server.context import ServerContext
 from epp.server.h2 import (

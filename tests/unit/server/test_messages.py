@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import json_format
 
+from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.plugin import ErrorCode, InferenceError, wire
 from epp.server import messages
 
@@ -52,10 +51,10 @@ def test_encode_passes_bytes_on_and_serializes_messages() -> None:
 
 def test_header_map_lowercases_keys_and_prefers_raw_value() -> None:
     headers = pb.HttpHeaders(
-        headers=base_pb2.HeaderMap(
+        headers=pb.HeaderMap(
             headers=[
-                base_pb2.HeaderValue(key="X-Raw", raw_value=b"caf\xc3\xa9 \xff"),
-                base_pb2.HeaderValue(key="X-Plain", value="v"),
+                pb.HeaderValue(key="X-Raw", raw_value=b"caf\xc3\xa9 \xff"),
+                pb.HeaderValue(key="X-Plain", value="v"),
             ]
         )
     )
@@ -73,7 +72,7 @@ def test_metadata_namespaces_returns_only_the_asked_namespaces() -> None:
 
 def set_of(mutation: pb.HeaderMutation) -> dict[str, bytes]:
     actions = {o.append_action for o in mutation.set_headers}
-    assert actions <= {base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD}
+    assert actions <= {pb.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD}
     return {o.header.key: o.header.raw_value for o in mutation.set_headers}
 
 

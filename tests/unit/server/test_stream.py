@@ -9,11 +9,9 @@ import time
 from typing import Any
 
 import pytest
-from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import json_format
 
+from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.flowcontrol.eviction import EVICTION_ATTRIBUTE, Eviction
 from epp.plugin import (
     ErrorCode,
@@ -33,7 +31,7 @@ from epp.server.misuse import ProtocolError
 from epp.server.stream import RequestStream
 from tests.builders import make_endpoint, make_request
 
-MODE = processing_mode_pb2.ProcessingMode
+MODE = pb.ProcessingMode
 DEST = "192.168.1.1:8000"
 OWNED = set(wire.OWNED_REQUEST_HEADERS)
 
@@ -127,10 +125,8 @@ def headers(
     values = {":path": "/v1/completions", "x-request-id": "rid", **(values or {})}
     msg = pb.ProcessingRequest(
         request_headers=pb.HttpHeaders(
-            headers=base_pb2.HeaderMap(
-                headers=[
-                    base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in values.items()
-                ]
+            headers=pb.HeaderMap(
+                headers=[pb.HeaderValue(key=k, raw_value=v.encode()) for k, v in values.items()]
             ),
             end_of_stream=eos,
         )
@@ -152,9 +148,7 @@ RESPONSE_TRAILERS = pb.ProcessingRequest(response_trailers=pb.HttpTrailers())
 def response_headers(*, served: str = "", eos: bool = False) -> pb.ProcessingRequest:
     msg = pb.ProcessingRequest(
         response_headers=pb.HttpHeaders(
-            headers=base_pb2.HeaderMap(
-                headers=[base_pb2.HeaderValue(key=":status", raw_value=b"200")]
-            ),
+            headers=pb.HeaderMap(headers=[pb.HeaderValue(key=":status", raw_value=b"200")]),
             end_of_stream=eos,
         )
     )

