@@ -35,8 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
+from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.bench import chunkcost, h2baseline, h2hyper, wire
 from epp.server.h2conn import CallIO, Connection
 

@@ -72,8 +72,8 @@ from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.flowcontrol.eviction import Eviction
 from epp.observability import streams as codes
 from epp.plugin import ErrorCode, InferenceError
+from epp.server import extproc_rpc, messages
 from epp.server import h2wire as w
-from epp.server import messages
 from epp.server.admin import SERVICE as ADMIN_SERVICE
 from epp.server.admin import AdminError, AdminServicer
 from epp.server.context import ServerContext
@@ -84,7 +84,7 @@ from epp.server.stream import Replies, RequestStream
 
 log = logging.getLogger(__name__)
 
-PROCESS = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+PROCESS = extproc_rpc.METHOD
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 HEALTH_LIST = "/grpc.health.v1.Health/List"
 ADMIN_PREFIX = f"/{ADMIN_SERVICE}/"

@@ -22,11 +22,10 @@ from pathlib import Path
 import grpc
 import hpack
 import pytest
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.server import h2limits
+from epp._proto import epp_extproc_v3_pb2 as pb
+from epp.server import extproc_rpc, h2limits
 from epp.server import h2wire as w
 from epp.server.context import ServerContext
 from epp.server.h2 import HEALTH_CHECK, PROCESS, H2Server
@@ -136,8 +135,7 @@ async def serving(port: int) -> None:
         health = health_pb2_grpc.HealthStub(ch)
         check = await health.Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=5)
         assert check.status == SERVING
-        process = pb_grpc.ExternalProcessorStub(ch)
-        call = process.Process(iter([pb.ProcessingRequest()]), timeout=5)
+        call = extproc_rpc.process(ch)(iter([pb.ProcessingRequest()]), timeout=5)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             async for _ in call:
                 pass
