@@ -60,6 +60,11 @@ each fault's client-visible outcome in numbers, see ``epp/bench/chaos.py``.
 samples RSS, descriptors, asyncio tasks and the bounded maps over time, see
 ``epp/bench/soak.py``.
 
+``epp bench scale [--quick]`` ramps coding agents from 250 to 3,000 against the EPP on a simulated
+fleet with KV capacity and preemption; ``epp bench scale growth`` and ``epp bench scale cores``
+measure how the EPP's cost grows and the cores it needs at llm-d's published rate, see
+``epp/bench/scale/__init__.py``.
+
 ``epp bench together --workload a --targets epp,sglang [--burners N]`` drives two or more targets
 at the same time, each on its own fleet, optionally beside N busy-looping processes, so that they
 meet the same machine load, see ``epp/bench/together.py``.
@@ -129,6 +134,7 @@ SUBCOMMANDS = {
     "soak": "epp.bench.soak",
     "rate": "epp.bench.rate",
     "together": "epp.bench.together",
+    "scale": "epp.bench.scale.cli",
 }
 """``epp bench <name>``: the module whose ``main(argv)`` runs it (imported only when asked)."""
 
