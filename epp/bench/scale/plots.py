@@ -91,7 +91,7 @@ def ramp_plots(report: Mapping[str, Any], out: Path, name: str = "ramp") -> list
     return [path]
 
 
-def growth_plot(curves: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
+def growth_plot(curves: Sequence[Mapping[str, Any]], out: Path, name: str = "growth") -> list[Path]:
     """One panel per curve: ``{"title", "x_label", "points": [(x, y), ...], "y_label"}``."""
     if not available() or not curves:
         return []
@@ -107,7 +107,7 @@ def growth_plot(curves: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
         ax.set_ylabel(curve["y_label"])
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = out / "growth.png"
+    path = out / f"{name}.png"
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return [path]

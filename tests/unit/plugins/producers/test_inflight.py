@@ -256,3 +256,38 @@ def test_produces_both_keys() -> None:
         "InFlightLoad/inflight-load-producer",
         "LoadEstimate/inflight-load-producer",
     }
+
+
+async def test_an_estimate_is_computed_again_only_when_what_it_depends_on_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p = producer(metrics_staleness_threshold="500ms")
+    at(p, T0 - 0.03)
+    dispatch(p, "a", 0)
+    at(p, T0 + 0.01)
+    eps = [scraped(queue=3, i=0), scraped(queue=1, i=1)]
+    computed: list[str] = []
+    real = p._estimate_fresh
+
+    def counting(ep: Endpoint, now: float) -> tuple[float, float]:
+        computed.append(ep.id)
+        return real(ep, now)
+
+    monkeypatch.setattr(p, "_estimate_fresh", counting)
+
+    async def read() -> list[float]:
+        req = make_request()
+        await p.produce(req, eps)
+        values = LOAD_ESTIMATE.key(p.typed_name.name).get(req)
+        return [values[ep.id] for ep in eps]
+
+    assert await read() == [3.0, 1.0] and len(computed) == 2
+    assert await read() == [3.0, 1.0] and len(computed) == 2  # nothing changed: reused
+    dispatch(p, "b", 0)
+    assert await read() == [4.0, 1.0] and computed[2:] == [EPS[0].id]  # only pod 0 again
+    complete(p, "a")  # the scrape saw "a": its completion subtracts
+    assert await read() == [3.0, 1.0] and computed[3:] == [EPS[0].id]
+    eps[1] = scraped(queue=5, i=1)  # a new scrape of pod 1
+    assert await read() == [3.0, 5.0] and computed[4:] == [EPS[1].id]
+    at(p, T0 + 0.6)  # both scrapes are stale now: the in-flight counts alone
+    assert await read() == [1.0, 0.0] and len(computed) == 7
