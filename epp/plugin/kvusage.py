@@ -16,7 +16,9 @@ handle's monotonic clock, the clock ``Metrics.update_time`` is read on. Then:
   1.0 without metrics. Clamped to [0, 1];
 * ``demand_now(endpoint, now, tracker)``: the larger of ``usage_now`` and ``in_flight / capacity``
   (unclamped above 1): a request this EPP sent that still waits in the server's queue holds no KV
-  yet and is missing from the scrape, but it will hold its KV once it runs.
+  yet and is missing from the scrape, but it will hold its KV once it runs;
+* ``request_kv_tokens(request)``: what a request will hold at most, its prompt and its output
+  limit (what a tracker fed for headroom records at dispatch).
 
 Memory is bounded: at most ``MAX_OPEN`` requests in flight (the oldest forgotten first) and, per
 endpoint, at most ``MAX_DONE`` completion records, each dropped once a scrape after it has been
@@ -33,7 +35,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
-from epp.plugin.types import Endpoint
+from epp.plugin.flow import prompt_tokens
+from epp.plugin.types import Endpoint, InferenceRequest
 
 MAX_OPEN: Final = 65536
 MAX_DONE: Final = 4096
@@ -60,6 +63,7 @@ class KVTracker:
         self._memo: dict[str, tuple[float, int, int]] = {}  # (scraped at, version, change)
         # endpoint id → (metrics, version, valid until, usage): ``usages``' last value
         self._usage_memo: dict[str, tuple[object, int, float, float]] = {}
+        self._room_memo: dict[str, tuple[object, int, float, float, float | None]] = {}
         self._swept_at = 0.0
 
     def __len__(self) -> int:
@@ -143,6 +147,38 @@ class KVTracker:
             out.append(value)
         return out
 
+    def rooms(
+        self, endpoints: Sequence[Endpoint], now: float, max_usage: float = 1.0
+    ) -> list[float | None]:
+        """Tokens each endpoint can still take: ``max_usage * capacity - demand`` (``demand_now``
+        in tokens); None without a KV size. Kept per endpoint as ``usages`` keeps its value."""
+        memo, versions = self._room_memo, self._versions
+        out: list[float | None] = []
+        for ep in endpoints:
+            m = ep.metrics
+            held = memo.get(ep.id)
+            version = versions.get(ep.id, 0)
+            if (
+                held is not None
+                and held[0] is m
+                and held[1] == version
+                and now <= held[2]
+                and held[3] == max_usage
+            ):
+                out.append(held[4])
+                continue
+            capacity = capacity_tokens(ep)
+            room: float | None = None
+            until = math.inf
+            if m is not None and capacity > 0:
+                demand = max(usage_now(ep, now, self) * capacity, self.in_flight(ep.id))
+                room = max_usage * capacity - demand
+                if m.update_time > 0.0 and now - m.update_time <= self.horizon:
+                    until = m.update_time + self.horizon
+            memo[ep.id] = (m, version, until, max_usage, room)
+            out.append(room)
+        return out
+
     def _bump(self, endpoint_id: str) -> None:
         self._versions[endpoint_id] = self._versions.get(endpoint_id, 0) + 1
 
@@ -177,13 +213,23 @@ class KVTracker:
             del self._versions[endpoint_id]
             self._memo.pop(endpoint_id, None)
             self._usage_memo.pop(endpoint_id, None)
-        if len(self._usage_memo) > MAX_OPEN:  # endpoints that left the pool
+            self._room_memo.pop(endpoint_id, None)
+        if len(self._usage_memo) + len(self._room_memo) > MAX_OPEN:  # pods that left the pool
             self._usage_memo.clear()
+            self._room_memo.clear()
 
 
 def _drop_until(done: deque[tuple[float, float, int]], until: float) -> None:
     while done and done[0][0] <= until:
         done.popleft()
+
+
+def request_kv_tokens(request: InferenceRequest, default_output: int = 0) -> int:
+    """Tokens of KV the request will hold at most: its prompt (``flow.prompt_tokens``) and its
+    output limit (``default_output`` when it sets none)."""
+    body = request.body
+    limit = body.max_output_tokens if body is not None else None
+    return prompt_tokens(request) + (limit if limit is not None else default_output)
 
 
 def capacity_tokens(endpoint: Endpoint) -> int:

@@ -6,9 +6,9 @@ prefill at once). An agent sends a turn (``epp.bench.driver.send_turn``: streame
 follow-up resent as a new chain when answered 404), waits for the whole answer, records it,
 maybe forks a sub-agent, thinks (``Agent.think_seconds``), and goes on until the pool stops; a
 sub-agent ends after its turns. Simulated seconds become wall seconds divided by the
-simulator's time scale. A turn refused by the EPP's flow control (429 or 503 with
-``x-llm-d-request-dropped-reason``) is recorded as shed and the agent thinks before trying again;
-any other failure is an error.
+simulator's time scale. A turn the EPP refused by policy (429: shed as sheddable at saturation, or
+evicted from a flow-control queue; 503 with ``x-llm-d-request-dropped-reason``) is recorded as
+shed and the agent thinks before trying again; any other failure is an error.
 
 Every answer becomes a ``Record`` (wall-clock send and completion times, the planned prompt, the
 oracle's reusable tokens, the cached tokens the server reported, the pod). ``working_set()`` is
@@ -31,8 +31,6 @@ import aiohttp
 from epp.bench import driver
 from epp.bench.scale.agents import Agent, Turn, harness_prompt
 from epp.bench.scale.shape import AgentShape, Scaling
-
-SHED_STATUSES = frozenset({429, 503})
 
 
 @dataclass(frozen=True)
@@ -143,7 +141,7 @@ class AgentPool:
             self._http, self.url, 0, turn.request, self._start, agent.response_id
         )
         done = time.perf_counter()
-        shed = out.status in SHED_STATUSES and bool(out.reason)
+        shed = out.status == 429 or (out.status == 503 and bool(out.reason))
         with contextlib.suppress(RuntimeError):
             agent.answered(out.ok, out.response_id)
         record = Record(
