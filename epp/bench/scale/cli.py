@@ -26,6 +26,7 @@ from epp.bench.scale.shape import Scaling
 
 OUT = Path("docs/benchmarks/scale")
 PARTS = {"growth": "epp.bench.scale.growth", "cores": "epp.bench.scale.cores"}
+"""``epp bench scale <part>``: the module whose ``main(argv)`` runs it."""
 QUICK = RampOptions(
     steps=(8, 16),
     pods=4,
