@@ -47,6 +47,7 @@ from epp.bench.rateload import Shot, bodies, open_loop
 from epp.bench.ratestats import arrivals
 from epp.bench.replicaset import EppSet
 from epp.bench.runner import warm_up
+from epp.bench.scale.ramp import WORK
 from epp.bench.spec import MODEL, FleetSpec
 from epp.bench.targets import endpoints_yaml
 from epp.bench.text import words
@@ -202,7 +203,7 @@ def computed(group: dict[str, Any]) -> dict[str, Any]:
 
 
 async def run(opts: CoresOptions) -> dict[str, Any]:
-    groups = [await measure(w, opts, opts.out / "work" / f"cores-w{w}") for w in opts.workers]
+    groups = [await measure(w, opts, WORK / f"cores-w{w}") for w in opts.workers]
     for g in groups:
         g["computed"] = computed(g)
     seed = {"requests_per_s": SEED_REQUESTS_PER_S, "chunks_per_s": SEED_CHUNKS_PER_S,

@@ -34,6 +34,8 @@ from epp.bench.scale.shape import AgentShape, Scaling, fleet_for, working_set_to
 from epp.bench.spec import FleetSpec, Workload
 from epp.localstack.procs import rss_bytes, tree_cpu_seconds
 
+WORK = Path("out/bench-scale")
+"""Where the processes' logs and files go (the reports go to ``--out``, shown by the docs)."""
 HOLD_SAMPLE_S = 10.0
 IDLE_S = 3.0
 """Wall seconds the target's idle CPU (scraping, background tasks) is measured before the ramp."""
@@ -213,7 +215,7 @@ async def run(opts: RampOptions) -> dict[str, Any]:
             results.append({"target": key, "label": targets.label(key), "status": "skipped",
                             "reason": unavailable[key], "steps": []})  # fmt: skip
             continue
-        workdir = opts.out / "work" / key.replace(":", "-").replace("/", "_")
+        workdir = WORK / key.replace(":", "-").replace("/", "_")
         results.append(await run_target(key, opts, workdir))
     return {"run": run_header(opts), "targets": results}
 
