@@ -23,9 +23,10 @@ handle's monotonic clock, the clock ``Metrics.update_time`` is read on. Then:
 Memory is bounded: at most ``MAX_OPEN`` requests in flight (the oldest forgotten first) and, per
 endpoint, at most ``MAX_DONE`` completion records, each dropped once a scrape after it has been
 used (that scrape saw the completion) or once older than ``horizon`` seconds (a scrape that old
-is not corrected). ``change`` is kept per endpoint until that endpoint's dispatches, completions
-or scrape time change, so a request that reads every endpoint pays one lookup for each endpoint
-nothing happened on.
+is not corrected). Cost: ``change`` is kept per endpoint for its scrape time and updated by every
+dispatch and completion there, so it walks the records only once per scrape (not once per request
+and endpoint: at a high rate a scrape interval holds many completions); ``usages`` and ``rooms``
+keep each endpoint's value until its metrics, its records or its scrape's freshness change.
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ class KVTracker:
         # endpoint id → (completion time, dispatch time, tokens), in completion order
         self._done: dict[str, deque[tuple[float, float, int]]] = {}
         self._versions: dict[str, int] = {}  # endpoint id → changes to its records
-        self._memo: dict[str, tuple[float, int, int]] = {}  # (scraped at, version, change)
+        # endpoint id → [scrape time, change since it]: kept up to date by every dispatch and
+        # completion, computed again (a walk of the records) only for a newer scrape
+        self._since: dict[str, list[float]] = {}
         # endpoint id → (metrics, version, valid until, usage): ``usages``' last value
         self._usage_memo: dict[str, tuple[object, int, float, float]] = {}
         self._room_memo: dict[str, tuple[object, int, float, float, float | None]] = {}
@@ -78,17 +81,27 @@ class KVTracker:
         self._by_endpoint.setdefault(endpoint_id, {})[request_id] = (now, tokens)
         self._in_flight[endpoint_id] = self._in_flight.get(endpoint_id, 0) + tokens
         self._bump(endpoint_id)
+        since = self._since.get(endpoint_id)
+        if since is not None and now > since[0]:
+            since[1] += tokens
 
     def complete(self, request_id: str, now: float, held_tokens: int) -> None:
         """Record a completion; ``held_tokens`` 0 = the tokens recorded at dispatch."""
         entry = self._forget(request_id)
         if entry is None:
             return
-        done = self._done.get(entry.endpoint)
+        eid, held = entry.endpoint, held_tokens or entry.tokens
+        done = self._done.get(eid)
         if done is None:
-            done = self._done[entry.endpoint] = deque(maxlen=MAX_DONE)
-        done.append((now, entry.sent, held_tokens or entry.tokens))
-        _drop_until(done, now - self.horizon)
+            done = self._done[eid] = deque(maxlen=MAX_DONE)
+        since = self._since.get(eid)
+        if since is not None and entry.sent <= since[0] < now:
+            since[1] -= held  # the scrape counted it: what it held is free again
+        if len(done) == MAX_DONE:
+            self._since.pop(eid, None)  # the oldest record falls out: walk again
+        done.append((now, entry.sent, held))
+        if _drop_until(done, now - self.horizon):
+            self._since.pop(eid, None)
         if now - self._swept_at > self.horizon:
             self._sweep(now)
 
@@ -101,10 +114,9 @@ class KVTracker:
 
     def change(self, endpoint_id: str, scraped_at: float) -> int:
         """Tokens this EPP added minus released on ``endpoint_id`` since ``scraped_at``."""
-        version = self._versions.get(endpoint_id, 0)
-        held = self._memo.get(endpoint_id)
-        if held is not None and held[0] == scraped_at and held[1] == version:
-            return held[2]
+        since = self._since.get(endpoint_id)
+        if since is not None and since[0] == scraped_at:
+            return int(since[1])
         released = 0
         done = self._done.get(endpoint_id)
         if done is not None:
@@ -120,7 +132,7 @@ class KVTracker:
                 if sent <= scraped_at:
                     break
                 added += tokens
-        self._memo[endpoint_id] = (scraped_at, version, added - released)
+        self._since[endpoint_id] = [scraped_at, added - released]
         return added - released
 
     def usages(
@@ -187,6 +199,9 @@ class KVTracker:
         if entry is not None:
             eid = entry.endpoint
             self._bump(eid)
+            since = self._since.get(eid)
+            if since is not None and entry.sent > since[0]:
+                since[1] -= entry.tokens  # no longer in flight: no longer added
             left = self._in_flight.get(eid, 0) - entry.tokens
             if left > 0:
                 self._in_flight[eid] = left
@@ -205,13 +220,14 @@ class KVTracker:
         self._swept_at = now
         for endpoint_id in list(self._done):
             done = self._done[endpoint_id]
-            _drop_until(done, now - self.horizon)
+            if _drop_until(done, now - self.horizon):
+                self._since.pop(endpoint_id, None)
             self._bump(endpoint_id)
             if not done:
                 del self._done[endpoint_id]
         for endpoint_id in [e for e in self._versions if not self.tracks(e)]:
             del self._versions[endpoint_id]
-            self._memo.pop(endpoint_id, None)
+            self._since.pop(endpoint_id, None)
             self._usage_memo.pop(endpoint_id, None)
             self._room_memo.pop(endpoint_id, None)
         if len(self._usage_memo) + len(self._room_memo) > MAX_OPEN:  # pods that left the pool
@@ -219,9 +235,13 @@ class KVTracker:
             self._room_memo.clear()
 
 
-def _drop_until(done: deque[tuple[float, float, int]], until: float) -> None:
+def _drop_until(done: deque[tuple[float, float, int]], until: float) -> bool:
+    """Drop the records of completions at or before ``until``; whether any was dropped."""
+    dropped = False
     while done and done[0][0] <= until:
         done.popleft()
+        dropped = True
+    return dropped
 
 
 def request_kv_tokens(request: InferenceRequest, default_output: int = 0) -> int:

@@ -167,6 +167,10 @@ class InflightLoadProducer(PluginBase):
         # generation, valid until, estimate): the last estimate, reused while none has changed
         self._versions: dict[str, int] = {}
         self._memo: dict[str, tuple[object, int, int, float, float]] = {}
+        # endpoint id → [scrape time, this replica's dispatches there since it and still in
+        # flight, completions since it of requests sent before it]: updated by every dispatch
+        # and completion, counted again (a walk of the records) only for a newer scrape
+        self._since: dict[str, list[float]] = {}
         self._sync = params.sync_cross_replica_state
         self._publisher = LoadPublisher(params.refresh_seconds)
         self._peers = PeerLoads(params.ttl_seconds, self._stale)
@@ -231,8 +235,11 @@ class InflightLoadProducer(PluginBase):
         opened = self._dispatched.get(eid)
         if opened is None:
             opened = self._dispatched[eid] = {}
-        opened[rid] = self.handle.clock()
+        now = opened[rid] = self.handle.clock()
         self._versions[eid] = self._versions.get(eid, 0) + 1
+        since = self._since.get(eid)
+        if since is not None and now > since[0]:
+            since[1] += 1
         self._tokens[eid] = self._tokens.get(eid, 0) + tokens
         self._open[rid] = (eid, tokens)
         if self._sync:
@@ -269,8 +276,15 @@ class InflightLoadProducer(PluginBase):
         done = self._completed.get(eid)
         if done is None:
             done = self._completed[eid] = deque(maxlen=MAX_COMPLETIONS)
+        since = self._since.get(eid)
+        if since is not None:
+            if dispatched_at > since[0]:
+                since[1] -= 1  # no longer in flight
+            elif now > since[0]:
+                since[2] += 1  # the scrape counted it; it has ended since
+        if len(done) == MAX_COMPLETIONS or _drop_until(done, now - self._stale):
+            self._since.pop(eid, None)  # a record the count may hold goes: count again
         done.append((now, dispatched_at))
-        _drop_until(done, now - self._stale)
         if now - self._swept_at > self._stale:
             self._sweep(now)
 
@@ -332,6 +346,17 @@ class InflightLoadProducer(PluginBase):
             peer = self._peers.totals.get(eid)
             return float(own + peer[0]) if peer is not None else float(own)
         scraped_at = m.update_time
+        dispatched, completed = self._counts_since(eid, scraped_at)
+        seen = m.waiting_queue_size + m.running_requests_size - completed
+        seen += self._peers.requests_since(eid, scraped_at)
+        return float(max(own, max(0, seen) + dispatched))
+
+    def _counts_since(self, eid: str, scraped_at: float) -> tuple[int, int]:
+        """(this replica's requests sent there after ``scraped_at`` and still in flight, its
+        requests sent at or before it that completed after it)."""
+        since = self._since.get(eid)
+        if since is not None and since[0] == scraped_at:
+            return int(since[1]), int(since[2])
         completed = 0
         done = self._completed.get(eid)
         if done is not None:
@@ -341,14 +366,14 @@ class InflightLoadProducer(PluginBase):
             else:
                 del self._completed[eid]
         dispatched = 0
+        opened = self._dispatched.get(eid)
         if opened:
             for sent in reversed(opened.values()):  # newest first; stop at the scrape
                 if sent <= scraped_at:
                     break
                 dispatched += 1
-        seen = m.waiting_queue_size + m.running_requests_size - completed
-        seen += self._peers.requests_since(eid, scraped_at)
-        return float(max(own, max(0, seen) + dispatched))
+        self._since[eid] = [scraped_at, dispatched, completed]
+        return dispatched, completed
 
     def _sweep(self, now: float) -> None:
         """Drop completion records nobody can use any more (endpoints that are not scored), and
@@ -357,13 +382,15 @@ class InflightLoadProducer(PluginBase):
         horizon = now - self._stale
         for eid in list(self._completed):
             done = self._completed[eid]
-            _drop_until(done, horizon)
+            if _drop_until(done, horizon):
+                self._since.pop(eid, None)
             if not done:
                 del self._completed[eid]
         for eid in [e for e in self._versions if e not in self._dispatched]:
             if eid not in self._completed:  # its version and memo go together: no stale hit
                 del self._versions[eid]
                 self._memo.pop(eid, None)
+                self._since.pop(eid, None)
 
     def _uncached_tokens(self, request: InferenceRequest, endpoint_id: str) -> int:
         prompt = request.attributes.get(self._tokens_key)
@@ -380,10 +407,14 @@ class InflightLoadProducer(PluginBase):
         return tokens
 
 
-def _drop_until(done: deque[tuple[float, float]], until: float) -> None:
-    """Drop the records of completions at or before ``until`` (the oldest come first)."""
+def _drop_until(done: deque[tuple[float, float]], until: float) -> bool:
+    """Drop the records of completions at or before ``until`` (the oldest come first); whether
+    any was dropped."""
+    dropped = False
     while done and done[0][0] <= until:
         done.popleft()
+        dropped = True
+    return dropped
 
 
 class LazyLoads(Mapping[str, InFlightLoad]):

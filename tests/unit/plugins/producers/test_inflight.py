@@ -291,3 +291,32 @@ async def test_an_estimate_is_computed_again_only_when_what_it_depends_on_change
     assert await read() == [3.0, 5.0] and computed[4:] == [EPS[1].id]
     at(p, T0 + 0.6)  # both scrapes are stale now: the in-flight counts alone
     assert await read() == [1.0, 0.0] and len(computed) == 7
+
+
+async def test_the_estimate_kept_up_to_date_equals_one_computed_from_the_whole_history() -> None:
+    import random
+
+    rng = random.Random(3)
+    p = producer(metrics_staleness_threshold="100s")
+    sent: dict[str, float] = {}
+    ended: dict[str, tuple[float, float]] = {}
+    now, scrape, n = T0, T0, 0
+    for _ in range(1_500):
+        now += rng.uniform(0.0, 0.01)
+        at(p, now)
+        roll = rng.random()
+        if roll < 0.45:
+            rid = f"r{n}"
+            n += 1
+            dispatch(p, rid, 0)
+            sent[rid] = now
+        elif roll < 0.85 and sent:
+            rid = rng.choice(sorted(sent))
+            complete(p, rid)
+            ended[rid] = (now, sent.pop(rid))
+        elif roll < 0.9:
+            scrape = max(scrape, now - rng.uniform(0.0, 0.05))
+        after = sum(1 for t in sent.values() if t > scrape)
+        seen_end = sum(1 for end, t in ended.values() if end > scrape and t <= scrape)
+        expected = max(len(sent), max(0, 7 - seen_end) + after)
+        assert await estimate(p, scraped(queue=4, running=3, when=scrape)) == expected
