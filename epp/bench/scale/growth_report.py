@@ -64,8 +64,9 @@ def growth_md(result: Mapping[str, Sequence[Point]], command: str) -> str:
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     head = (
         f"# epp bench scale growth\n\n`{command}` ({when}"
-        "; in process, each curve in a fresh process, its points interleaved: the real ext_proc server "
-        "and request path, synthetic pods and sessions, see `epp/bench/scale/growth.py`)\n\n"
+        "; in process, each curve in a fresh process, its points interleaved: the real ext_proc "
+        "server and request path, synthetic pods and sessions, see `epp/bench/scale/growth.py`)"
+        "\n\n"
     )
     parts = [head] + [_table(n, pts) for n, pts in result.items() if pts]
     parts.append("".join(f"- {v}\n" for v in verdicts(result)))
