@@ -31,7 +31,8 @@ is the scraped value: upstream's formula exactly. Blocks a finished request shar
 still running (a common system prompt) stay in use although they count as released, so the
 estimate can be low by that shared part until the next scrape. Prompt tokens come from
 ``TokenizedPrompt/token-producer`` (created by the loader when no config names it); requests are
-recorded at PreRequest and released at ResponseComplete (memory: ``scorers._kv_tracker``).
+recorded at PreRequest and released at ResponseComplete (the tracker and the formula:
+``epp.plugin.kvusage``).
 
 An endpoint without metrics scores 0: an unknown cache must not look empty.
 
@@ -68,9 +69,8 @@ from epp.plugin import (
     SchedulingResult,
     ScorerCategory,
 )
-from scorers._kv_tracker import KVTracker
+from epp.plugin.kvusage import STALENESS_SECONDS, KVTracker, usage_now
 
-STALENESS_SECONDS: Final = 2.0
 TOKEN_PRODUCER: Final = "token-producer"
 
 
@@ -96,31 +96,13 @@ class KVCacheUtilizationScorer(PluginBase):
         self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> list[float]:
         """``score`` in candidate order (``ListScorer``)."""
-        tracked = self.tracker.endpoints()  # any other endpoint: ``kv`` is the scraped value
-        now, usage = self.handle.clock(), self.usage
-        # ``1 - usage()``: 0 without metrics, else from the scrape, min(1, max(0, kv)) with NaN → 0
-        return [
-            0.0
-            if (m := ep.metrics) is None
-            else 1.0 - usage(ep, now)
-            if ep.id in tracked
-            else 1.0 - (1.0 if (kv := m.kv_cache_usage_percent) > 1.0 else kv if kv >= 0.0 else 0.0)
-            for ep in endpoints
-        ]
+        usages = self.tracker.usages(endpoints, self.handle.clock(), STALENESS_SECONDS)
+        # ``1 - usage``: 0 without metrics (usage 1), else in [0, 1]
+        return [1.0 - u for u in usages]
 
     def usage(self, endpoint: Endpoint, now: float) -> float:
         """The endpoint's KV-cache usage now, in [0, 1]; 1 without metrics."""
-        m = endpoint.metrics
-        if m is None:
-            return 1.0
-        kv = m.kv_cache_usage_percent
-        capacity = m.cache_num_blocks * m.cache_block_size
-        scraped_at = m.update_time
-        if capacity > 0 and scraped_at > 0.0 and now - scraped_at <= STALENESS_SECONDS:
-            change = self.tracker.change(endpoint.id, scraped_at)
-            if change:
-                kv += change / capacity
-        return min(1.0, max(0.0, kv))
+        return usage_now(endpoint, now, self.tracker, STALENESS_SECONDS)
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         targets = result.primary.targets

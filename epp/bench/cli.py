@@ -68,6 +68,10 @@ samples RSS, descriptors, asyncio tasks and the bounded maps over time, see
 ``epp bench engines [--chunks N] [--requests N] [--rounds N]`` measures the ext_proc server's
 CPU per streamed chunk and per request on libnghttp2, hyper's ``h2`` and the previous
 hand-written framing, side by side, see ``epp/bench/engines.py``.
+``epp bench scale [--quick]`` ramps coding agents from 250 to 3,000 against the EPP on a simulated
+fleet with KV capacity and preemption; ``epp bench scale growth`` and ``epp bench scale cores``
+measure how the EPP's cost grows and the cores it needs at llm-d's published rate, see
+``epp/bench/scale/__init__.py``.
 
 ``epp bench together --workload a --targets epp,sglang [--burners N]`` drives two or more targets
 at the same time, each on its own fleet, optionally beside N busy-looping processes, so that they
@@ -140,6 +144,7 @@ SUBCOMMANDS = {
     "rate": "epp.bench.rate",
     "together": "epp.bench.together",
     "engines": "epp.bench.engines",
+    "scale": "epp.bench.scale.cli",
 }
 """``epp bench <name>``: the module whose ``main(argv)`` runs it (imported only when asked)."""
 

@@ -165,6 +165,7 @@ apiVersion: llm-d.ai/v1alpha1
 kind: EndpointPickerConfig
 plugins:
 - type: response-affinity-filter
+- type: kv-headroom-filter
 - type: kv-cache-utilization-scorer
 - type: prefix-cache-scorer
 - type: estimated-load-scorer
@@ -175,6 +176,7 @@ schedulingProfiles:
 - name: default
   plugins:
   - pluginRef: response-affinity-filter
+  - pluginRef: kv-headroom-filter
   - pluginRef: kv-cache-utilization-scorer
     weight: 1
   - pluginRef: prefix-cache-scorer
@@ -190,7 +192,9 @@ dataLayer:
     - pluginRef: core-metrics-extractor
 """
 """This EPP's built-in default: a Responses API follow-up goes to the server holding its previous
-response (``response-affinity-filter``); then prefix affinity first, then the estimated load
+response (``response-affinity-filter``); no pod gets a request its KV cache cannot take, counting
+what this EPP already sent there (``kv-headroom-filter``: affinity must not push a pod into
+preemption); then prefix affinity first, then the estimated load
 (``estimated-load-scorer``: each pod's scraped queue and running requests, corrected by what this
 EPP dispatched and saw complete since the scrape, so it is exact between scrapes and still sees
 other replicas and foreign traffic), then KV-cache headroom; among pods that are otherwise equal,

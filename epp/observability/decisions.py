@@ -22,9 +22,11 @@ totals are always recorded.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from operator import itemgetter
 from typing import Any, Final
 
 from epp.plugin import Endpoint, InferenceRequest, SchedulingResult
@@ -106,11 +108,17 @@ def decision_entry(
 ) -> dict[str, Any]:
     """One scheduled request's entry: each profile's targets and its ``top`` candidates by
     weighted total, with the per-scorer scores the scheduler captured."""
-    by_id = {e.id: e for e in candidates}
     breakdown: Mapping[str, Mapping[str, float]] = request.attributes.get(EXPLAIN_KEY) or {}
+    # the ``top`` best of each profile (as a stable sort would rank them, without sorting all)
+    rankings = {
+        name: heapq.nlargest(top, res.scores.items(), key=itemgetter(1))
+        for name, res in result.profile_results.items()
+    }
+    wanted = {eid for ranked in rankings.values() for eid, _ in ranked}
+    by_id = {e.id: e for e in candidates if e.id in wanted}
     profiles = {}
     for name, res in result.profile_results.items():
-        ranked = sorted(res.scores.items(), key=lambda kv: kv[1], reverse=True)[:top]
+        ranked = rankings[name]
         profiles[name] = {
             "targets": [e.hostport for e in res.targets],
             "scores": [

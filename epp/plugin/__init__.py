@@ -4,9 +4,10 @@ Roles (``Filter``, ``Scorer``, ``Picker``, ``DataProducer``, ...) and value type
 ``protocols`` and ``types``; optional capabilities in ``capabilities``; typed data keys in
 ``keys``; values extractors publish on endpoints in ``attributes`` (and endpoint locality in
 ``topology``); multimodal cache match data in ``multimodal``; session and agent identity in
-``session``; the flow-control policy contract in ``flow``; routing facts shared between replicas,
-and the transport that carries them, in ``sharing``; wire constants in ``wire``; the kit
-plugin authors run in their own tests in ``testing``.
+``session``; an endpoint's KV use as of now in ``kvusage``; the flow-control policy contract in
+``flow``; routing facts shared between replicas, and the transport that carries them, in
+``sharing``; wire constants in ``wire``; the kit plugin authors run in their own tests in
+``testing``.
 """
 
 from epp.plugin.attributes import endpoint_attribute, with_attribute

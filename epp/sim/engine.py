@@ -26,6 +26,9 @@ step every running request emits one token (a newly admitted one emits its first
 = queueing + one step). A request finishes after ``max_tokens`` tokens; its blocks are released
 (cached ones become evictable).
 
+Memory: a request holds its token ids as ``array('I')`` (4 bytes a token, ``compact_ids``), so a
+process serving many pods can keep thousands of long prompts in flight.
+
 Prefix-cache counters count tokens like vLLM's: ``prefix_queries`` += prompt tokens and
 ``prefix_hits`` += reused tokens, once per request.
 
@@ -40,13 +43,15 @@ reports the prefill pod's ``cached_tokens`` when given.
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from epp.sim.config import PodConfig
 from epp.sim.kvcache import BlockPool, KVEvent, chain_hashes
 from epp.sim.stats import EngineStats
-from epp.sim.tokenizer import output_seed, output_token
+from epp.sim.tokenizer import compact_ids, output_seed, output_token
 
 _MAX_STEPS_PER_ADVANCE = 1_000_000  # bounds catch-up after a very late timer
 
@@ -84,7 +89,9 @@ class _Request:
     lora_id: int | None
     arrival: float
     natural_stop: bool
-    tokens: list[int]
+    tokens: array[int] | list[int]
+    """Prompt and generated ids: 4 bytes a token (``compact_ids``); a list only for ids that do
+    not fit 32 bits (a token-id prompt sent as such)."""
     seed: int
     chain: list[int] = field(default_factory=list)
     blocks: list[int | None] = field(default_factory=list)
@@ -145,7 +152,7 @@ class Engine:
     def add_request(
         self,
         request_id: str,
-        prompt_ids: list[int],
+        prompt_ids: Sequence[int],
         max_tokens: int | None,
         now: float,
         lora: str | None = None,
@@ -179,7 +186,7 @@ class Engine:
             lora_id=self._lora_ids.get(lora) if lora else None,
             arrival=now,
             natural_stop=natural,
-            tokens=list(prompt_ids),
+            tokens=compact_ids(prompt_ids),
             seed=output_seed(prompt_ids),
         )
         self._by_id[request_id] = req

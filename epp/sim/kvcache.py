@@ -17,24 +17,40 @@ Usage (what ``vllm:kv_cache_usage_perc`` reports) counts only referenced blocks:
 nobody uses are free memory that happens to still hold data.
 
 Every change that a KV-event subscriber must learn is appended to ``events`` (consecutive stores
-of one chain merge into one ``BlockStored``), and the owner drains them.
+of one chain merge into one ``BlockStored``), and the owner drains them; an owner with no
+subscriber sets ``record_events`` to False and no event is built.
+
+Memory: a cached block costs a dict entry and a small object (about 150 bytes), one more ordered
+dict entry while it is evictable; token ids come as ``array('I')`` slices (``engine.compact_ids``)
+and are hashed straight from their bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+import sys
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 _ROOT_SEED = b"epp-sim-root"
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+def _le_bytes(token_ids: Sequence[int]) -> bytes:
+    """The ids as little-endian uint32 bytes (an ``array('I')`` on a little-endian machine
+    already is)."""
+    if _LITTLE_ENDIAN and isinstance(token_ids, array) and token_ids.itemsize == 4:
+        return token_ids.tobytes()
+    return struct.pack(f"<{len(token_ids)}I", *(t & 0xFFFFFFFF for t in token_ids))
 
 
 def hash_block(parent: int | None, token_ids: Sequence[int], lora_name: str | None) -> int:
     h = hashlib.sha256()
     h.update(_ROOT_SEED if parent is None else parent.to_bytes(8, "big"))
-    h.update(struct.pack(f"<{len(token_ids)}I", *(t & 0xFFFFFFFF for t in token_ids)))
+    h.update(_le_bytes(token_ids))
     if lora_name:
         h.update(lora_name.encode())
     return int.from_bytes(h.digest()[:8], "big")
@@ -94,6 +110,7 @@ class BlockPool:
     free_uncached: int = -1
     evictions: int = 0
     events: list[KVEvent] = field(default_factory=list)
+    record_events: bool = True
     _cached: dict[int, _Cached] = field(default_factory=dict)
     # ref == 0 cached blocks; first item = least recently released = next to evict
     _evictable: OrderedDict[int, None] = field(default_factory=OrderedDict)
@@ -217,7 +234,8 @@ class BlockPool:
         self._cached.clear()
         self._evictable.clear()
         self.free_uncached = self.num_blocks
-        self.events.append(AllBlocksCleared())
+        if self.record_events:
+            self.events.append(AllBlocksCleared())
         return True
 
     def drain_events(self) -> list[KVEvent]:
@@ -232,6 +250,8 @@ class BlockPool:
         lora_id: int | None,
         lora_name: str | None,
     ) -> None:
+        if not self.record_events:
+            return
         last = self.events[-1] if self.events else None
         if (
             isinstance(last, BlockStored)
@@ -254,6 +274,8 @@ class BlockPool:
         )
 
     def _emit_removed(self, block_hash: int) -> None:
+        if not self.record_events:
+            return
         last = self.events[-1] if self.events else None
         if isinstance(last, BlockRemoved):
             last.block_hashes.append(block_hash)

@@ -12,11 +12,11 @@ sequence); with a limit they finish with ``length``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from epp.sim.tokenizer import render_chat, tokenize
+from epp.sim.tokenizer import compact_ids, render_chat, tokenize
 
 Kind = Literal["completion", "chat", "responses"]
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -40,7 +40,8 @@ class ApiError(Exception):
 class Parsed:
     kind: Kind
     model: str
-    prompts: list[list[int]]
+    prompts: list[Sequence[int]]
+    """Token ids of each prompt; a rendered chat is kept as ``array('I')``, 4 bytes a token."""
     max_tokens: int | None
     stream: bool
     include_usage: bool = False
@@ -85,7 +86,7 @@ def parse_completion(body: Mapping[str, Any], bos_token_id: int | None = None) -
     """``bos_token_id``: prepended to each text prompt (not to token-id prompts), as a tokenizer
     that adds special tokens does (vLLM's completions default)."""
     prompt = body.get("prompt")
-    prompts: list[list[int]]
+    prompts: list[Sequence[int]]
     bos = [] if bos_token_id is None else [bos_token_id]
     if isinstance(prompt, str):
         prompts = [bos + tokenize(prompt)]
@@ -131,7 +132,7 @@ def parse_chat(body: Mapping[str, Any]) -> Parsed:
     return Parsed(
         kind="chat",
         model=_model(body),
-        prompts=[render_chat(messages, tools=body.get("tools"))],
+        prompts=[compact_ids(render_chat(messages, tools=body.get("tools")))],
         max_tokens=_limit(body, "max_completion_tokens", "max_tokens"),
         stream=stream,
         include_usage=usage,
@@ -174,7 +175,7 @@ def parse_responses(body: Mapping[str, Any], previous: list[dict[str, Any]] | No
     return Parsed(
         kind="responses",
         model=_model(body),
-        prompts=[render_chat(messages, tools=body.get("tools"))],
+        prompts=[compact_ids(render_chat(messages, tools=body.get("tools")))],
         max_tokens=_limit(body, "max_output_tokens"),
         stream=stream,
         messages=messages,

@@ -24,6 +24,7 @@ import asyncio
 import random
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,7 @@ class PodRuntime:
     def __init__(self, config: PodConfig, publisher: KVEventPublisher | None = None) -> None:
         self.config = config
         self.engine = Engine(config)
+        self.engine.pool.record_events = publisher is not None  # nobody else reads them
         self.publisher = publisher
         self.metrics = MetricsRenderer(config)
         self.overrides = Overrides()
@@ -99,7 +101,7 @@ class PodRuntime:
     def submit(
         self,
         request_id: str,
-        prompt_ids: list[int],
+        prompt_ids: Sequence[int],
         max_tokens: int | None,
         lora: str | None,
         remote: RemoteKV | None = None,

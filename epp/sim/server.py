@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -60,10 +60,10 @@ def _generate(kind: str) -> _Handler:
     return handler
 
 
-def _render_item(parsed: Parsed, body: dict[str, Any], ids: list[int], prefix: str) -> Any:
+def _render_item(parsed: Parsed, body: dict[str, Any], ids: Sequence[int], prefix: str) -> Any:
     return {
         "request_id": f"{prefix}-{uuid.uuid4().hex}",
-        "token_ids": ids,
+        "token_ids": list(ids),
         "sampling_params": {"max_tokens": parsed.max_tokens},
         "model": parsed.model,
         "stream": body.get("stream") is True,
@@ -103,7 +103,7 @@ async def _tokenize(request: web.Request) -> web.StreamResponse:
         resolve_model(runtime, parsed.model)
     except ApiError as err:
         return error_response(err)
-    ids = parsed.prompts[0]
+    ids = list(parsed.prompts[0])
     return json_response(
         {"count": len(ids), "max_model_len": runtime.config.max_model_len, "tokens": ids}
     )

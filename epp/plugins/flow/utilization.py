@@ -1,8 +1,18 @@
 """``utilization-detector``: pool saturation from queue depth and KV-cache use (default detector).
 
-Per endpoint, with ``q = waiting_queue_size`` and ``kv = kv_cache_usage_percent``::
+Per endpoint, with ``q = waiting_queue_size`` and ``kv`` its KV use as of now::
 
     saturation(ep) = max(q / queueDepthThreshold, kv / kvCacheUtilThreshold)
+
+Upstream's ``kv`` is the scraped ``kv_cache_usage_percent``, up to a scrape interval old. Here it
+is also what this EPP sent there since: the scrape corrected by this EPP's dispatches and
+completions since it was taken, and at least the KV this EPP's requests in flight there will hold
+(prompt and output limit, whether the server runs them yet or still queues them), as
+``epp.plugin.kvusage.demand_now`` defines it; with flow control, requests dispatched but not yet
+scheduled (``reserve``) add their KV spread evenly over the candidates. So a burst of dispatches
+shows at once, not a scrape later, and a pool whose KV this EPP has already promised reads as
+full: flow control holds requests back instead of sending pods into preemption. Without a KV size
+(``cache_config_info``) or this EPP's traffic, ``kv`` is upstream's.
     stale(ep) = ep has no metrics or now - metrics.update_time > metricsStalenessThreshold
 
     saturation(pool) = mean of saturation(ep) over the candidates   # 1.0 for no candidates
@@ -55,9 +65,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from epp.plugin import CycleState, Endpoint, InferenceRequest, PluginBase
+from epp.plugin import (
+    CycleState,
+    Endpoint,
+    Handle,
+    InferenceRequest,
+    PluginBase,
+    ResponseInfo,
+    SchedulingResult,
+)
+from epp.plugin.kvusage import KVTracker, capacity_tokens, request_kv_tokens
 from epp.plugin.units import parse_duration
 
 SATURATED, IGNORE, EXCLUDE = "saturated", "ignore", "exclude"
@@ -102,15 +121,65 @@ class UtilizationDetector(PluginBase):
 
     params: Params
 
+    def __init__(self, *, name: str, params: Any, handle: Handle) -> None:
+        super().__init__(name=name, params=params, handle=handle)
+        self.tracker = KVTracker()
+        self._reserved: dict[int, tuple[InferenceRequest, int]] = {}  # by object identity
+        self._reserved_tokens = 0
+
     def saturation(self, now: float, endpoints: Sequence[Endpoint]) -> float:
         if not endpoints:
             return 1.0
-        if self.params.staleness_policy == SATURATED:
-            return sum(self._endpoint_saturation(now, ep) for ep in endpoints) / len(endpoints)
-        fresh = [ep for ep in endpoints if not self._is_stale(now, ep)]
-        if not fresh:
-            return 0.0
-        return sum(self._endpoint_saturation(now, ep) for ep in fresh) / len(fresh)
+        if self.params.staleness_policy != SATURATED:
+            endpoints = [ep for ep in endpoints if not self._is_stale(now, ep)]
+            if not endpoints:
+                return 0.0
+        kv = self._kv(now, endpoints, self._reserved_tokens / len(endpoints))
+        total = sum(
+            self._endpoint_saturation(now, ep, k) for ep, k in zip(endpoints, kv, strict=True)
+        )
+        return total / len(endpoints)
+
+    # ---- what this EPP sent: PreRequest, ResponseComplete, ReservingDetector -------------------
+
+    def reserve(self, request: InferenceRequest) -> None:
+        if id(request) not in self._reserved:
+            tokens = request_kv_tokens(request)
+            self._reserved[id(request)] = (request, tokens)
+            self._reserved_tokens += tokens
+
+    def release(self, request: InferenceRequest) -> None:
+        held = self._reserved.pop(id(request), None)
+        if held is not None:
+            self._reserved_tokens -= held[1]
+        self.tracker.complete(request.request_id, self.handle.clock(), 0)
+
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        held = self._reserved.pop(id(request), None)  # bound to its endpoint from now on
+        if held is not None:
+            self._reserved_tokens -= held[1]
+        targets = result.primary.targets
+        if targets:
+            tokens = request_kv_tokens(request)
+            self.tracker.dispatch(request.request_id, targets[0].id, self.handle.clock(), tokens)
+
+    def response_complete(self, request: InferenceRequest, response: ResponseInfo) -> None:
+        usage = response.usage
+        held = usage.prompt_tokens + usage.completion_tokens if usage.prompt_tokens else 0
+        self.tracker.complete(request.request_id, self.handle.clock(), held)
+
+    def _kv(self, now: float, endpoints: Sequence[Endpoint], spread: float) -> list[float]:
+        """Each endpoint's KV use as of now (module doc); ``spread`` reserved tokens each."""
+        tracker = self.tracker
+        out = tracker.usages(endpoints, now)
+        for i, ep in enumerate(endpoints):
+            capacity = capacity_tokens(ep)
+            if capacity > 0:
+                own = tracker.in_flight(ep.id)
+                out[i] = max(out[i], own / capacity) + spread / capacity
+            elif ep.metrics is not None:
+                out[i] = ep.metrics.kv_cache_usage_percent
+        return out
 
     def filter(
         self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
@@ -118,13 +187,14 @@ class UtilizationDetector(PluginBase):
         p = self.params
         queue_limit = p.queue_depth_threshold * (1.0 + p.headroom)
         kv_limit = min(1.0, p.kv_cache_util_threshold * (1.0 + p.headroom))
+        kv = self._kv(cycle.now, endpoints, 0.0)
         kept = [
             ep
-            for ep in endpoints
+            for ep, k in zip(endpoints, kv, strict=True)
             if ep.metrics is not None
             and not self._is_stale(cycle.now, ep)
             and ep.metrics.waiting_queue_size <= queue_limit
-            and ep.metrics.kv_cache_usage_percent <= kv_limit
+            and k <= kv_limit
         ]
         return kept if kept else list(endpoints)
 
@@ -143,14 +213,13 @@ class UtilizationDetector(PluginBase):
         # One scrape tick, the staleness window, and 250 ms for the engine to free the memory.
         return 0.05 + self.params.staleness_seconds + 0.25
 
-    def _endpoint_saturation(self, now: float, endpoint: Endpoint) -> float:
+    def _endpoint_saturation(self, now: float, endpoint: Endpoint, kv: float) -> float:
         metrics = endpoint.metrics
         if metrics is None or self._is_stale(now, endpoint):
             return 1.0
         p = self.params
         return max(
-            metrics.waiting_queue_size / p.queue_depth_threshold,
-            metrics.kv_cache_usage_percent / p.kv_cache_util_threshold,
+            metrics.waiting_queue_size / p.queue_depth_threshold, kv / p.kv_cache_util_threshold
         )
 
     def _is_stale(self, now: float, endpoint: Endpoint) -> bool:

@@ -19,7 +19,8 @@ It publishes, for every candidate:
 
 - ``InFlightLoad/<name>``: ``Mapping[endpoint id, InFlightLoad(requests, tokens)]``, read by
   ``active-request-scorer`` and ``token-load-scorer`` (upstream's data): this EPP's counts plus,
-  with peers (below), every other replica's, summed as upstream sums them;
+  with peers (below), every other replica's, summed as upstream sums them; computed for all
+  candidates when first read (during scoring) and fixed from there;
 - ``LoadEstimate/<name>``: ``Mapping[endpoint id, float]``, read by ``estimated-load-scorer``
   (this EPP's own data; exact formula in ``epp.plugin.inflight.LOAD_ESTIMATE``): the endpoint's
   scraped ``waiting + running`` at its scrape time ``t``, plus the change since ``t`` of this
@@ -71,8 +72,17 @@ YAML::
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
+from collections.abc import (
+    Callable,
+    ItemsView,
+    Iterator,
+    KeysView,
+    Mapping,
+    Sequence,
+    ValuesView,
+)
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, TypeVar, overload
 
@@ -152,6 +162,15 @@ class InflightLoadProducer(PluginBase):
         # endpoint id → (completion time, dispatch time) of recent completions, completion order
         self._completed: dict[str, deque[tuple[float, float]]] = {}
         self._swept_at = 0.0
+        # endpoint id → count of its dispatches and completions (what its estimate depends on
+        # besides its metrics and the peers); endpoint id → (metrics, that count, the peers'
+        # generation, valid until, estimate): the last estimate, reused while none has changed
+        self._versions: dict[str, int] = {}
+        self._memo: dict[str, tuple[object, int, int, float, float]] = {}
+        # endpoint id → [scrape time, this replica's dispatches there since it and still in
+        # flight, completions since it of requests sent before it]: updated by every dispatch
+        # and completion, counted again (a walk of the records) only for a newer scrape
+        self._since: dict[str, list[float]] = {}
         self._sync = params.sync_cross_replica_state
         self._publisher = LoadPublisher(params.refresh_seconds)
         self._peers = PeerLoads(params.ttl_seconds, self._stale)
@@ -160,19 +179,22 @@ class InflightLoadProducer(PluginBase):
         return frozenset({self._key, self._estimate_key})
 
     async def produce(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
-        disp, tok = self._dispatched, self._tokens
         attributes = request.attributes
         peers = self._peers
         if peers.origins:
             peers.expire(self.handle.clock())
-        if peers.totals:
-            attributes[self._key] = self._pool_loads(endpoints)
-        else:
-            attributes[self._key] = {
-                e.id: InFlightLoad(len(disp[e.id]), tok.get(e.id, 0)) if e.id in disp else _IDLE
-                for e in endpoints
-            }
+        attributes[self._key] = LazyLoads(self._loads, endpoints)
         attributes[self._estimate_key] = LoadEstimates(self, endpoints)
+
+    def _loads(self, endpoints: Sequence[Endpoint]) -> dict[str, InFlightLoad]:
+        """``InFlightLoad`` of each endpoint now: this replica's, plus its peers' when known."""
+        if self._peers.totals:
+            return self._pool_loads(endpoints)
+        disp, tok = self._dispatched, self._tokens
+        return {
+            e.id: InFlightLoad(len(disp[e.id]), tok.get(e.id, 0)) if e.id in disp else _IDLE
+            for e in endpoints
+        }
 
     def _pool_loads(self, endpoints: Sequence[Endpoint]) -> dict[str, InFlightLoad]:
         """This replica's load on each endpoint plus its peers' (``InFlightLoad`` with peers)."""
@@ -213,7 +235,11 @@ class InflightLoadProducer(PluginBase):
         opened = self._dispatched.get(eid)
         if opened is None:
             opened = self._dispatched[eid] = {}
-        opened[rid] = self.handle.clock()
+        now = opened[rid] = self.handle.clock()
+        self._versions[eid] = self._versions.get(eid, 0) + 1
+        since = self._since.get(eid)
+        if since is not None and now > since[0]:
+            since[1] += 1
         self._tokens[eid] = self._tokens.get(eid, 0) + tokens
         self._open[rid] = (eid, tokens)
         if self._sync:
@@ -240,6 +266,7 @@ class InflightLoadProducer(PluginBase):
             return
         eid, tokens = entry
         now = self.handle.clock()
+        self._versions[eid] = self._versions.get(eid, 0) + 1
         if self._sync:
             self._publisher.touch(eid)
         opened = self._dispatched.get(eid, {})
@@ -252,29 +279,56 @@ class InflightLoadProducer(PluginBase):
         done = self._completed.get(eid)
         if done is None:
             done = self._completed[eid] = deque(maxlen=MAX_COMPLETIONS)
+        since = self._since.get(eid)
+        if since is not None:
+            if dispatched_at > since[0]:
+                since[1] -= 1  # no longer in flight
+            elif now > since[0]:
+                since[2] += 1  # the scrape counted it; it has ended since
+        if len(done) == MAX_COMPLETIONS or _drop_until(done, now - self._stale):
+            self._since.pop(eid, None)  # a record the count may hold goes: count again
         done.append((now, dispatched_at))
-        _drop_until(done, now - self._stale)
         if now - self._swept_at > self._stale:
             self._sweep(now)
 
     def estimates(self, endpoints: Sequence[Endpoint]) -> dict[str, float]:
-        """``LoadEstimate`` of each endpoint now (see the module docstring)."""
+        """``LoadEstimate`` of each endpoint now (see the module docstring).
+
+        An endpoint's estimate depends on its metrics, its own dispatches and completions, the
+        peers' loads and, through freshness, the time: it is computed again only when one of
+        them has changed (``_memo``), so a request costs one lookup per endpoint whose state is
+        as it was, however many endpoints there are."""
         now = self.handle.clock()
-        fresh_after = now - self._stale
-        # Endpoints with anything of this replica's or its peers' since a scrape (few), as one set.
-        ours = self._dispatched.keys() | self._completed.keys() | self._peers.history_ids()
+        memo, versions, generation = self._memo, self._versions, self._peers.generation
         out: dict[str, float] = {}
         for e in endpoints:
-            eid = e.id
-            if eid in ours:
-                out[eid] = self._estimate(e, now)
+            eid, m = e.id, e.metrics
+            version = versions.get(eid, 0)
+            held = memo.get(eid)
+            if (
+                held is not None
+                and held[0] is m
+                and held[1] == version
+                and held[2] == generation
+                and now <= held[3]
+            ):
+                out[eid] = held[4]
                 continue
-            m = e.metrics  # nothing of ours there: the scrape alone, when fresh
-            if m is not None and m.update_time >= fresh_after and m.update_time > 0.0:
-                out[eid] = float(m.waiting_queue_size + m.running_requests_size)
-            else:
-                out[eid] = 0.0
+            value, until = self._estimate_fresh(e, now)
+            memo[eid] = (m, version, generation, until, value)
+            out[eid] = value
         return out
+
+    def _estimate_fresh(self, endpoint: Endpoint, now: float) -> tuple[float, float]:
+        """(estimate, the time until which it holds unless something changes)."""
+        eid, m = endpoint.id, endpoint.metrics
+        fresh = m is not None and m.update_time > 0.0 and m.update_time >= now - self._stale
+        until = m.update_time + self._stale if fresh and m is not None else math.inf
+        if eid in self._dispatched or eid in self._completed or self._peers.has_history(eid):
+            return self._estimate(endpoint, now), until
+        if fresh and m is not None:  # nothing of ours there: the scrape alone, when fresh
+            return float(m.waiting_queue_size + m.running_requests_size), until
+        return 0.0, until
 
     def dump_state(self) -> dict[str, Any]:
         return {
@@ -295,6 +349,17 @@ class InflightLoadProducer(PluginBase):
             peer = self._peers.totals.get(eid)
             return float(own + peer[0]) if peer is not None else float(own)
         scraped_at = m.update_time
+        dispatched, completed = self._counts_since(eid, scraped_at)
+        seen = m.waiting_queue_size + m.running_requests_size - completed
+        seen += self._peers.requests_since(eid, scraped_at)
+        return float(max(own, max(0, seen) + dispatched))
+
+    def _counts_since(self, eid: str, scraped_at: float) -> tuple[int, int]:
+        """(this replica's requests sent there after ``scraped_at`` and still in flight, its
+        requests sent at or before it that completed after it)."""
+        since = self._since.get(eid)
+        if since is not None and since[0] == scraped_at:
+            return int(since[1]), int(since[2])
         completed = 0
         done = self._completed.get(eid)
         if done is not None:
@@ -304,24 +369,31 @@ class InflightLoadProducer(PluginBase):
             else:
                 del self._completed[eid]
         dispatched = 0
+        opened = self._dispatched.get(eid)
         if opened:
             for sent in reversed(opened.values()):  # newest first; stop at the scrape
                 if sent <= scraped_at:
                     break
                 dispatched += 1
-        seen = m.waiting_queue_size + m.running_requests_size - completed
-        seen += self._peers.requests_since(eid, scraped_at)
-        return float(max(own, max(0, seen) + dispatched))
+        self._since[eid] = [scraped_at, dispatched, completed]
+        return dispatched, completed
 
     def _sweep(self, now: float) -> None:
-        """Drop completion records nobody can use any more (endpoints that are not scored)."""
+        """Drop completion records nobody can use any more (endpoints that are not scored), and
+        the memo of endpoints with nothing of this replica's (gone ones included)."""
         self._swept_at = now
         horizon = now - self._stale
         for eid in list(self._completed):
             done = self._completed[eid]
-            _drop_until(done, horizon)
+            if _drop_until(done, horizon):
+                self._since.pop(eid, None)
             if not done:
                 del self._completed[eid]
+        for eid in [e for e in self._versions if e not in self._dispatched]:
+            if eid not in self._completed:  # its version and memo go together: no stale hit
+                del self._versions[eid]
+                self._memo.pop(eid, None)
+                self._since.pop(eid, None)
 
     def _uncached_tokens(self, request: InferenceRequest, endpoint_id: str) -> int:
         prompt = request.attributes.get(self._tokens_key)
@@ -338,10 +410,57 @@ class InflightLoadProducer(PluginBase):
         return tokens
 
 
-def _drop_until(done: deque[tuple[float, float]], until: float) -> None:
-    """Drop the records of completions at or before ``until`` (the oldest come first)."""
+def _drop_until(done: deque[tuple[float, float]], until: float) -> bool:
+    """Drop the records of completions at or before ``until`` (the oldest come first); whether
+    any was dropped."""
+    dropped = False
     while done and done[0][0] <= until:
         done.popleft()
+        dropped = True
+    return dropped
+
+
+class LazyLoads(Mapping[str, InFlightLoad]):
+    """``InFlightLoad/<name>`` of one request: computed for all its candidates on first read
+    (at scoring time, like ``LoadEstimates``), then fixed; a configuration whose scorers do not
+    read it (the built-in default) pays one small object per request, not one per endpoint."""
+
+    __slots__ = ("_compute", "_endpoints", "_values")
+
+    def __init__(
+        self,
+        compute: Callable[[Sequence[Endpoint]], dict[str, InFlightLoad]],
+        endpoints: Sequence[Endpoint],
+    ) -> None:
+        self._compute: Callable[[Sequence[Endpoint]], dict[str, InFlightLoad]] | None = compute
+        self._endpoints = endpoints
+        self._values: dict[str, InFlightLoad] | None = None
+
+    def values_by_id(self) -> dict[str, InFlightLoad]:
+        values = self._values
+        if values is None:
+            assert self._compute is not None
+            values = self._values = self._compute(self._endpoints)
+            self._compute, self._endpoints = None, ()
+        return values
+
+    def __getitem__(self, endpoint_id: str) -> InFlightLoad:
+        return self.values_by_id()[endpoint_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.values_by_id())
+
+    def __len__(self) -> int:
+        return len(self.values_by_id())
+
+    def __contains__(self, endpoint_id: object) -> bool:
+        return endpoint_id in self.values_by_id()
+
+    def get(self, endpoint_id: str, /, default: object = None) -> object:  # type: ignore[override]
+        return self.values_by_id().get(endpoint_id, default)
+
+    def __repr__(self) -> str:
+        return f"LazyLoads({self.values_by_id()!r})"
 
 
 class LoadEstimates(Mapping[str, float]):

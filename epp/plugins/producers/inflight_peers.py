@@ -114,6 +114,8 @@ class PeerLoads:
         self._history: dict[str, deque[tuple[float, int]]] = {}
         self._check_at = math.inf  # when the longest-silent origin expires
         self._swept_at = -math.inf
+        self.generation = 0
+        """Counts every change of ``totals`` or of the history ``requests_since`` reads."""
 
     @property
     def origins(self) -> Mapping[str, _Origin]:
@@ -153,6 +155,7 @@ class PeerLoads:
             _prune(history, horizon)
             if len(history) == 1 and eid not in self.totals and history[0][1] == 0:
                 del self._history[eid]
+        self.generation += 1
 
     def requests_since(self, endpoint_id: str, since: float) -> int:
         """Peer requests there now minus those known at ``since`` (this replica's clock)."""
@@ -207,6 +210,7 @@ class PeerLoads:
                 if held is not None:
                     requests += held[0]
                     tokens += held[1]
+            self.generation += 1
             before = self.totals.get(eid, (0, 0))[0]
             if requests or tokens:
                 self.totals[eid] = (requests, tokens)

@@ -44,6 +44,35 @@ async def test_idle_pods_cost_little_cpu_when_nothing_is_running() -> None:
     assert spent < 0.25
 
 
+async def test_only_the_pod_whose_kv_runs_out_preempts_and_its_metrics_count_it() -> None:
+    # pod "small" holds 24 blocks of 16 tokens; six requests of 3 prompt blocks each growing by
+    # 40 tokens outgrow it while running (vLLM's RECOMPUTE preemption); "large" holds them all
+    small = PodConfig(name="small", model=MODEL, time_scale=200.0, num_gpu_blocks=24)
+    large = PodConfig(name="large", model=MODEL, time_scale=200.0, num_gpu_blocks=400)
+    async with SimFleet([small, large]) as fleet, aiohttp.ClientSession() as http:
+
+        async def ask(url: str, i: int) -> int:
+            body = {"model": MODEL, "prompt": f"q{i:02d} " + "word " * 44, "max_tokens": 40}
+            async with http.post(f"{url}/v1/completions", json=body) as resp:
+                await resp.read()
+                return resp.status
+
+        for url in fleet.urls:
+            assert await asyncio.gather(*(ask(url, i) for i in range(6))) == [200] * 6
+
+        async def preemptions(url: str) -> float:
+            async with http.get(f"{url}/metrics") as resp:
+                page = await resp.text()
+            line = next(x for x in page.splitlines() if x.startswith("vllm:num_preemptions_total"))
+            return float(line.rsplit(" ", 1)[1])
+
+        counted = [await preemptions(url) for url in fleet.urls]
+        engine_count = fleet.runtime(0).engine.stats.preemptions
+    assert counted[0] >= 1
+    assert counted[0] == engine_count
+    assert counted[1] == 0
+
+
 async def test_concurrent_load_queues_when_batch_is_small() -> None:
     # real time: 20 tokens x ~6 ms = ~120 ms per request, so the queue is observable
     config = PodConfig(name="busy", model=MODEL, time_scale=1.0, max_num_seqs=2)

@@ -45,7 +45,7 @@ def _server_prompts(requests: Sequence[BenchRequest]) -> list[list[int]]:
             previous = stored.get(req.session)
             body = req.body(previous[0] if previous else "")
             parsed = parse_responses(body, previous[1] if previous else None)
-        prompt = parsed.prompts[0]
+        prompt = list(parsed.prompts[0])
         text = detokenize(_answer(prompt, req.max_tokens))
         stored[req.session] = (f"resp_{n}", [*parsed.messages, {"role": "assistant",
                                                               "content": text}])  # fmt: skip

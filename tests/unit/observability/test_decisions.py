@@ -32,3 +32,20 @@ def test_loggable_escapes_control_characters_and_clips_when_client_strings_are_h
     assert out == "abc\\n2026-01-01 INFO forged line\\x1b[31m"
     assert len(loggable("r" * 100_000)) == 128
     assert loggable(None) == "None"
+
+
+def test_the_top_candidates_are_ranked_as_a_stable_sort_would_rank_them() -> None:
+    from epp.observability.decisions import decision_entry
+    from epp.plugin import ProfileResult, SchedulingResult
+    from tests.builders import make_endpoint, make_request
+
+    eps = [make_endpoint(i) for i in range(40)]
+    totals = {e.id: float((i * 7) % 5) for i, e in enumerate(eps)}  # many ties
+    result = SchedulingResult({"default": ProfileResult((eps[3],), scores=totals)}, "default")
+    entry = decision_entry(make_request(), result, eps, 0.001, top=6)
+    ranked = sorted(totals.items(), key=lambda kv: kv[1], reverse=True)[:6]
+    got = [(s["id"], s["total"]) for s in entry["profiles"]["default"]["scores"]]
+    assert got == ranked
+    assert [s["endpoint"] for s in entry["profiles"]["default"]["scores"]] == [
+        next(e.hostport for e in eps if e.id == eid) for eid, _ in ranked
+    ]

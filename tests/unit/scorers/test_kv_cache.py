@@ -17,8 +17,8 @@ from epp.plugin import (
     TokenizedPrompt,
     Usage,
 )
+from epp.plugin.kvusage import MAX_DONE, MAX_OPEN, KVTracker
 from epp.plugin.prefix import TOKEN_BYTES
-from scorers._kv_tracker import MAX_DONE, MAX_OPEN, KVTracker
 from scorers.kv_cache import KVCacheUtilizationScorer
 from tests.builders import FakeHandle, handle, make_cycle, make_endpoint, make_request
 

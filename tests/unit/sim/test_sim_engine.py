@@ -245,3 +245,28 @@ def test_decode_block_event_links_to_prompt_chain_when_block_fills() -> None:
     assert decode_event.parent_block_hash == prompt_event.block_hashes[-1]
     assert decode_event.token_ids[:2] == [5, 6]
     assert len(decode_event.token_ids) == 4
+
+
+def test_a_waiting_prompt_is_held_in_about_four_bytes_a_token() -> None:
+    import tracemalloc
+
+    engine = make_engine(max_num_seqs=1, num_gpu_blocks=100_000, max_model_len=8192)
+    prompts = [[70_000 + 16 * i + t for t in range(4096)] for i in range(50)]  # ids past 2**16
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i, ids in enumerate(prompts):
+            engine.add_request(f"r{i}", ids, 8, 0.0)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert engine.num_waiting == 50
+    # a list of ints would hold a pointer and an int object per token: about 36 bytes
+    assert held / (50 * 4096) < 6
+
+
+def test_prompt_ids_beyond_32_bits_are_kept_exactly() -> None:
+    engine = make_engine(prefill_tokens_per_s=1e12)
+    engine.add_request("big", [2**40 + 1, 5, 2**33], 2, 0.0)
+    events = run(engine)
+    assert [e.prompt_tokens for e in events] == [3, 3]

@@ -239,3 +239,69 @@ def test_routable_drops_stale_endpoints_only_when_policy_is_exclude(
 
 def test_stale_gauge_counts_stale_endpoints_when_policy_is_ignore() -> None:
     assert _detector(stalenessPolicy="ignore").stale_endpoints(NOW, _FRESH_AND_STALE) == 1
+
+
+def _sized(i: int, kv: float, update_time: float = NOW, blocks: int = 1000) -> Endpoint:
+    ep = make_endpoint(i, kv=kv, update_time=update_time)
+    assert ep.metrics is not None
+    metrics = dataclasses.replace(ep.metrics, cache_num_blocks=blocks, cache_block_size=16)
+    return dataclasses.replace(ep, metrics=metrics)
+
+
+def _sent(rid: str, prompt_tokens: int, max_tokens: int) -> Any:
+    from epp.plugin import RequestBody
+    from epp.plugin.prefix import TokenizedPrompt
+
+    body = RequestBody("chat", {}, b"{}", max_output_tokens=max_tokens)
+    req = make_request(request_id=rid, body=body)
+    req.attributes["TokenizedPrompt/token-producer"] = TokenizedPrompt.from_token_ids(
+        [list(range(prompt_tokens))]
+    )
+    return req
+
+
+def _dispatch(d: UtilizationDetector, req: Any, ep: Endpoint) -> None:
+    from epp.plugin import ProfileResult, SchedulingResult
+
+    d.pre_request(req, SchedulingResult({"default": ProfileResult((ep,))}, "default"))
+
+
+def test_what_this_epp_sent_counts_before_the_next_scrape() -> None:
+    d = _detector(kvCacheUtilThreshold=0.8)
+    ep = _sized(0, kv=0.2)  # 16,000 tokens, 20% used at the scrape
+    assert d.saturation(NOW, [ep]) == pytest.approx(0.25)
+    d.handle.now = NOW + 0.05  # type: ignore[attr-defined]
+    _dispatch(d, _sent("a", 6_000, 400), ep)  # after the scrape: +6,400 tokens
+    assert d.saturation(NOW + 0.05, [ep]) == pytest.approx((0.2 + 0.4) / 0.8)
+    from epp.plugin import ResponseInfo
+
+    d.response_complete(_sent("a", 6_000, 400), ResponseInfo(request_id="a", headers={}))
+    assert d.saturation(NOW + 0.06, [ep]) == pytest.approx(0.25)
+
+
+def test_requests_queued_at_the_server_count_although_the_scrape_shows_none() -> None:
+    d = _detector(kvCacheUtilThreshold=1.0)
+    d.handle.now = NOW - 1.0  # type: ignore[attr-defined]
+    for n in range(3):  # sent before the scrape, which found them waiting, holding no KV
+        _dispatch(d, _sent(f"q{n}", 4_000, 800), _sized(0, kv=0.05))
+    ep = _sized(0, kv=0.05)
+    assert d.saturation(NOW, [ep]) == pytest.approx(3 * 4_800 / 16_000)
+    assert d.filter(make_cycle(), make_request(), [ep, _sized(1, kv=0.5)]) == [ep, _sized(1, 0.5)]
+    full = _detector(kvCacheUtilThreshold=0.8)
+    full.handle.now = NOW - 1.0  # type: ignore[attr-defined]
+    _dispatch(full, _sent("big", 14_000, 0), ep)
+    assert full.filter(make_cycle(), make_request(), [ep, _sized(1, kv=0.5)]) == [_sized(1, 0.5)]
+
+
+def test_requests_flow_control_dispatched_count_until_they_are_scheduled() -> None:
+    d = _detector(kvCacheUtilThreshold=1.0)
+    eps = [_sized(0, kv=0.0), _sized(1, kv=0.0)]
+    req = _sent("r", 7_000, 1_000)
+    d.reserve(req)
+    d.reserve(req)  # once
+    assert d.saturation(NOW, eps) == pytest.approx(8_000 / 2 / 16_000)
+    _dispatch(d, req, eps[1])  # scheduled: on its endpoint now
+    assert d.saturation(NOW, eps) == pytest.approx((0 + 8_000 / 16_000) / 2)
+    d.release(req)
+    d.release(req)
+    assert d.saturation(NOW, eps) == pytest.approx(0.0)

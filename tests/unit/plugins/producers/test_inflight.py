@@ -262,3 +262,65 @@ def test_it_reads_no_response_body() -> None:
     # headers (prefill done) and completion are all it uses: a streamed body may be skipped
     info = ResponseInfo(request_id="r", headers={})
     assert producer().needs_response_body(make_request(), info) is False
+async def test_an_estimate_is_computed_again_only_when_what_it_depends_on_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p = producer(metrics_staleness_threshold="500ms")
+    at(p, T0 - 0.03)
+    dispatch(p, "a", 0)
+    at(p, T0 + 0.01)
+    eps = [scraped(queue=3, i=0), scraped(queue=1, i=1)]
+    computed: list[str] = []
+    real = p._estimate_fresh
+
+    def counting(ep: Endpoint, now: float) -> tuple[float, float]:
+        computed.append(ep.id)
+        return real(ep, now)
+
+    monkeypatch.setattr(p, "_estimate_fresh", counting)
+
+    async def read() -> list[float]:
+        req = make_request()
+        await p.produce(req, eps)
+        values = LOAD_ESTIMATE.key(p.typed_name.name).get(req)
+        return [values[ep.id] for ep in eps]
+
+    assert await read() == [3.0, 1.0] and len(computed) == 2
+    assert await read() == [3.0, 1.0] and len(computed) == 2  # nothing changed: reused
+    dispatch(p, "b", 0)
+    assert await read() == [4.0, 1.0] and computed[2:] == [EPS[0].id]  # only pod 0 again
+    complete(p, "a")  # the scrape saw "a": its completion subtracts
+    assert await read() == [3.0, 1.0] and computed[3:] == [EPS[0].id]
+    eps[1] = scraped(queue=5, i=1)  # a new scrape of pod 1
+    assert await read() == [3.0, 5.0] and computed[4:] == [EPS[1].id]
+    at(p, T0 + 0.6)  # both scrapes are stale now: the in-flight counts alone
+    assert await read() == [1.0, 0.0] and len(computed) == 7
+
+
+async def test_the_estimate_kept_up_to_date_equals_one_computed_from_the_whole_history() -> None:
+    import random
+
+    rng = random.Random(3)
+    p = producer(metrics_staleness_threshold="100s")
+    sent: dict[str, float] = {}
+    ended: dict[str, tuple[float, float]] = {}
+    now, scrape, n = T0, T0, 0
+    for _ in range(1_500):
+        now += rng.uniform(0.0, 0.01)
+        at(p, now)
+        roll = rng.random()
+        if roll < 0.45:
+            rid = f"r{n}"
+            n += 1
+            dispatch(p, rid, 0)
+            sent[rid] = now
+        elif roll < 0.85 and sent:
+            rid = rng.choice(sorted(sent))
+            complete(p, rid)
+            ended[rid] = (now, sent.pop(rid))
+        elif roll < 0.9:
+            scrape = max(scrape, now - rng.uniform(0.0, 0.05))
+        after = sum(1 for t in sent.values() if t > scrape)
+        seen_end = sum(1 for end, t in ended.values() if end > scrape and t <= scrape)
+        expected = max(len(sent), max(0, 7 - seen_end) + after)
+        assert await estimate(p, scraped(queue=4, running=3, when=scrape)) == expected

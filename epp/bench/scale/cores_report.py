@@ -1,0 +1,55 @@
+"""The report of ``epp bench scale cores``: the measured costs and the computed line."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def _group(g: Mapping[str, Any]) -> str:
+    if g["status"] != "ok":
+        return f"`--workers {g['workers']}`: {g['status']}: {g.get('reason', '')}\n\n"
+    rows = [
+        f"`--workers {g['workers']}` (idle {g['idle_cores'] * 100:.1f}% of a core, subtracted):\n\n"
+        "| rate/s | achieved/s | errors | CPU µs/request | CPU µs/chunk | EPP cores |\n"
+        "|---|---|---|---|---|---|\n"
+    ]
+    for s in g["steps"]:
+        mark = "" if s["reached"] else " (not reached)"
+        rows.append(
+            f"| {s['rate']:g} | {s['achieved']:g}{mark} | {s['errors']} | "
+            f"{s['us_per_request']:,.0f} | {s['us_per_chunk']:.1f} | {s['cores']:.2f} |\n"
+        )
+    big = g["big"]
+    rows.append(
+        f"\n{big['tokens']:,}-token prompts at {big['rate']:g}/s: {big['us_per_request']:,.0f} µs "
+        f"CPU per request ({big['answered']} answered, {big['errors']} errors).\n\n"
+    )
+    return "".join(rows)
+
+
+def _line(g: Mapping[str, Any], seed: Mapping[str, float]) -> str:
+    c = g.get("computed") or {}
+    if not c:
+        return ""
+    rps, cps = seed["requests_per_s"], seed["chunks_per_s"]
+    return (
+        f"- `--workers {g['workers']}`: {rps:,.1f} requests/s x "
+        f"{c['us_per_request_195k']:,.0f} µs + {cps:,.0f} chunks/s x "
+        f"{c['us_per_chunk']:.1f} µs (measured at {c['at_rate']:g}/s) = **{c['cores']:.2f} cores** "
+        f"({c['cores_requests']:.2f} for requests, {c['cores_chunks']:.2f} for chunks): "
+        f"{c['workers_needed']} workers or replicas at one core each; llm-d's Go EPP: "
+        f"{cps:,.0f} x {seed['go_us_per_chunk']:g} µs = **{c['go_cores_chunks_only']:.2f} "
+        f"cores** for the chunks alone\n"
+    )
+
+
+def cores_md(report: Mapping[str, Any]) -> str:
+    parts = [
+        f"# epp bench scale cores\n\n`{report.get('command', '')}` ({report['started']})\n\n",
+        *(_group(g) for g in report["groups"]),
+        "At llm-d 1.0's published peak (7,612 requests/min, 6.6M output tokens/min, one token "
+        "per chunk):\n\n",
+        *(_line(g, report["seed"]) for g in report["groups"]),
+    ]
+    return "".join(parts)

@@ -1,0 +1,110 @@
+"""Markdown of ``epp bench scale`` results: the ramp table per target, its setup in words."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+_RAMP_HEADER = (
+    "| agents | sessions | req/min | out tok/min (real) | errors | shed | preemptions | % of "
+    "oracle | KV / working set | router cores | router CPU ms/req (net of idle) | router RSS MB "
+    "| pick p50 / p99 ms | Envoy cores | turn p50 / p99 s | wall req/s | load |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _main_process(row: Mapping[str, Any], target: str) -> str:
+    """The router process of a target: ``epp`` (with Envoy beside), else the peer or Envoy."""
+    cores = row["cores"]
+    if "epp" in cores:
+        return "epp"
+    return next((n for n in cores if n not in ("sim", "client", "envoy")), "envoy")
+
+
+def ramp_line(row: Mapping[str, Any], target: str) -> str:
+    proc = _main_process(row, target)
+    pick = row.get("pick") or {}
+    envoy = row["cores"].get("envoy")
+    return (
+        f"| {row['agents']:,} | {row['sessions_mean']:,.0f} | {row['requests_per_min']:,.0f} | "
+        f"{row['output_tokens_per_min']:,.0f} ({row['output_tokens_per_min_real']:,.0f}) | "
+        f"{row['errors']} | {row['shed']} | {row['preemptions']} | {_pct(row['oracle_share'])} | "
+        f"{row['fleet_kv_over_working_set'] or '-'} | {row['cores'].get(proc, 0):.2f} ({proc}) | "
+        f"{row['cpu_ms_per_req'].get(proc, 0):.2f} "
+        f"({row.get('cpu_ms_per_req_net', {}).get(proc, 0):.2f}) | "
+        f"{row['rss_mb_peak'].get(proc, 0):,.0f} | "
+        f"{pick.get('p50_ms', '-')} / {pick.get('p99_ms', '-')} | "
+        f"{'-' if envoy is None or proc == 'envoy' else f'{envoy:.2f}'} | "
+        f"{row['turn_s_p50']:.1f} / {row['turn_s_p99']:.1f} | {row['wall_requests_per_s']:.1f} | "
+        f"{row['load_average_1m']:.1f} |\n"
+    )
+
+
+def setup_text(run: Mapping[str, Any]) -> str:
+    sc, fleet, shape = run["scaling"], run["fleet"], run["shape"]
+    f = sc["length_factor"]
+    return (
+        f"{run['started']}. Lengths divided by {f} (a simulated token stands for {f} real ones; "
+        f"median main-agent prompt {shape['context_median'] // f:,}+ tokens for "
+        f"{shape['context_median']:,}+ real, output median {round(shape['output_median'] / f)} "
+        f"for {shape['output_median']}); decode steps {f} times as long and prefill {f} times "
+        f"fewer tokens per second, so turns last as long as real ones; simulated time runs at "
+        f"{sc['time_scale']:g}x the wall clock (the wall-clock request rate is {sc['time_scale']:g}"
+        f" x the simulated one; rates below are per simulated minute). Fleet: {fleet['pods']} "
+        f"pods x {fleet['kv_tokens_per_pod']:,} KV tokens ({run['fleet_kv_tokens']:,} in all, "
+        f"{run['kv_factor']:g} x the estimated working set of "
+        f"{run['working_set_estimate_tokens']:,} at {max(run['steps']):,} agents), one "
+        f"`epp sim` process. Each step: new agents join "
+        f"over {run['join_s']:g} s (their first, whole-context turn unmeasured), "
+        f"{run['settle_s']:g} s settle, {run['window_s']:g} simulated seconds measured.\n\n"
+    )
+
+
+def ramp_md(report: Mapping[str, Any]) -> str:
+    run = report["run"]
+    parts = [f"# epp bench scale\n\n`{run.get('command', 'epp bench scale')}`\n\n", setup_text(run)]
+    for target in report["targets"]:
+        parts.append(f"## {target['label']}\n\n")
+        if target["status"] != "ok":
+            parts.append(f"{target['status']}: {target.get('reason', '')}\n\n")
+        if target["steps"]:
+            parts.append(_RAMP_HEADER)
+            parts += [ramp_line(r, target["target"]) for r in target["steps"]]
+            parts.append("\n")
+            parts.append(_shape_line(target["steps"][-1]))
+        hold = target.get("hold") or {}
+        if hold:
+            parts.append(_hold_line(hold))
+    return "".join(parts)
+
+
+def _shape_line(row: Mapping[str, Any]) -> str:
+    shape = row.get("shape") or {}
+    if not shape:
+        return ""
+    return (
+        f"Traffic of the last step (turns after each agent's first): median prompt "
+        f"{shape['median_prompt_tokens']:,.0f} tokens, median output "
+        f"{shape['median_output_tokens']:,.0f} (prompt:output {shape['prompt_to_output']}), "
+        f"{shape['share_turns_reuse_ge_90']:.1%} of turns could reuse at least 90% of their "
+        f"input.\n\n"
+    )
+
+
+def _hold_line(hold: Mapping[str, Any]) -> str:
+    samples = hold.get("rss_samples") or []
+    if not samples:
+        return ""
+    first, last = samples[0][1], samples[-1][1]
+    parts = [
+        f"{name} {first[name] / 2**20:,.0f} -> {last.get(name, 0) / 2**20:,.0f} MB"
+        for name in first
+    ]
+    return (
+        f"Hold of {hold['minutes']:g} minutes at the last step: RSS {', '.join(parts)}; "
+        f"{hold['errors']} errors.\n\n"
+    )

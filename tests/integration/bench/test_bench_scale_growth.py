@@ -1,0 +1,36 @@
+"""``epp bench scale growth --quick``: the cost curves measured in process, with their report.
+No speed is asserted; only that every request was routed, that the figures are there, and that
+the EPP's memory grows with the sessions it holds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+
+EPP = str(Path(sys.executable).parent / "epp")
+
+
+def test_the_quick_growth_curves_route_every_request_and_report_the_ratios(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [EPP, "bench", "scale", "growth", "--quick", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=140, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads((tmp_path / "growth-quick.json").read_text())
+    curves = report["curves"]
+    assert [p["pods"] for p in curves["pods"]] == [4, 16]
+    assert [p["sessions"] for p in curves["sessions"]] == [100, 400]
+    assert [p["context"] for p in curves["context"]] == [4096, 16384]
+    for points in curves.values():
+        for p in points:
+            assert p["failed"] == 0 and p["cpu_us_median"] > 0
+    few, many = curves["sessions"]
+    assert many["rss_mb_sessions"] > few["rss_mb_sessions"]  # the sessions' prefix blocks
+    assert any(v.startswith("CPU per request at 16 pods") for v in report["verdicts"])
+    assert (tmp_path / "growth-quick.png").stat().st_size > 10_000
