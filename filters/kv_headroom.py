@@ -114,6 +114,9 @@ class KVHeadroomFilter(PluginBase):
             need = request_kv_tokens(request, self.params.default_output_tokens)
             self.tracker.dispatch(request.request_id, targets[0].id, self.handle.clock(), need)
 
+    def needs_response_body(self, request: InferenceRequest, response: ResponseInfo) -> bool:
+        return False  # ResponseBodyNeed: without usage, the prompt's tokens are released
+
     def response_complete(self, request: InferenceRequest, response: ResponseInfo) -> None:
         usage = response.usage
         held = usage.prompt_tokens + usage.completion_tokens if usage.prompt_tokens else 0

@@ -28,36 +28,21 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-import hpack
 import orjson
 import yaml
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from epp._proto import epp_extproc_v3_pb2 as pb
+from epp.bench.chunkcost import Client, CountingTransport
 from epp.config.schema import DEFAULT_CONFIG_TEXT
 from epp.plugin import Metrics
 from epp.server import h2wire as w
-from epp.server.h2 import PROCESS, ExtProcCall
+from epp.server.h2 import ExtProcCall
 from epp.server.h2conn import Connection
 from epp.server.misuse import MisuseLog
 
 BODY_MESSAGE = 64 * 1024
 FRAME = 16 * 1024
 _SCRAPE_ONLY = ("metrics-data-source", "core-metrics-extractor")
-
-
-class _CountingTransport:
-    def __init__(self) -> None:
-        self.written = 0
-
-    def write(self, data: bytes) -> None:
-        self.written += len(data)
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
 
 
 def _dead_ports(n: int) -> list[int]:
@@ -78,9 +63,9 @@ def config_text(endpoints_file: Path) -> str:
     return str(yaml.safe_dump(doc, sort_keys=False))
 
 
-def _headers(pairs: Sequence[tuple[str, str]]) -> base_pb2.HeaderMap:
-    return base_pb2.HeaderMap(
-        headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs]
+def _headers(pairs: Sequence[tuple[str, str]]) -> pb.HeaderMap:
+    return pb.HeaderMap(
+        headers=[pb.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs]
     )
 
 
@@ -121,7 +106,7 @@ class InProcessEpp:
         self._stack = AsyncExitStack()
         self._conn: Connection | None = None
         self._sid = 1
-        self._encoder = hpack.Encoder()
+        self._client = Client()
 
     async def __aenter__(self) -> InProcessEpp:
         from epp.app import App
@@ -158,9 +143,8 @@ class InProcessEpp:
         misuse = MisuseLog(logging.getLogger(__name__), time.monotonic)
         ctx = self.app.context
         conn = Connection(lambda path, io: ExtProcCall(io, ctx, misuse), 1 << 26, lambda c: None)
-        conn.connection_made(_CountingTransport())  # type: ignore[arg-type]
-        peer = w.settings_frame({w.SETTINGS_INITIAL_WINDOW_SIZE: w.MAX_WINDOW})
-        conn.data_received(w.PREFACE + peer + w.window_update(0, w.MAX_WINDOW - w.DEFAULT_WINDOW))
+        conn.connection_made(CountingTransport())  # type: ignore[arg-type]
+        conn.data_received(Client.preface())
         self._conn = conn
 
     def refresh_metrics(self, kv_blocks: int = 50_000_000) -> None:
@@ -185,8 +169,7 @@ class InProcessEpp:
         conn = self._conn
         assert conn is not None
         sid, self._sid = self._sid, self._sid + 2
-        block = self._encoder.encode([(":method", "POST"), (":path", PROCESS)])
-        first = w.frame(w.HEADERS, w.END_HEADERS, sid, block)
+        first = self._client.headers(sid)
         frames = first + b"".join(_data(sid, m) for m in request_messages(path, body))
         t0 = time.process_time()
         conn.data_received(frames)

@@ -207,3 +207,19 @@ def test_trailers_end_a_copied_answer_without_sending_it_again() -> None:
     )
     assert d.on_response_trailers(ex, copy_held=True) is None
     assert journal == ["streaming", ("complete", TerminationCause.NATURAL, 2)]
+
+
+def test_the_built_in_default_profile_reads_no_body_nothing_needs() -> None:
+    # every ResponseComplete/ResponseStreaming plugin of the default config declares what it
+    # needs, so with sampling off a plain streamed answer is handed back unread
+    from epp.config.loader import load_config
+    from epp.plugin import ResponseBodyNeed
+    from epp.plugin.registry import PluginRegistry
+    from tests.unit.scheduling.test_scheduler_golden import ClockHandle
+
+    handle = ClockHandle()
+    pipeline = load_config(
+        None, registry=PluginRegistry.from_entry_points(), handle_for=lambda: handle
+    )
+    hooks = [*pipeline.response_streaming, *pipeline.response_complete]
+    assert hooks and all(isinstance(h, ResponseBodyNeed) for h in hooks), hooks
