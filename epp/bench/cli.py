@@ -114,7 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
         " workload's own, e.g. epp-pd for e)",
     )
     p.add_argument("--scale", choices=SCALES, default="default", help="workload size")
-    p.add_argument("--out", default="out/bench", help="report directory (default out/bench)")
+    p.add_argument(
+        "--out",
+        default="docs/benchmarks/latest",
+        help="report directory (default docs/benchmarks/latest, the report the docs show)",
+    )
     p.add_argument(
         "--time-scale",
         type=float,

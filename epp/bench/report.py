@@ -260,6 +260,13 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"{run['started']}; scale `{run['scale']}`, seed {run['seed']}, {run['cpus']} CPUs, "
         f"targets {', '.join(run['targets'])}.",
         "",
+        *(
+            [f"Command: `{run['command']}`. Machine: {run['machine']}; load average "
+             f"{' / '.join(map(str, run['load_average'][:3]))} at the start, "
+             f"{' / '.join(map(str, run['load_average'][3:]))} at the end.", ""]
+            if "command" in run
+            else []
+        ),
     ]
     for w in report["workloads"]:
         lines += render_workload(w)

@@ -25,7 +25,10 @@ run without ``--targets`` (``Options.auto_targets``) adds each workload's ``extr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import platform
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -349,13 +352,29 @@ async def run_workload(name: str, opts: Options, unavailable: dict[str, str]) ->
     }
 
 
+def machine() -> str:
+    """The CPU model and count, memory and kernel of this machine, for a report's header."""
+    model = "unknown CPU"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} x {model}, {mem_gb:.0f} GiB, {platform.system()} {platform.release()}"
+
+
 async def run(opts: Options) -> dict[str, Any]:
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load_before = os.getloadavg()
     unavailable = _prepare_targets(opts.targets, {})
     workloads = [await run_workload(name, opts, unavailable) for name in opts.workloads]
     return {
         "run": {
             "started": started,
+            "command": "epp bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else []),
+            "machine": machine(),
+            "load_average": [round(x, 1) for x in (*load_before, *os.getloadavg())],
             "scale": opts.scale,
             "seed": opts.seed,
             "time_scale_override": opts.time_scale,

@@ -1,5 +1,5 @@
 """The plugin catalog: every installed type beside llm-d-router's, for ``epp plugins list`` and
-the README (``epp plugins list --markdown``; a test keeps the README's copy equal to it).
+docs/plugins.md (``epp plugins list --markdown``; a test keeps that copy equal to it).
 
 ``UPSTREAM`` lists the types llm-d-router registers (its ``cmd/epp/runner/runner.go``) with their
 stability there. ``NOT_HERE`` says, for each upstream type this EPP does not provide, why not.

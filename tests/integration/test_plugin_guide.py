@@ -1,7 +1,8 @@
-"""The README's "Writing a plugin" guide, followed literally: every file it shows is the file of
-``conformance/example_plugin``, its commands run (the package installed with pip, listed, its
-contract tests passing), and its config routes through a real Envoy with the installed plugins.
-The package's Dockerfile is checked by parsing (no Docker here) and its install step run."""
+"""The "Writing a plugin" guide (docs/writing-plugins.md), followed literally: every file it shows
+is the file of ``conformance/example_plugin``, its commands run (the package installed with pip,
+listed, its contract tests passing), and its config routes through a real Envoy with the installed
+plugins. The package's Dockerfile is checked by parsing (no Docker here) and its install
+step run."""
 
 from __future__ import annotations
 
@@ -27,9 +28,7 @@ BLOCK = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```$", re.M | re.S)
 
 def guide() -> list[tuple[str, dict[str, str], str]]:
     """The guide's code blocks: (language, attributes such as ``file``, text)."""
-    text = (REPO / "README.md").read_text()
-    start = text.index("### Writing a plugin\n")
-    section = text[start : text.index("\n### ", start + 1)]
+    section = (REPO / "docs" / "writing-plugins.md").read_text()
     out = []
     for lang, attrs, body in BLOCK.findall(section):
         out.append((lang, dict(a.split("=", 1) for a in attrs.split() if "=" in a), body))
@@ -70,7 +69,7 @@ def followed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def test_every_file_the_guide_shows_is_the_example_packages_file() -> None:
     shown = {attrs["file"]: body for _, attrs, body in guide() if "file" in attrs}
     for name, body in shown.items():
-        assert (REPO / name).read_text() == body, f"README guide and {name} differ"
+        assert (REPO / name).read_text() == body, f"docs/writing-plugins.md and {name} differ"
     package = {
         str(p.relative_to(REPO))
         for p in EXAMPLE.rglob("*")

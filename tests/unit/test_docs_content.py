@@ -44,10 +44,11 @@ def test_a_block_that_names_a_file_is_that_file() -> None:
 def test_the_endpoints_example_is_the_file_the_default_config_reads() -> None:
     examples = [
         (attrs, body)
-        for lang, attrs, body in _fenced(README)
+        for page in documents()
+        for lang, attrs, body in _fenced(page.read_text())
         if lang == "yaml" and isinstance(doc := yaml.safe_load(body), dict) and "endpoints" in doc
     ]
-    assert examples, "the README shows no endpoints file"
+    assert examples, "the docs show no endpoints file"
     config = yaml.safe_load((REPO / "deploy" / "configs" / "default.yaml").read_text())
     (discovery,) = [p for p in config["plugins"] if p["type"] == "file-discovery"]
     for attrs, _ in examples:
@@ -62,7 +63,7 @@ def _first_command_extras() -> list[str]:
 
 def test_the_first_command_installs_matplotlib_for_bench_plots() -> None:
     """``epp bench`` writes PNG plots only when matplotlib is installed."""
-    assert "PNG plots" in README
+    assert "PNG plots" in (REPO / "docs" / "benchmarks.md").read_text()
     installed = {
         Requirement(r).name
         for extra in _first_command_extras()

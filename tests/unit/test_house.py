@@ -1,6 +1,6 @@
-"""The house rules that keep the layout legible (DESIGN.md): where each plugin lives, no import
-cycles, and functions of a readable size (modules are split by cohesion, not by a line count).
-The import contracts themselves are checked by ``lint-imports`` (``[tool.importlinter]`` in
+"""The house rules that keep the layout legible (docs/architecture.md): where each plugin lives, no
+import cycles, and functions of a readable size (modules are split by cohesion, not by a line
+count). The import contracts themselves are checked by ``lint-imports`` (``[tool.importlinter]`` in
 pyproject.toml)."""
 
 from __future__ import annotations

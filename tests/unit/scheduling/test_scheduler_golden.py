@@ -2,14 +2,12 @@
 provably changes no pick, no score and no tie-break.
 
 The golden (``golden_default_profile.json``) was recorded before the scheduling hot path was
-optimised, again when ``no-hit-lru-scorer``'s default weight became 0.25, and again when
-``kv-headroom-filter`` joined the default profile (it leaves out the
-pool's full pods; the memoised load and KV estimates that came with it changed no decision of the
-profile without it): per request, the picked endpoint, and a digest of every endpoint's exact
-total score (``repr`` of each float) and, on the small pool, of the explain view's per-scorer
-scores. The pipeline is the EPP's own (the built-in default configuration through the normal
-loader), driven with a manual clock: producers, scheduling, PreRequest hooks, completions every
-third request and a fresh scrape every 40 requests, so the KV tracker, the no-hit LRU and the
+optimised, and again when ``no-hit-lru-scorer``'s default weight became 0.25 (the memoised load and
+KV estimates that came later changed no decision): per request, the picked endpoint, and a digest of
+every endpoint's exact total score (``repr`` of each float) and, on the small pool, of the explain
+view's per-scorer scores. The pipeline is the EPP's own (the built-in default configuration through
+the normal loader), driven with a manual clock: producers, scheduling, PreRequest hooks, completions
+every third request and a fresh scrape every 40 requests, so the KV tracker, the no-hit LRU and the
 in-flight estimates all carry state from request to request.
 
 Regenerate (only when a decision change is intended): ``EPP_WRITE_GOLDEN=1 pytest <this file>``.
