@@ -1,10 +1,10 @@
-"""The ext_proc server: a minimal HTTP/2 + gRPC server on asyncio's own transports, serving
-exactly the methods of the ext_proc port.
+"""The ext_proc server: a minimal gRPC server on asyncio's own transports, HTTP/2 by libnghttp2
+(``epp.server.h2conn``, through ``ngh2``), serving exactly the methods of the ext_proc port.
 
 Why not grpc.aio: it spends about 100 µs of CPU per message pair on this machine whatever the
 servicer does (``epp bench micro``, the empty-servicer row), and an ext_proc stream carries one
-pair per request body chunk and per streamed response token. Here a message costs the frame
-parse, one protobuf decode, the ``RequestStream`` call and one buffered write.
+pair per request body chunk and per streamed response token. Here a message costs libnghttp2's
+frame handling, one protobuf decode, the ``RequestStream`` call and one buffered write.
 
 Methods:
 
