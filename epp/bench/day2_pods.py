@@ -75,7 +75,7 @@ async def model_roll(opts: Day2Options) -> Row:
         "drains; its replacement starts with an empty cache)",
         "0 failed",
     )
-    async with stage(opts, row.scenario, slots=1, initial=1, shared=False) as st:
+    async with stage(opts, row.scenario, slots=1, initial=1, shared=False, replacements=True) as st:
         run = await run_load(opts, st.epp.url)
         counters = await asyncio.to_thread(_counters, st)
         t0 = run.now()

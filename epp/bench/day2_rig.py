@@ -160,15 +160,18 @@ async def stage(
     extra: Sequence[str] = (),
     slot_args: dict[int, list[str]] | None = None,
     serving: int | None = None,
+    replacements: bool = False,
 ) -> AsyncIterator[Stage]:
     """Pods, the API server, ``initial`` of ``slots`` EPP replicas behind Envoy, torn down at the
     end; ready once ``serving`` replicas (default ``initial``) pass Envoy's health check and the
-    load's first request is answered."""
+    load's first request is answered. Envoy's model-server cluster lists the running pods, and
+    with ``replacements`` the addresses of the pods a roll will start (as a gateway fed from the
+    pool's endpoints would: an address with no pod behind it would take retries and fail them)."""
     workdir = opts.workdir / name
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     api = LocalApiServer(bookmark_interval=0.5)
-    every = [(pod_host(i), port) for i in range(PODS_N + opts.rolled)]
+    every = [(pod_host(i), port) for i in range(PODS_N + (opts.rolled if replacements else 0))]
     epp = EppSet(
         workdir / "epp", DEFAULT_CONFIG_TEXT, replicas=slots, initial=initial, shared=shared,
         slot_args=slot_args or {}, envoy_pool=every,

@@ -139,6 +139,13 @@ def _pool_flags(p: argparse.ArgumentParser) -> None:
         "retries go to another pod and failing pods are ejected; default: ORIGINAL_DST",
     )
     p.add_argument(
+        "--pool-health-path",
+        default="",
+        metavar="PATH",
+        help="with --pool-endpoint: HTTP health checks of the model servers on PATH (e.g. "
+        "/health), so retries skip addresses with no ready server; default: none",
+    )
+    p.add_argument(
         "--retries",
         type=int,
         default=2,
@@ -192,6 +199,7 @@ def options(args: argparse.Namespace) -> EnvoyOptions:
         max_streams_per_connection=args.max_streams_per_connection,
         report_served=args.report_served,
         pool=args.pool_endpoint,
+        pool_health_path=args.pool_health_path,
         retries=args.retries,
     )
 

@@ -18,6 +18,7 @@ from envoy_data_plane.envoy.config.core.v3 import (
     DataSource,
     HealthCheck,
     HealthCheckGrpcHealthCheck,
+    HealthCheckHttpHealthCheck,
     Http2ProtocolOptions,
     SocketAddress,
     TransportSocket,
@@ -102,6 +103,20 @@ def _health_check(opts: EnvoyOptions) -> HealthCheck:
     )
 
 
+def _pool_health_check(path: str) -> HealthCheck:
+    """A model server is out of the fallback pick and of retries after one failed check, back
+    after one good one; the EPP's own first pick is not affected (override hosts are not
+    health-checked by Envoy), which the EPP's scrape of every pod covers."""
+    return HealthCheck(
+        timeout=seconds(1.0),
+        interval=seconds(1.0),
+        no_traffic_interval=seconds(1.0),
+        unhealthy_threshold=1,
+        healthy_threshold=1,
+        http_health_check=HealthCheckHttpHealthCheck(path=path),
+    )
+
+
 def _addresses_type(endpoints: Sequence[HostPort]) -> ClusterDiscoveryType:
     if all(is_ip(h) for h, _ in endpoints):
         return ClusterDiscoveryType.STATIC
@@ -150,6 +165,9 @@ def pool_cluster(opts: EnvoyOptions | None = None) -> Cluster:
             load_assignment=load_assignment(POOL_CLUSTER, opts.pool),
             load_balancing_policy=override_host_policy(),
             outlier_detection=outlier_detection(),
+            health_checks=[_pool_health_check(opts.pool_health_path)]
+            if opts.pool_health_path
+            else [],
         )
     return Cluster(
         name=POOL_CLUSTER,

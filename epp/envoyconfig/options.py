@@ -88,6 +88,10 @@ class EnvoyOptions:
     Service name resolved by DNS): the model-server cluster then routes with the override-host
     policy and ejects failing pods, and a retry goes to another pod (``epp.envoyconfig.retries``).
     Empty: ORIGINAL_DST on the destination header, as upstream."""
+    pool_health_path: str = ""
+    """With ``pool``: an HTTP path Envoy checks each model server on every second (``/health`` on
+    vLLM and SGLang), so that retries and the fallback pick skip addresses with no ready server
+    behind them (a static list that names pods not started yet, or gone). Empty: none."""
     retries: int = 2
     """Retries of a request that failed before its answer started (``epp.envoyconfig.retries``);
     0: none."""

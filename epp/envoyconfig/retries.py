@@ -49,9 +49,13 @@ override host's health): keeping a dead pod out of routing is the EPP's job, whi
 whose metrics scrape is refused within one scrape interval. ORIGINAL_DST gets no outlier
 detection: its load balancer connects to the given address whatever the host's state.
 
-**Active health checks** of the model servers are not configured: the EPP's scrape of every pod
-(every 50 ms by default) already is one, and it decides the first pick; Envoy's own checks
-would only steer retries, which outlier detection does from real traffic.
+**Active health checks** of the model servers are off by default: the EPP's scrape of every pod
+(every 50 ms by default) already is one, and it decides the first pick; Envoy's own checks only
+steer retries and the fallback pick. With a static address list that can name addresses with no
+ready server (pods not started yet, or gone), turn them on with ``--pool-health-path /health``:
+outlier detection only learns of a dead address from a failed try, so a retry could land on one
+(``epp bench day2``'s rolls failed a request that way before its Envoy checked ``/health``). A
+headless Service name needs none: DNS lists only ready pods.
 """
 
 from __future__ import annotations

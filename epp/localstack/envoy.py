@@ -103,7 +103,8 @@ def render(
     Envoy opens more connections under load (``epp --workers``: the kernel spreads connections
     over the workers); ``epp_max_requests_per_connection`` > 0 caps the streams a connection
     carries in all. ``pool``: the model servers' addresses, so that a retry goes to another pod
-    and a failing pod is ejected (``epp.envoyconfig.retries``); empty: ORIGINAL_DST."""
+    and a failing pod is ejected (``epp.envoyconfig.retries``), each health-checked on the
+    simulator's ``/health`` (a listed address may have no pod yet); empty: ORIGINAL_DST."""
     listen, admin = (LOCAL, listen_port), (LOCAL, admin_port)
     if name == "round-robin":
         return dump(as_dict(baseline_bootstrap(listen, admin, fallback, lb_policy)))
@@ -125,6 +126,7 @@ def render(
         # streamed fails closed: on a shared test machine a 0.5 s stall must not answer 500
         message_timeout=5.0 if name == "streamed" else 0.0,
         pool=pool,
+        pool_health_path="/health" if pool else "",
     )
     return dump(as_dict(bootstrap(opts)))
 

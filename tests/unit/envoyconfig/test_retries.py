@@ -94,3 +94,10 @@ def test_retries_0_writes_no_retry_policy() -> None:
 def test_negative_retries_are_refused() -> None:
     with pytest.raises(ValueError, match="retries"):
         generate(parser().parse_args([*EPP, "--retries", "-1"]))
+
+
+def test_a_pool_health_path_health_checks_each_model_server_and_none_by_default() -> None:
+    assert "health_checks" not in _pool(_bootstrap(*POOL))
+    (check,) = _pool(_bootstrap(*POOL, "--pool-health-path", "/health"))["health_checks"]
+    assert check["http_health_check"] == {"path": "/health"}
+    assert (check["unhealthy_threshold"], check["healthy_threshold"]) == (1, 1)
