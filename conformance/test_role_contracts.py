@@ -65,6 +65,7 @@ PARSER_SAMPLES: dict[str, tuple[str, bytes, bytes | None]] = {
 # producer type -> why it may publish nothing for the sample chat request
 DEGRADED_PRODUCERS: dict[str, str] = {
     "mm-embeddings-cache-producer": "publishes only for requests with image, audio or video parts",
+    "p2p-source-producer": "publishes only when a candidate caches part of the prompt",
 }
 METRICS = b"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 3\n"
 # extractor type -> a payload of its source

@@ -80,7 +80,6 @@ NOT_HERE: Final[dict[str, str]] = {
     "predicted-latency-producer": _LATENCY,
     "latency-slo-admitter": _LATENCY,
     "header-label-affinity-scorer": "not built yet",
-    "p2p-source-producer": "peer-to-peer KV transfer is not modelled",
     "disaggregatedset-rollout-screener": "needs the DisaggregatedSet rollout objects; not built",
     "sglanghttp-parser": "not built yet (openai-parser serves SGLang's OpenAI API)",
     "vllmgrpc-parser": "gRPC model servers are not supported",

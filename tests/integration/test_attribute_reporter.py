@@ -9,14 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from epp.localstack.envoy import free_port, render
 from tests.conftest import COMPLETION, post, wait_for
+from tests.envoy_access_log import logging_envoy
 
 pytestmark = [pytest.mark.envoy]
 
-_FILE_LOG = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog"
 CONFIG = """\
     plugins:
     - type: queue-scorer
@@ -30,37 +28,14 @@ CONFIG = """\
     """
 
 
-def envoy_logging_metadata(app: Any, log: Path) -> tuple[str, int, int]:
-    """The test Envoy config plus an access log of the request id and the reported value."""
-    listen, admin = free_port(), free_port()
-    config = yaml.safe_load(
-        render("full-duplex", listen_port=listen, admin_port=admin, epp_port=app.grpc_port,
-               epp_tls=app.settings.secure_serving)
-    )  # fmt: skip
-    manager = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-    manager["typed_config"]["access_log"] = [
-        {
-            "name": "envoy.access_loggers.file",
-            "typed_config": {
-                "@type": _FILE_LOG,
-                "path": str(log),
-                "log_format": {
-                    "text_format": "%REQ(X-REQUEST-ID)% %DYNAMIC_METADATA(envoy.lb:x-cost)%\n"
-                },
-            },
-        }
-    ]
-    return yaml.safe_dump(config), listen, admin
-
-
 async def test_the_cost_reaches_envoy_as_dynamic_metadata(
     start_app: Any, sim_pods: Any, envoy: Any, tmp_path: Path
 ) -> None:
     fleet = await sim_pods(1)
     app = await start_app(fleet.ports, CONFIG)
     log = tmp_path / "access.log"
-    text, listen, admin = envoy_logging_metadata(app, log)
-    proxy = envoy(app, config_text=text, listen_port=listen, admin_port=admin)
+    line = "%REQ(X-REQUEST-ID)% %DYNAMIC_METADATA(envoy.lb:x-cost)%"
+    proxy = envoy(app, **logging_envoy(app, log, line))
     url = f"{proxy.url}/v1/completions"
     expected: dict[str, float] = {}
     for rid, stream in (("plain", False), ("streamed", True)):
