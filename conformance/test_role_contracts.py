@@ -31,6 +31,7 @@ from epp.plugin.testing import (
     check_extractor,
     check_fairness_policy,
     check_hooks,
+    check_notification_listener,
     check_ordering_policy,
     check_parser,
     check_priority_adjuster,
@@ -135,6 +136,8 @@ async def check_all_roles(type_name: str, plugin: Any, port: int, tmp_path: Path
         check_extractor(plugin, PAYLOADS.get(type_name, METRICS), eps[0])
     if roles & {"endpoint-source", "endpoint-extractor"}:
         check_endpoint_listener(plugin, eps[0])
+    if roles & {"notification-source", "notification-extractor"}:
+        check_notification_listener(plugin)
     if "discovery" in roles:
         await check_discovery(build_discovery(tmp_path))
     if "admitter" in roles:

@@ -84,7 +84,6 @@ NOT_HERE: Final[dict[str, str]] = {
     "sglanghttp-parser": "not built yet (openai-parser serves SGLang's OpenAI API)",
     "vllmgrpc-parser": "gRPC model servers are not supported",
     "vertexai-parser": "not built yet",
-    "k8s-notification-source": "not built yet (endpoint-notification-source is)",
     **{t: _MULTICLUSTER for t in UPSTREAM if t.startswith("multicluster-")},
 }
 
