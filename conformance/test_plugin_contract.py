@@ -35,6 +35,12 @@ REQUIRED_PARAMS: dict[str, dict[str, Any]] = {
         "algorithm": {"type": "threshold", "threshold": {"operator": "LessThan", "value": 0.9}},
     },
     "session-id-producer": {"headerName": "x-session-id"},
+    "k8s-notification-source": {"version": "v1", "kind": "ConfigMap"},
+    "request-attribute-reporter": {
+        "attributes": [
+            {"key": {"name": "x-cost"}, "expression": "usage.prompt_tokens * 2.0"},
+        ]
+    },
     "utilization-filter": {
         "conditions": [
             {"metric": "active-requests", "maxValue": 2},

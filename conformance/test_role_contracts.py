@@ -31,6 +31,7 @@ from epp.plugin.testing import (
     check_extractor,
     check_fairness_policy,
     check_hooks,
+    check_notification_listener,
     check_ordering_policy,
     check_parser,
     check_priority_adjuster,
@@ -65,6 +66,7 @@ PARSER_SAMPLES: dict[str, tuple[str, bytes, bytes | None]] = {
 # producer type -> why it may publish nothing for the sample chat request
 DEGRADED_PRODUCERS: dict[str, str] = {
     "mm-embeddings-cache-producer": "publishes only for requests with image, audio or video parts",
+    "p2p-source-producer": "publishes only when a candidate caches part of the prompt",
 }
 METRICS = b"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 3\n"
 # extractor type -> a payload of its source
@@ -134,6 +136,8 @@ async def check_all_roles(type_name: str, plugin: Any, port: int, tmp_path: Path
         check_extractor(plugin, PAYLOADS.get(type_name, METRICS), eps[0])
     if roles & {"endpoint-source", "endpoint-extractor"}:
         check_endpoint_listener(plugin, eps[0])
+    if roles & {"notification-source", "notification-extractor"}:
+        check_notification_listener(plugin)
     if "discovery" in roles:
         await check_discovery(build_discovery(tmp_path))
     if "admitter" in roles:

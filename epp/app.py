@@ -91,6 +91,8 @@ class App:
         )
         self._instances = self.pipeline.instances
         self.kube: Any = None
+        self.notifications: Any = None
+        """``k8s-notification-source`` watches, in Kubernetes mode (``epp.k8s.notify``)."""
         """The ``KubernetesSource`` in Kubernetes mode."""
         self.elector: Any = None
         """The ``LeaderElector`` with --ha-enable-leader-election."""
@@ -197,6 +199,15 @@ class App:
             self.kube, self.elector = kubernetes_mode(
                 s, publish=self._publish, sink=sink, parsers=p.parsers, gates=p.feature_gates
             )
+            if p.kube_notifications:
+                from epp.k8s.notify import NotificationWatches
+
+                self.notifications = NotificationWatches(
+                    self.kube.api,
+                    self.kube.namespace,
+                    p.kube_notifications,
+                    watch_timeout=s.kube_watch_timeout,
+                )
         else:
             if self.pipeline.discovery is None:
                 raise ConfigError(
@@ -206,6 +217,12 @@ class App:
                 )
             if s.ha_enable_leader_election:
                 raise ConfigError("--ha-enable-leader-election needs Kubernetes mode")
+            for n in p.kube_notifications:
+                log.warning(
+                    "%s watches Kubernetes objects: without Kubernetes mode (--pool-name or "
+                    "--endpoint-selector) it gets no events",
+                    n.source.typed_name,
+                )
         if s.objectives_files:
             self.object_files = ObjectFiles(
                 s.objectives_files, sink.set_files, poll_interval=s.objectives_poll_interval
@@ -314,6 +331,7 @@ class App:
             *([self.flow.run()] if self.flow is not None else []),
             *([self.object_files.run()] if self.object_files is not None else []),
             *([self.sync.run()] if self.sync is not None else []),
+            *([self.notifications.run()] if self.notifications is not None else []),
             *(c.watch() for c in (self._certs if s.enable_cert_reload else [])),
         ]
 

@@ -80,13 +80,10 @@ NOT_HERE: Final[dict[str, str]] = {
     "predicted-latency-producer": _LATENCY,
     "latency-slo-admitter": _LATENCY,
     "header-label-affinity-scorer": "not built yet",
-    "p2p-source-producer": "peer-to-peer KV transfer is not modelled",
     "disaggregatedset-rollout-screener": "needs the DisaggregatedSet rollout objects; not built",
-    "request-attribute-reporter": "needs CEL expressions; not built",
     "sglanghttp-parser": "not built yet (openai-parser serves SGLang's OpenAI API)",
     "vllmgrpc-parser": "gRPC model servers are not supported",
     "vertexai-parser": "not built yet",
-    "k8s-notification-source": "not built yet (endpoint-notification-source is)",
     **{t: _MULTICLUSTER for t in UPSTREAM if t.startswith("multicluster-")},
 }
 

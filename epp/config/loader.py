@@ -18,7 +18,7 @@ import yaml
 
 from epp.config.builder import Builder, PluginFactory
 from epp.config.errors import ConfigError
-from epp.config.pipeline import Pipeline
+from epp.config.pipeline import KubeNotifications, Pipeline
 from epp.config.profiles import build_profiles, profile_handler
 from epp.config.schema import (
     API_VERSIONS,
@@ -47,6 +47,7 @@ from epp.plugin import (
 )
 from epp.plugin.conformance import refusals
 from epp.plugin.flow import EvictionFilterPolicy, EvictionOrderingPolicy
+from epp.plugin.notifications import NotificationExtractor, NotificationSource
 from epp.plugin.params import ParamError, decode
 from epp.plugin.registry import PluginRegistry
 from epp.plugin.units import parse_duration
@@ -158,6 +159,7 @@ def load_config(
     if cfg.flow_control is not None and cfg.flow_control.enable_eviction:
         ensure_eviction_defaults(lambda t: b.add(t, system=True), b.instances)
     sources, discovery = _data_layer(b, cfg)
+    notifications = _kube_notifications(b, cfg)
     syncer, sync_interval = _cross_replica(b, cfg)
     _auto_producers(b)
     _check_declarations(b)
@@ -174,6 +176,7 @@ def load_config(
         config=cfg,
         syncer=syncer,
         sync_interval=sync_interval,
+        kube_notifications=notifications,
     )
 
 
@@ -216,6 +219,8 @@ def _data_layer(
     sources: list[DataPipeline] = []
     for i, spec in enumerate(dl.sources if dl else ()):
         src = b.ref(spec.plugin_ref, f"dataLayer.sources[{i}]")
+        if isinstance(src, NotificationSource):
+            continue  # watched in Kubernetes mode (_kube_notifications)
         if isinstance(src, EndpointSource):
             refs = [r.plugin_ref for r in spec.extractors]
             sources.append(NotificationPipeline(src, _endpoint_extractors(b, refs, i)))
@@ -279,6 +284,33 @@ def _cross_replica(b: Builder, cfg: EndpointPickerConfig) -> tuple[ReplicaSyncer
             f"syncer (type {syncer.typed_name.type!r}; e.g. redis-syncer)"
         )
     return syncer, interval
+
+
+def _kube_notifications(b: Builder, cfg: EndpointPickerConfig) -> list[KubeNotifications]:
+    """The ``k8s-notification-source`` entries of ``dataLayer.sources`` with their extractors,
+    each of which must hear notifications (a type at most once per source, as upstream)."""
+    out: list[KubeNotifications] = []
+    for i, spec in enumerate(cfg.data_layer.sources if cfg.data_layer else ()):
+        src = b.ref(spec.plugin_ref, f"dataLayer.sources[{i}]")
+        if not isinstance(src, NotificationSource):
+            continue
+        extractors: list[NotificationExtractor] = []
+        for j, ref in enumerate(spec.extractors):
+            where = f"dataLayer.sources[{i}].extractors[{j}]"
+            ext = b.ref(ref.plugin_ref, where)
+            if not isinstance(ext, NotificationExtractor):
+                raise ConfigError(
+                    f"config: {where}: {ref.plugin_ref!r} does not hear Kubernetes notifications "
+                    f"(type {ext.typed_name.type!r} is not a notification extractor)"
+                )
+            if any(e.typed_name.type == ext.typed_name.type for e in extractors):
+                raise ConfigError(
+                    f"config: {where}: duplicate extractor type {ext.typed_name.type!r} "
+                    "for the same source"
+                )
+            extractors.append(ext)
+        out.append(KubeNotifications(src, tuple(extractors)))
+    return out
 
 
 def _endpoint_extractors(b: Builder, refs: list[str], i: int) -> list[EndpointExtractor]:

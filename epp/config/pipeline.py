@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import graphlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from epp.config.schema import EndpointPickerConfig, FlowControlSpec
 from epp.datalayer.collector import DataPipeline
@@ -33,7 +33,15 @@ from epp.plugin import (
     SharedState,
     StateDumper,
 )
+from epp.plugin.notifications import NotificationExtractor, NotificationSource
 from epp.state.sync import DEFAULT_INTERVAL
+
+
+class KubeNotifications(NamedTuple):
+    """A ``k8s-notification-source`` and the extractors listed under it."""
+
+    source: NotificationSource
+    extractors: tuple[NotificationExtractor, ...]
 
 
 @dataclass
@@ -69,6 +77,8 @@ class Pipeline:
     """``dataLayer.crossReplicaSyncInterval`` in seconds."""
     shared: list[SharedState] = field(default_factory=list)
     """Plugins whose routing facts are shared with the other replicas (with a syncer)."""
+    kube_notifications: list[KubeNotifications] = field(default_factory=list)
+    """Kubernetes object notification sources (watched in Kubernetes mode, ``epp.k8s``)."""
 
     @classmethod
     def assemble(cls, **kw: Any) -> Pipeline:

@@ -110,6 +110,11 @@ class KubernetesSource:
         self._generation = 0  # a watch stopped by ``_forget`` may still hand in a snapshot
         self.reflectors: dict[str, Reflector[Any]] = {}
         self.leading: tuple[Callable[[], bool], float] | None = None
+
+    @property
+    def api(self) -> client.ApiClient:
+        """The API client (other watches of the same cluster, e.g. ``epp.k8s.notify``)."""
+        return self._api
         """``(is_leader, check interval)``: watch only while leading (module docstring)."""
 
     @property

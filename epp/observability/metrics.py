@@ -6,6 +6,10 @@ keep working. Model-name labels follow ``epp.observability.labels.ModelLabels``:
 does not serve reads ``unknown``, so clients cannot grow the series count by choosing names.
 ``llm_d_epp_extproc_protocol_errors_total{reason}`` is ours (no upstream twin): ext_proc streams
 ended with INVALID_ARGUMENT for protocol misuse (``epp.server.stream``).
+
+The families of plugin types upstream dashboards key on even when unconfigured (predicted latency,
+DisaggregatedSet rollouts) are declared here too, after the table, and recorded by those plugins
+through the typed recorders of ``epp.plugin.recorders``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from epp.observability.labels import (
     LabelCap,
     ModelLabels,
 )
+from epp.plugin.recorders import DisaggregatedSetMetrics, PredictedLatencyMetrics
 
 __all__ = [
     "EPP_METRICS",
@@ -385,6 +390,10 @@ class EppMetrics:
             families = build_families(spec, self.registry)
             setattr(self, spec.attr, _Twin(*families) if spec.twin else families[0])
         self.info.set(build_info(), build_info(), 1)
+        # Fed by predicted-latency-producer (and the latency plugins) and by
+        # disaggregatedset-rollout-screener when configured; exposed without samples otherwise.
+        PredictedLatencyMetrics.declare(self.registry)
+        DisaggregatedSetMetrics.declare(self.registry)
 
     def models(self, model: str, target: str) -> tuple[str, str]:
         """Label values of a request's model and target model (``ModelLabels`` policy)."""

@@ -8,11 +8,19 @@ once routing ends, ``gateway.request_orchestration`` (with the error when routin
 
 - ``llm_d.epp.parse``: parser resolution, parsing and the target model (rewrites);
 - ``llm_d.epp.admission``: flow control or legacy shedding (queue time included);
-- ``run_scheduler_profile`` per scheduling profile run (``llm_d.epp.scheduling.profile.name``);
+- ``run_scheduler_profile`` per scheduling profile run (``llm_d.epp.scheduling.profile.name``),
+  holding upstream's three stages: ``filter_endpoints`` (``llm_d.epp.filter.candidate_endpoints``
+  and ``.filtered_endpoints``), ``llm_d.epp.scoring`` (``llm_d.epp.scorer.count``,
+  ``llm_d.epp.scoring.candidate_endpoints``) and ``pick_endpoints``
+  (``llm_d.epp.picker.candidate_endpoints``, and the five best candidates with their weighted
+  scores, best first, ties by id: ``llm_d.epp.picker.top_endpoints`` / ``.top_scores``), each with
+  ``gen_ai.request.model`` and ``gen_ai.request.id``;
 - one span per plugin call that took at least ``--tracing-plugin-threshold`` (1ms by default):
   ``llm_d.epp.producer.<type>``, ``llm_d.epp.filter.<type>``, ``llm_d.epp.scorer.<type>``,
   ``llm_d.epp.picker.<type>``, each with ``llm_d.epp.plugin.type`` and ``.name``, under its
-  profile's span.
+  stage's span;
+- the spans plugins record through ``epp.plugin.spans`` (the request's ``SpanSink`` is this
+  ``RequestTrace``), e.g. ``prepare_disaggregation`` with ``llm_d.epp.pd.*`` and ``mm.*``.
 
 These child spans are recorded as timestamps while the request is routed and turned into spans
 afterwards (with their real start and end times), so an unsampled request costs a few list
@@ -204,6 +212,7 @@ class RequestTrace:
     __slots__ = (
         "_open",
         "_records",
+        "_stage",
         "context",
         "error",
         "recording",
@@ -219,6 +228,7 @@ class RequestTrace:
         self.recording = root.is_recording()
         self._records: list[tuple[str, int, int, dict[str, Any], int]] = []
         self._open = -1
+        self._stage = -1
         self.error = ""
         self.status = 0
         """The HTTP status the EPP answered with itself (an ImmediateResponse), else 0."""
@@ -240,10 +250,33 @@ class RequestTrace:
             self._open = len(self._records) - 1
 
     def close_profile(self) -> None:
+        self.close_stage()  # a stage that raised
         if self._open >= 0:
             name, start, _, attributes, parent = self._records[self._open]
             self._records[self._open] = (name, start, time.time_ns(), attributes, parent)
             self._open = -1
+
+    def open_stage(self, name: str, attributes: dict[str, Any]) -> None:
+        """A stage of the profile being run (``filter_endpoints``, ``llm_d.epp.scoring``,
+        ``pick_endpoints``) starts; plugin spans nest under it until ``close_stage``."""
+        if self.recording:
+            self._records.append((name, time.time_ns(), 0, attributes, self._open))
+            self._stage = len(self._records) - 1
+
+    def close_stage(self, **attributes: Any) -> None:
+        if self._stage >= 0:
+            name, start, _, recorded, parent = self._records[self._stage]
+            recorded.update(attributes)
+            self._records[self._stage] = (name, start, time.time_ns(), recorded, parent)
+            self._stage = -1
+
+    def add_span(
+        self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, Any]
+    ) -> None:
+        """A plugin's span (``epp.plugin.spans.SpanSink``), under the current stage or profile."""
+        if self.recording:
+            parent = self._stage if self._stage >= 0 else self._open
+            self._records.append((name, start_ns, end_ns, dict(attributes), parent))
 
     def plugin(self, point: str, typed_name: Any, seconds: float) -> None:
         """A plugin call of ``seconds`` that just ended; kept when over the threshold."""
@@ -254,7 +287,8 @@ class RequestTrace:
         attributes = {"llm_d.epp.plugin.type": typed_name.type}
         attributes["llm_d.epp.plugin.name"] = typed_name.name
         name = f"llm_d.epp.{_POINTS.get(point, point.lower())}.{typed_name.type}"
-        self._records.append((name, end - took, end, attributes, self._open))
+        parent = self._stage if self._stage >= 0 else self._open
+        self._records.append((name, end - took, end, attributes, parent))
 
     def routed(self, error: BaseException | None = None) -> None:
         """Routing ended (decided or failed): emit the orchestration span and its children."""

@@ -35,6 +35,7 @@ from epp.plugin.flow import (
     PriorityAdjuster,
     UsageLimitPolicy,
 )
+from epp.plugin.notifications import NotificationExtractor, NotificationSource
 from epp.plugin.protocols import (
     Admitter,
     Consumer,
@@ -70,6 +71,8 @@ ROLES: Final[dict[str, type]] = {
     "extractor": Extractor,
     "endpoint-source": EndpointSource,
     "endpoint-extractor": EndpointExtractor,
+    "notification-source": NotificationSource,
+    "notification-extractor": NotificationExtractor,
     "discovery": Discovery,
     "admitter": Admitter,
     "saturation-detector": SaturationDetector,

@@ -14,14 +14,20 @@ apart: a pod whose label is present but empty is not "unlabeled" and serves no s
 ``write_disagg_headers`` is upstream's disaggregation PreRequest, shared by the
 ``disagg-profile-handler`` and the deprecated ``disagg-headers-handler``: it writes
 ``x-prefiller-host-port`` and ``x-encoder-hosts-ports`` into ``InferenceRequest.upstream_headers``.
+On a traced request it records upstream's ``prepare_disaggregation`` span: ``llm_d.epp.pd.*``
+(``disaggregation_used``, ``reason`` or ``prefill_pod_address`` / ``prefill_pod_port``),
+``llm_d.epp.encode.*`` (``disaggregation_used``, ``reason`` or ``endpoints``), ``gen_ai.*`` and
+``mm.*`` (``epp.plugin.spans``).
 """
 
 from __future__ import annotations
 
-from typing import Final
+import time
+from typing import Any, Final
 
 from epp.plugin.keys import DataKey
-from epp.plugin.types import Endpoint, InferenceRequest, SchedulingResult
+from epp.plugin.spans import request_span_attributes, request_spans
+from epp.plugin.types import Endpoint, InferenceRequest, ProfileResult, SchedulingResult
 
 ROLE_LABEL: Final = "llm-d.ai/role"
 
@@ -69,6 +75,7 @@ def write_disagg_headers(
     PreRequest): ``x-prefiller-host-port`` is the first target of ``prefill_profile``,
     ``x-encoder-hosts-ports`` every target of ``encode_profile``. Earlier values are removed first,
     so a stage that did not run, or picked nothing, leaves no header."""
+    start = time.time_ns()
     headers = request.upstream_headers
     headers.pop(PREFILLER_HEADER, None)
     headers.pop(ENCODERS_HEADER, None)
@@ -78,3 +85,31 @@ def write_disagg_headers(
     encode = result.profile_results.get(encode_profile)
     if encode is not None and encode.targets:
         headers[ENCODERS_HEADER] = ",".join(ep.hostport for ep in encode.targets)
+    spans = request_spans(request)
+    if spans is not None:
+        attributes = request_span_attributes(request) | _disagg_attributes(prefill, encode)
+        spans.add_span("prepare_disaggregation", start, time.time_ns(), attributes)
+
+
+def _disagg_attributes(
+    prefill: ProfileResult | None, encode: ProfileResult | None
+) -> dict[str, Any]:
+    """Upstream's ``llm_d.epp.pd.*`` and ``llm_d.epp.encode.*`` span attributes."""
+    out: dict[str, Any] = {}
+    if prefill is None or not prefill.targets:
+        out["llm_d.epp.pd.disaggregation_used"] = False
+        missing = "result" if prefill is None else "target_endpoints"
+        out["llm_d.epp.pd.reason"] = f"no_prefill_profile_{missing}"
+    else:
+        target = prefill.targets[0]
+        out["llm_d.epp.pd.disaggregation_used"] = True
+        out["llm_d.epp.pd.prefill_pod_address"] = target.address
+        out["llm_d.epp.pd.prefill_pod_port"] = str(target.port)
+    if encode is None or not encode.targets:
+        out["llm_d.epp.encode.disaggregation_used"] = False
+        missing = "result" if encode is None else "target_endpoints"
+        out["llm_d.epp.encode.reason"] = f"no_encode_profile_{missing}"
+    else:
+        out["llm_d.epp.encode.disaggregation_used"] = True
+        out["llm_d.epp.encode.endpoints"] = ",".join(ep.hostport for ep in encode.targets)
+    return out

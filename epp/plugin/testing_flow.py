@@ -26,6 +26,12 @@ from epp.plugin.flow import (
     QueuedRequest,
     UsageLimitPolicy,
 )
+from epp.plugin.notifications import (
+    GVK,
+    NotificationEvent,
+    NotificationExtractor,
+    NotificationSource,
+)
 from epp.plugin.protocols import (
     DataSource,
     Discovery,
@@ -259,6 +265,27 @@ def check_endpoint_listener(plugin: Any, endpoint: Endpoint) -> None:
             assert attrs is None or hasattr(attrs, "items"), (
                 f"{name}: extract_endpoint() returned {attrs!r}"
             )
+
+
+def check_notification_listener(plugin: Any) -> None:
+    """A ``NotificationSource`` names its kind (group, version and kind strings; version and kind
+    not empty) and passes an object's add and delete events on (or drops them with ``None``); a
+    ``NotificationExtractor`` hears them synchronously."""
+    name = name_of(plugin)
+    obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm", "namespace": "ns"}}
+    for kind in (EndpointEventType.ADD_OR_UPDATE, EndpointEventType.DELETE):
+        event = NotificationEvent(kind, obj)
+        if isinstance(plugin, NotificationSource):
+            check_role(plugin, "notification-source")
+            gvk = plugin.gvk
+            assert isinstance(gvk, GVK) and gvk.version and gvk.kind, f"{name}: gvk {gvk!r}"
+            out = plugin.notify(event)
+            assert out is None or isinstance(out, NotificationEvent), f"{name}: notify -> {out!r}"
+        if isinstance(plugin, NotificationExtractor):
+            check_role(plugin, "notification-extractor")
+            hear = plugin.extract_notification
+            assert not inspect.iscoroutinefunction(hear), f"{name}: extract_notification() is async"
+            hear(event)
 
 
 def check_shared_state(plugin: SharedState, peer: SharedState) -> None:

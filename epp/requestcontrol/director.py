@@ -48,6 +48,7 @@ from epp.plugin import (
     agent_identity,
     wire,
 )
+from epp.plugin.spans import SPAN_SINK
 from epp.requestcontrol.exchange import (
     Decision,
     Exchange,
@@ -255,6 +256,8 @@ class Director(ResponseSide):
         pool = self.candidates(metadata)
         if not pool:
             raise no_candidates()
+        if trace is not None and trace.recording:
+            request.attributes[SPAN_SINK] = trace  # plugins' spans (epp.plugin.spans)
         if self._producers:
             await self._produce(request, pool, trace)
         cycle = CycleState(now=self._clock(), rng=self._rng)

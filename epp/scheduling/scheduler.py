@@ -14,11 +14,13 @@ The framework, not the plugins, owns what applies to every plugin (spec §5.3 st
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import repeat
 from operator import attrgetter
+from typing import Any
 
 from epp.observability.decisions import EXPLAIN_HEADER, EXPLAIN_KEY
 from epp.observability.tracing import TRACE_KEY, RequestTrace
@@ -40,6 +42,9 @@ from epp.plugin import (
 )
 
 log = logging.getLogger(__name__)
+
+TRACED_TOP_SCORES = 5
+"""Best candidates a traced ``pick_endpoints`` span names (upstream's maxTracedEndpointScores)."""
 
 # (extension_point, plugin_type, plugin_name, seconds)
 Observer = Callable[[str, str, str, float], None]
@@ -167,6 +172,56 @@ class Scheduler:
         profile: Profile,
         candidates: Sequence[Endpoint],
     ) -> ProfileResult | None:
+        trace: RequestTrace | None = cycle.data.get(TRACE_KEY)
+        if trace is not None and trace.recording:
+            return self._run_traced(cycle, request, profile, candidates, trace)
+        endpoints = self._filter(cycle, request, profile, candidates)
+        if not endpoints:
+            return None
+        totals, sums = self._score(cycle, request, profile, endpoints)
+        return self._pick(cycle, profile, endpoints, totals, sums)
+
+    def _run_traced(
+        self,
+        cycle: CycleState,
+        request: InferenceRequest,
+        profile: Profile,
+        candidates: Sequence[Endpoint],
+        trace: RequestTrace,
+    ) -> ProfileResult | None:
+        """``run_profile`` with upstream's stage spans (``epp.observability.tracing``)."""
+        about = _request_attributes(request)
+        filtered = {"llm_d.epp.filter.candidate_endpoints": len(candidates), **about}
+        trace.open_stage("filter_endpoints", filtered)
+        endpoints = self._filter(cycle, request, profile, candidates)
+        trace.close_stage(**{"llm_d.epp.filter.filtered_endpoints": len(endpoints)})
+        if not endpoints:
+            return None
+        scoring = {
+            "llm_d.epp.scorer.count": len(profile.scorers),
+            "llm_d.epp.scoring.candidate_endpoints": len(endpoints),
+            **about,
+        }
+        trace.open_stage("llm_d.epp.scoring", scoring)
+        totals, sums = self._score(cycle, request, profile, endpoints)
+        trace.close_stage()
+        names, scores = top_scored(totals, TRACED_TOP_SCORES)
+        picking: dict[str, Any] = {"llm_d.epp.picker.candidate_endpoints": len(endpoints)}
+        if names:
+            picking["llm_d.epp.picker.top_endpoints"] = names
+            picking["llm_d.epp.picker.top_scores"] = scores
+        trace.open_stage("pick_endpoints", {**picking, **about})
+        result = self._pick(cycle, profile, endpoints, totals, sums)
+        trace.close_stage()
+        return result
+
+    def _filter(
+        self,
+        cycle: CycleState,
+        request: InferenceRequest,
+        profile: Profile,
+        candidates: Sequence[Endpoint],
+    ) -> Sequence[Endpoint]:
         endpoints = candidates
         for flt in profile.filters:
             t0 = time.perf_counter()
@@ -181,8 +236,17 @@ class Scheduler:
             finally:
                 self._timed(cycle, "Filter", flt.typed_name, time.perf_counter() - t0)
             if not endpoints:
-                return None
-        totals, sums = self._score(cycle, request, profile, endpoints)
+                return endpoints
+        return endpoints
+
+    def _pick(
+        self,
+        cycle: CycleState,
+        profile: Profile,
+        endpoints: Sequence[Endpoint],
+        totals: dict[str, float],
+        sums: list[float] | None,
+    ) -> ProfileResult | None:
         scored: Sequence[ScoredEndpoint]
         if sums is not None:  # ids unique: each ScoredEndpoint built only if the picker reads it
             scored = ScoredCandidates(endpoints, sums)
@@ -323,3 +387,17 @@ def _sums_by_id(
             if breakdown is not None:
                 breakdown.setdefault(eid, {})[label] = s
     return totals
+
+
+def top_scored(totals: Mapping[str, float], limit: int) -> tuple[list[str], list[float]]:
+    """The ``limit`` best endpoint ids with their weighted scores, best first, ties by id."""
+    best = heapq.nsmallest(limit, totals.items(), key=lambda kv: (-kv[1], kv[0]))
+    return [eid for eid, _ in best], [score for _, score in best]
+
+
+def _request_attributes(request: InferenceRequest) -> dict[str, str]:
+    """``gen_ai.request.model`` (when set) and ``gen_ai.request.id``, as upstream's stage spans."""
+    out = {"gen_ai.request.model": request.target_model} if request.target_model else {}
+    if request.request_id:
+        out["gen_ai.request.id"] = request.request_id
+    return out

@@ -282,6 +282,21 @@ def buffered_response_body_reply(body: bytes | None) -> pb.ProcessingResponse:
     return pb.ProcessingResponse(response_body=pb.BodyResponse(response=common))
 
 
+def with_dynamic_metadata(reply: Reply, metadata: Mapping[str, Mapping[str, Any]]) -> Reply:
+    """``reply`` carrying ``metadata`` (namespace → fields) as its dynamic metadata. A reply
+    already serialized gets a serialized ``dynamic_metadata`` field appended: protobuf merges the
+    two, so the bytes are those of one message with both."""
+    struct = struct_pb2.Struct()
+    struct.update({namespace: dict(fields) for namespace, fields in metadata.items()})
+    if isinstance(reply, bytes):
+        extra: bytes = pb.ProcessingResponse(dynamic_metadata=struct).SerializeToString()
+        return reply + extra
+    out = pb.ProcessingResponse()
+    out.CopyFrom(reply)  # replies may be shared constants
+    out.dynamic_metadata.MergeFrom(struct)
+    return out
+
+
 def trailers_reply(metadata: Mapping[str, Any]) -> pb.ProcessingResponse:
     """Request trailers answered with the decision as ``envoy.lb`` metadata (the body replies of
     a per-chunk body mode already went out, so no header mutation can carry it any more)."""

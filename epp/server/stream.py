@@ -80,6 +80,7 @@ class RequestStream:
         self.response_ended = False
         self.was_evicted = False
         self.skip_asked = False  # the response-headers reply told Envoy not to send the body
+        self.response_metadata: dict[str, dict[str, Any]] = {}  # dynamic metadata sent so far
         # clock readings of the first and last response message; time spent handling them
         self.response_started = self.response_finished = self.response_busy = 0.0
 
@@ -348,10 +349,25 @@ class RequestStream:
         )
         if forward is None:  # held until the end of the response
             return [] if duplex else [messages.buffered_response_body_reply(None)]
+        replies: Replies
         if not duplex:  # Envoy takes ``streamed_response`` only in FULL_DUPLEX_STREAMED
             body = forward.body if forward.changed else None
-            return [messages.buffered_response_body_reply(body)]
-        return messages.streamed_body(forward.body, response=True, end_of_stream=eos)
+            replies = [messages.buffered_response_body_reply(body)]
+        else:
+            replies = messages.streamed_body(forward.body, response=True, end_of_stream=eos)
+        if ex.response is not None and ex.response.dynamic_metadata:
+            self._attach_metadata(ex, replies)
+        return replies
+
+    def _attach_metadata(self, ex: Exchange, replies: Replies) -> None:
+        """Response hooks wrote dynamic metadata (e.g. ``request-attribute-reporter`` at the end
+        of the response): the last reply carries what is new since it was last sent."""
+        assert ex.response is not None
+        current = {ns: dict(fields) for ns, fields in ex.response.dynamic_metadata.items()}
+        if not replies or current == self.response_metadata:
+            return
+        self.response_metadata = current
+        replies[-1] = messages.with_dynamic_metadata(replies[-1], current)
 
     def _on_response_trailers(self) -> Replies:
         ex = self._response_exchange()
@@ -368,6 +384,8 @@ class RequestStream:
                 body = forward.body if forward.changed else None
                 replies.append(messages.buffered_response_body_reply(body))
         replies.append(messages.EMPTY_RESPONSE_TRAILERS)
+        if ex.response is not None and ex.response.dynamic_metadata:
+            self._attach_metadata(ex, replies)
         return replies
 
     def _record_response(self, ex: Exchange) -> None:

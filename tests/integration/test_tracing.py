@@ -67,6 +67,17 @@ async def collector(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Collector]
     await server.stop(None)
 
 
+def _value(v: Any) -> Any:
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(x) for x in v.array_value.values]
+    return getattr(v, kind)
+
+
+def _attributes(span: trace_pb2.Span) -> dict[str, Any]:
+    return {a.key: _value(a.value) for a in span.attributes}
+
+
 def _by_name(spans: list[trace_pb2.Span]) -> dict[str, list[trace_pb2.Span]]:
     out: dict[str, list[trace_pb2.Span]] = {}
     for s in spans:
@@ -94,9 +105,24 @@ async def test_request_spans_reach_the_collector_when_a_client_sends_traceparent
         (child,) = spans[name]
         assert child.parent_span_id == orchestration.span_id, name
     (profile,) = spans["run_scheduler_profile"]
+    (filtering,) = spans["filter_endpoints"]
+    (scoring,) = spans["llm_d.epp.scoring"]
+    (picking,) = spans["pick_endpoints"]
+    for stage in (filtering, scoring, picking):
+        assert stage.parent_span_id == profile.span_id, stage.name
     plugins = [s for n, group in spans.items() if n.startswith("llm_d.epp.scorer.") for s in group]
-    assert plugins and all(s.parent_span_id == profile.span_id for s in plugins)
-    assert spans["llm_d.epp.picker.max-score-picker"]
+    assert plugins and all(s.parent_span_id == scoring.span_id for s in plugins)
+    (picker,) = spans["llm_d.epp.picker.max-score-picker"]
+    assert picker.parent_span_id == picking.span_id
+    attrs = _attributes(scoring)
+    assert attrs["llm_d.epp.scoring.candidate_endpoints"] == 2
+    assert attrs["llm_d.epp.scorer.count"] == len(plugins)
+    attrs = _attributes(picking)
+    assert attrs["llm_d.epp.picker.candidate_endpoints"] == 2
+    assert sorted(attrs["llm_d.epp.picker.top_endpoints"]) == ["default/pod-0", "default/pod-1"]
+    top = attrs["llm_d.epp.picker.top_scores"]
+    assert len(top) == 2 and top == sorted(top, reverse=True)
+    assert attrs["gen_ai.request.model"] == "sim-model" and attrs["gen_ai.request.id"]
     assert {svc for svc, s in collector.spans if s.trace_id.hex() == CLIENT_TRACE} == {
         "epp-under-test"
     }
@@ -121,3 +147,48 @@ async def test_a_refused_request_ends_its_span_with_the_error_when_traced(
     assert root.status.code == trace_pb2.Status.STATUS_CODE_ERROR
     assert orchestration.status.code == trace_pb2.Status.STATUS_CODE_ERROR
     assert "candidates" in orchestration.status.message
+
+
+async def test_disaggregation_spans_carry_pd_and_mm_attributes_when_traced(
+    collector: Collector, start_app: Any, sim_pods: Any, envoy: Any
+) -> None:
+    fleet = await sim_pods(2)
+    config = """\
+        plugins:
+        - type: prefill-filter
+        - type: decode-filter
+        - type: max-score-picker
+        - type: always-disagg-pd-decider
+        - type: disagg-profile-handler
+          parameters: {deciders: {prefill: always-disagg-pd-decider}}
+        schedulingProfiles:
+        - name: prefill
+          plugins: [{pluginRef: prefill-filter}, {pluginRef: max-score-picker}]
+        - name: decode
+          plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker}]
+        """
+    roles = {0: {"llm-d.ai/role": "prefill"}, 1: {"llm-d.ai/role": "decode"}}
+    app = await start_app(fleet.ports, config, labels=roles)
+    proxy = envoy(app)
+    trace_id = "6" * 32
+    parent = {"traceparent": f"00-{trace_id}-{CLIENT_SPAN}-01"}
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    chat = {
+        "model": "sim-model",
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, image, image]}],
+    }
+    status, headers, body = await post(f"{proxy.url}/v1/chat/completions", chat, parent)
+    assert status == 200, body[:300]
+    assert headers.get("x-sim-saw-prefiller") == f"127.0.0.1:{fleet.ports[0]}"
+    spans = _by_name(await collector.wait_for("prepare_disaggregation", trace_id))
+    (prepare,) = spans["prepare_disaggregation"]
+    attrs = _attributes(prepare)
+    assert attrs["llm_d.epp.pd.disaggregation_used"] is True
+    assert attrs["llm_d.epp.pd.prefill_pod_address"] == "127.0.0.1"
+    assert attrs["llm_d.epp.pd.prefill_pod_port"] == str(fleet.ports[0])
+    assert attrs["llm_d.epp.encode.disaggregation_used"] is False
+    assert attrs["llm_d.epp.encode.reason"] == "no_encode_profile_result"
+    assert (attrs["mm.modality"], attrs["mm.hash_count"]) == ("image", 2)
+    assert {s.name for s in spans["run_scheduler_profile"]} == {"run_scheduler_profile"}
+    assert len(spans["pick_endpoints"]) == 2  # one per profile run

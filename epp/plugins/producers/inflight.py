@@ -52,6 +52,9 @@ one scrape interval of completions. Times are the handle's monotonic clock, the 
 when a scrape's response has arrived, so a request dispatched while that scrape was on the wire
 counts as seen by it; the ``own`` floor keeps such a request counted.
 
+Metrics: ``llm_d_epp_inflight_requests`` and ``llm_d_epp_inflight_tokens`` per endpoint, fairness id
+and priority (``epp.plugins.producers.inflight_metrics``).
+
 Parameters: ``addEstimatedOutputTokens`` (false), ``outputRatio`` (1.5),
 ``maxEstimatedOutputTokens`` (0 = no cap), ``tokenProducerName`` (``token-producer``),
 ``prefixProducerName`` (``approx-prefix-cache-producer``; upstream's name for it,
@@ -98,6 +101,7 @@ from epp.plugin import (
 from epp.plugin.inflight import INFLIGHT_LOAD, LOAD_ESTIMATE, InFlightLoad
 from epp.plugin.prefix import PREFIX_MATCH_INFO, TOKENIZED_PROMPT
 from epp.plugin.units import parse_duration
+from epp.plugins.producers.inflight_metrics import InflightGauges, Labels
 from epp.plugins.producers.inflight_peers import LoadPublisher, PeerLoads
 
 _T = TypeVar("_T")
@@ -159,6 +163,9 @@ class InflightLoadProducer(PluginBase):
         self._tokens: dict[str, int] = {}
         # request id → (endpoint id, tokens still counted)
         self._open: dict[str, tuple[str, int]] = {}
+        # request id → its series of the in-flight gauges (``inflight_metrics``)
+        self._gauges = InflightGauges(handle.registry, self.typed_name.name)
+        self._series: dict[str, Labels] = {}
         # endpoint id → (completion time, dispatch time) of recent completions, completion order
         self._completed: dict[str, deque[tuple[float, float]]] = {}
         self._swept_at = 0.0
@@ -242,6 +249,8 @@ class InflightLoadProducer(PluginBase):
             since[1] += 1
         self._tokens[eid] = self._tokens.get(eid, 0) + tokens
         self._open[rid] = (eid, tokens)
+        series = self._series[rid] = self._gauges.labels(eid, request.fairness_id, request.priority)
+        self._gauges.add(series, 1, tokens)
         if self._sync:
             self._publisher.touch(eid)
 
@@ -253,6 +262,7 @@ class InflightLoadProducer(PluginBase):
             eid, tokens = entry
             self._tokens[eid] = max(0, self._tokens.get(eid, 0) - tokens)
             self._open[request.request_id] = (eid, 0)
+            self._gauges.add(self._series[request.request_id], 0, -tokens)
             if self._sync:
                 self._publisher.touch(eid)
 
@@ -265,6 +275,7 @@ class InflightLoadProducer(PluginBase):
         if entry is None:
             return
         eid, tokens = entry
+        self._gauges.add(self._series.pop(rid), -1, -tokens)
         now = self.handle.clock()
         self._versions[eid] = self._versions.get(eid, 0) + 1
         if self._sync:

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
@@ -79,6 +79,7 @@ from epp.plugin import (
     Stability,
 )
 from epp.plugin.metrics import metric_family
+from epp.plugin.multimodal import media_items
 
 DEFAULT_CACHE_SIZE_MB: Final = 4096
 BYTES_PER_ITEM: Final = 2 * 1024 * 1024
@@ -258,62 +259,9 @@ class _Metrics:
 
 def request_items(body: RequestBody | None) -> tuple[MatchItem, ...]:
     """The distinct media items of a chat or Anthropic messages body, in order of appearance."""
-    if body is None or body.payload is None:
-        return ()
-    if body.kind == "chat":
-        found = _chat_media(body.payload)
-    elif body.kind == "anthropic-messages":
-        found = _anthropic_media(body.payload)
-    else:
-        return ()
     items: dict[str, MatchItem] = {}
-    for modality, content in found:
+    for modality, content in media_items(body):
         if content:
             digest = format(xxh64_intdigest(content.encode()), "x")
             items.setdefault(digest, MatchItem(digest, 1, modality))
     return tuple(items.values())
-
-
-def _chat_media(payload: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-    for message in _objects(payload.get("messages")):
-        for block in _objects(message.get("content")):
-            kind = block.get("type")
-            if kind == "image_url":
-                yield "image", _url(block.get("image_url"))
-            elif kind == "video_url":
-                yield "video", _url(block.get("video_url"))
-            elif kind == "audio_url":
-                yield "audio", _url(block.get("audio_url"))
-            elif kind == "input_audio":
-                audio = block.get("input_audio")
-                audio = audio if isinstance(audio, Mapping) else {}
-                yield "audio", _text(audio.get("data")) + _text(audio.get("format"))
-
-
-def _anthropic_media(payload: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-    for message in _objects(payload.get("messages")):
-        for block in _objects(message.get("content")):
-            if block.get("type") == "image":
-                yield "image", _source(block.get("source"))
-            elif block.get("type") == "tool_result":
-                for item in _objects(block.get("content")):
-                    if item.get("type") == "image":
-                        yield "image", _source(item.get("source"))
-
-
-def _objects(value: Any) -> list[Mapping[str, Any]]:
-    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _url(value: Any) -> str:
-    return _text(value.get("url")) if isinstance(value, Mapping) else _text(value)
-
-
-def _source(source: Any) -> str:
-    if not isinstance(source, Mapping):
-        return ""
-    return _text(source.get("url")) or _text(source.get("data"))

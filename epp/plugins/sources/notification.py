@@ -24,8 +24,8 @@ No parameters. YAML::
           extractors:
             - pluginRef: precise-prefix-cache-producer
 
-Differences from upstream: none in behaviour. Upstream also has ``k8s-notification-source``
-(events of any Kubernetes kind); it is not implemented here.
+Differences from upstream: none in behaviour. Events of other Kubernetes kinds come from
+``k8s-notification-source``.
 """
 
 from __future__ import annotations

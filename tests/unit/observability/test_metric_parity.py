@@ -14,6 +14,7 @@ from epp.observability.metrics import EppMetrics
 from epp.observability.pool import refresh_pool_gauges
 from epp.plugin import Endpoint, Metrics
 from tests.conftest import endpoints_yaml, epp_config, make_settings
+from tests.epp_metric_names import UPSTREAM_METRIC_FAMILIES
 
 # Spec §9, canonical names (prefix llm_d_epp_) and their deprecated twins, as exposed.
 CANONICAL: Final = (
@@ -77,6 +78,64 @@ def test_every_upstream_family_is_exposed_when_flow_control_is_on(tmp_path: Path
     assert not set(TWINS) - families, sorted(set(TWINS) - families)
     assert any(f.startswith("process_") for f in families)
     assert not re.search(r"^\w+_created[{ ]", text, re.M)  # no *_created series, as upstream
+
+
+# Every plugin type that owns upstream families, on one pool: the disaggregation handler is
+# swapped for the deprecated pd-profile-handler in a second App (one handler per config), since
+# each counts its decisions under its own family.
+EVERY_FAMILY = """\
+featureGates: [flowControl]
+plugins:
+- type: token-producer
+- type: approx-prefix-cache-producer
+- type: inflight-load-producer
+- type: mm-embeddings-cache-producer
+- type: precise-prefix-cache-producer
+  parameters:
+    indexerConfig: {kvBlockIndexConfig: {enableMetrics: true}}
+- type: prefix-cache-scorer
+- type: queue-scorer
+- type: prefill-filter
+- type: decode-filter
+- type: max-score-picker
+- type: prefix-based-pd-decider
+- type: disagg-profile-handler
+  parameters: {deciders: {prefill: prefix-based-pd-decider}}
+- type: program-aware-fairness
+schedulingProfiles:
+- name: prefill
+  plugins: [{pluginRef: prefill-filter}, {pluginRef: queue-scorer}, {pluginRef: max-score-picker}]
+- name: decode
+  plugins: [{pluginRef: decode-filter}, {pluginRef: queue-scorer}, {pluginRef: max-score-picker}]
+flowControl:
+  enableEviction: true
+"""
+_DISAGG = (
+    "type: disagg-profile-handler\n  parameters: {deciders: {prefill: prefix-based-pd-decider}}"
+)
+
+
+def test_the_golden_list_is_upstreams_137_families() -> None:
+    assert len(UPSTREAM_METRIC_FAMILIES) == len(set(UPSTREAM_METRIC_FAMILIES)) == 137
+    assert {f"llm_d_epp_{name}" for name in CANONICAL} <= set(UPSTREAM_METRIC_FAMILIES)
+    assert set(TWINS) <= set(UPSTREAM_METRIC_FAMILIES)
+
+
+def test_every_one_of_upstreams_137_families_is_exposed_when_its_plugins_are_configured(
+    tmp_path: Path,
+) -> None:
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text(endpoints_yaml([1]))
+    exposed: set[str] = set()
+    for body in (EVERY_FAMILY, EVERY_FAMILY.replace(_DISAGG, "type: pd-profile-handler")):
+        settings = make_settings(
+            epp_config(endpoints, body),
+            enable_grpc_stream_metrics=True,
+            allow_experimental_plugins=True,
+        )
+        exposed |= _exposed(generate_latest(App(settings).metrics.registry).decode())
+    missing = sorted(set(UPSTREAM_METRIC_FAMILIES) - exposed)
+    assert not missing, missing
 
 
 def test_info_is_one_with_the_build_when_exposed() -> None:

@@ -140,6 +140,14 @@ _QUEUE: Final = (
     30.0,
     60.0,
 )
+_PREDICTION: Final = (
+    0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+)  # fmt: skip
+_PREDICTED_TPOT: Final = (
+    0.0005, 0.00205, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.4, 0.5,
+    0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 4.5, 6.0, 12.0, 18.0, 24.0, 30.0, 36.0, 48.0, 60.0, 90.0, 120.0,
+    180.0, 270.0, 360.0,
+)  # fmt: skip
 _CONFIRMATION: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 EPP_FAMILIES: Final[dict[str, Family]] = {
@@ -508,6 +516,104 @@ EPP_FAMILIES: Final[dict[str, Family]] = {
         "counter",
         "ext_proc streams ended with INVALID_ARGUMENT because the data plane broke the protocol",
         ("reason",),
+        (),
+    ),
+    # Declared for plugins that feed them when configured (epp.plugin.recorders).
+    "llm_d_epp_inference_request_metric": (
+        "gauge",
+        "Consolidated gauge for various inference request metrics including TTFT, TPOT, SLOs, "
+        "and prediction durations.",
+        ("plugin_name", "plugin_type", "model_name", "target_model_name", "type"),
+        (),
+    ),
+    "inference_objective_inference_request_metric": (
+        "gauge",
+        "Deprecated: llm_d_epp_inference_request_metric",
+        ("model_name", "target_model_name", "type"),
+        (),
+    ),
+    "inference_objective_request_ttft_seconds": (
+        "histogram",
+        "Inference model TTFT distribution in seconds for each model and target model.",
+        ("model_name", "target_model_name"),
+        _LATENCY,
+    ),
+    "llm_d_epp_request_predicted_ttft_seconds": (
+        "histogram",
+        "Inference model Predicted TTFT distribution in seconds for each model and target model.",
+        ("plugin_name", "plugin_type", "model_name", "target_model_name"),
+        _LATENCY,
+    ),
+    "inference_objective_request_predicted_ttft_seconds": (
+        "histogram",
+        "Deprecated: llm_d_epp_request_predicted_ttft_seconds",
+        ("model_name", "target_model_name"),
+        _LATENCY,
+    ),
+    "llm_d_epp_request_ttft_prediction_duration_seconds": (
+        "histogram",
+        "Duration taken to generate TTFT predictions in seconds for each model and target model.",
+        ("plugin_name", "plugin_type", "model_name", "target_model_name"),
+        _PREDICTION,
+    ),
+    "inference_objective_request_ttft_prediction_duration_seconds": (
+        "histogram",
+        "Deprecated: llm_d_epp_request_ttft_prediction_duration_seconds",
+        ("model_name", "target_model_name"),
+        _PREDICTION,
+    ),
+    "inference_objective_request_tpot_seconds": (
+        "histogram",
+        "Inference model TPOT distribution in seconds for each model and target model.",
+        ("model_name", "target_model_name"),
+        _PREDICTED_TPOT,
+    ),
+    "llm_d_epp_request_predicted_tpot_seconds": (
+        "histogram",
+        "Inference model Predicted TPOT distribution in seconds for each model and target model.",
+        ("plugin_name", "plugin_type", "model_name", "target_model_name"),
+        _PREDICTED_TPOT,
+    ),
+    "inference_objective_request_predicted_tpot_seconds": (
+        "histogram",
+        "Deprecated: llm_d_epp_request_predicted_tpot_seconds",
+        ("model_name", "target_model_name"),
+        _PREDICTED_TPOT,
+    ),
+    "llm_d_epp_request_tpot_prediction_duration_seconds": (
+        "histogram",
+        "Duration taken to generate TPOT predictions in seconds for each model and target model.",
+        ("plugin_name", "plugin_type", "model_name", "target_model_name"),
+        _PREDICTION,
+    ),
+    "inference_objective_request_tpot_prediction_duration_seconds": (
+        "histogram",
+        "Deprecated: llm_d_epp_request_tpot_prediction_duration_seconds",
+        ("model_name", "target_model_name"),
+        _PREDICTION,
+    ),
+    "llm_d_epp_request_slo_violation_total": (
+        "counter",
+        "Counter of SLO violations for each model, target model, and violation type.",
+        ("plugin_name", "plugin_type", "model_name", "target_model_name", "type"),
+        (),
+    ),
+    "inference_objective_request_slo_violation_total": (
+        "counter",
+        "Deprecated: llm_d_epp_request_slo_violation_total",
+        ("model_name", "target_model_name", "type"),
+        (),
+    ),
+    "llm_d_epp_disaggregatedset_strict_header_no_match_total": (
+        "counter",
+        "Strict header selections that matched no endpoint and failed closed.",
+        ("plugin_type", "plugin_name", "selector"),
+        (),
+    ),
+    "llm_d_epp_disaggregatedset_revision_gating_share": (
+        "gauge",
+        "Current weighted revision gating share from 0 to 1; incomplete revisions have share 0.",
+        ("plugin_type", "plugin_name", "mode", "revision"),
         (),
     ),
 }

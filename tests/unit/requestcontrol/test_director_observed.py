@@ -205,7 +205,10 @@ async def test_a_traced_request_has_parse_admission_profile_and_producer_spans(
         "llm_d.epp.admission",
         "llm_d.epp.producer.hook",
         "run_scheduler_profile",
-        "llm_d.epp.scorer.scorer",  # the scheduler's spans: it was handed the trace
+        "filter_endpoints",  # the scheduler's spans: it was handed the trace
+        "llm_d.epp.scoring",
+        "pick_endpoints",
+        "llm_d.epp.scorer.scorer",
         "llm_d.epp.picker.picker",
     }
     (parse,), (admission,) = got["llm_d.epp.parse"], got["llm_d.epp.admission"]

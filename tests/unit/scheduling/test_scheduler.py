@@ -116,9 +116,20 @@ class Handler:
 
 
 class Trace:
+    recording = True
+
     def __init__(self) -> None:
         self.events: list[tuple[Any, ...]] = []
         self.seconds: list[float] = []
+        self.stages: list[tuple[str, dict[str, Any]]] = []
+
+    def open_stage(self, name: str, attributes: dict[str, Any]) -> None:
+        self.events.append(("stage", name))
+        self.stages.append((name, attributes))
+
+    def close_stage(self, **attributes: Any) -> None:
+        self.events.append(("end",))
+        self.stages[-1][1].update(attributes)
 
     def open_profile(self, name: str) -> None:
         self.events.append(("open", name))
@@ -361,11 +372,35 @@ def test_a_traced_request_records_profiles_and_plugin_calls() -> None:
     _run(_profile([(Scorer("s", {}), 1.0)], [flt]), cycle=cycle)
     assert trace.events == [
         ("open", "default"),
+        ("stage", "filter_endpoints"),
         ("plugin", "Filter", "test-filter", "f"),
+        ("end",),
+        ("stage", "llm_d.epp.scoring"),
         ("plugin", "Scorer", "test-scorer", "s"),
+        ("end",),
+        ("stage", "pick_endpoints"),
         ("plugin", "Picker", "test-picker", "p"),
+        ("end",),
         ("close",),
     ]
+
+
+def test_traced_stages_carry_upstreams_counts_and_the_best_scores() -> None:
+    trace = Trace()
+    cycle = make_cycle()
+    cycle.data[TRACE_KEY] = trace
+    scores = {EPS[0].id: 0.2, EPS[1].id: 0.9, EPS[2].id: 0.5}
+    flt = Filter("f", lambda e: True)
+    _run(_profile([(Scorer("s", scores), 2.0)], [flt]), cycle=cycle)
+    stages = dict(trace.stages)
+    assert stages["filter_endpoints"]["llm_d.epp.filter.candidate_endpoints"] == len(EPS)
+    assert stages["filter_endpoints"]["llm_d.epp.filter.filtered_endpoints"] == len(EPS)
+    assert stages["llm_d.epp.scoring"]["llm_d.epp.scorer.count"] == 1
+    assert stages["llm_d.epp.scoring"]["llm_d.epp.scoring.candidate_endpoints"] == len(EPS)
+    pick = stages["pick_endpoints"]
+    assert pick["llm_d.epp.picker.top_endpoints"] == [EPS[1].id, EPS[2].id, EPS[0].id]
+    assert pick["llm_d.epp.picker.top_scores"] == [1.8, 1.0, 0.4]
+    assert pick["gen_ai.request.id"] == "req-0"
 
 
 class _Ticks:

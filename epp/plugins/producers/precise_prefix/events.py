@@ -46,6 +46,11 @@ class BlockStored:
     lora_name: str | None = None
     extra_keys: tuple[tuple[ExtraKey, ...] | None, ...] | None = None
     group_idx: int = 0
+    grouped: bool = False
+    """The event named its KV-cache group (``group_idx`` not nil): a hybrid-aware engine."""
+    kv_cache_spec_kind: str = ""
+    """The group's attention kind (``full_attention``, ``sliding_window``, ``mamba``, …); ``""``
+    when the event does not say (then the kind learned from an earlier event of the group)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +58,7 @@ class BlockRemoved:
     block_hashes: tuple[int, ...]
     medium: str = DEFAULT_TIER
     group_idx: int = 0
+    grouped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +101,7 @@ _FIELD_ORDER: Final[Mapping[str, tuple[str, ...]]] = {
         "lora_name",
         "extra_keys",
         "group_idx",
+        "kv_cache_spec_kind",
     ),
     "BlockRemoved": ("block_hashes", "medium", "group_idx"),
     "AllBlocksCleared": (),
@@ -167,6 +174,7 @@ def decode_event(raw: Any, engine: EngineType = "vllm") -> KVEvent | None:
             block_hashes=_hashes(fields.get("block_hashes")),
             medium=_medium(fields.get("medium")),
             group_idx=_int_or(fields.get("group_idx"), 0),
+            grouped=_is_int(fields.get("group_idx")),
         )
     if tag == "AllBlocksCleared":
         medium = fields.get("medium")
@@ -176,6 +184,7 @@ def decode_event(raw: Any, engine: EngineType = "vllm") -> KVEvent | None:
 
 def _stored(fields: Mapping[str, Any], engine: EngineType) -> BlockStored:
     parent = fields.get("parent_block_hash")
+    kind = fields.get("kv_cache_spec_kind")
     lora_name = fields.get("lora_name")
     lora_id = fields.get("lora_id")
     return BlockStored(
@@ -188,6 +197,8 @@ def _stored(fields: Mapping[str, Any], engine: EngineType) -> BlockStored:
         lora_name=lora_name if isinstance(lora_name, str) and lora_name else None,
         extra_keys=_extra_keys(fields.get("extra_keys")),
         group_idx=_int_or(fields.get("group_idx"), 0),
+        grouped=_is_int(fields.get("group_idx")),
+        kv_cache_spec_kind=kind.lower() if isinstance(kind, str) else "",
     )
 
 
@@ -213,8 +224,12 @@ def _medium(value: Any) -> str:
     return value.lower() if isinstance(value, str) and value else DEFAULT_TIER
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _int_or(value: Any, default: int) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
+    return value if _is_int(value) else default
 
 
 def _extra_keys(value: Any) -> tuple[tuple[ExtraKey, ...] | None, ...] | None:

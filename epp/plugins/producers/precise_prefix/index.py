@@ -8,9 +8,14 @@ Layout (pure, synchronous, bounded):
 - per endpoint, one *source* per ``(device tier, KV group)`` the engine reports, each with
   ``engine``: engine block hash → request key(s) (one key, or a tuple when one engine block spans
   several EPP blocks), and ``refs``: request key → number of distinct engine hashes of that source
-  mapping to it. A key stays owned by the endpoint while any of its sources references it: a
-  repeated ``BlockStored`` of the same engine hash is ignored (dedup), and a ``BlockRemoved``
-  only releases the key when its count reaches zero.
+  mapping to it. A key stays owned by the endpoint while any of its sources references it, and
+  a ``BlockRemoved`` only releases the key when its count reaches zero.
+- removal dedup (upstream's): a ``BlockStored`` that repeats an engine hash its source already
+  holds (vLLM's chunked offloading re-announces shared blocks) adds nothing but is counted
+  (``repeats``), and each ``BlockRemoved`` of that hash then consumes one count instead of
+  releasing it; only the removal of the last announcement releases. Suppressed removals are
+  summed in ``removals_suppressed``; removals of unknown hashes pass through (they release
+  nothing).
 - speculative entries (source tier ``speculative``): keys added on PreRequest for the chosen
   endpoint with a deadline; a real store of the key confirms (drops) them, the deadline removes
   them otherwise.
@@ -60,6 +65,8 @@ class _Source:
     engine: dict[int, Keys] = field(default_factory=dict)
     refs: dict[int, int] = field(default_factory=dict)
     mid: set[int] = field(default_factory=set)
+    repeats: dict[int, int] = field(default_factory=dict)
+    """Engine hash → announcements beyond the first not yet removed."""
     dangling: int = 0
 
 
@@ -79,6 +86,7 @@ class PreciseIndex:
         self._speculative: deque[tuple[float, str, tuple[int, ...]]] = deque()
         self.entries = 0
         self.evictions = 0
+        self.removals_suppressed = 0
 
     # ---- reading ------------------------------------------------------------------------------
 
@@ -172,7 +180,9 @@ class PreciseIndex:
         added = 0
         for engine_hash, keys in pairs:
             if engine_hash in src.engine:
-                continue  # the same block stored twice: counted once
+                # announced again: indexed once, and one more removal before it is released
+                src.repeats[engine_hash] = src.repeats.get(engine_hash, 0) + 1
+                continue
             src.engine[engine_hash] = keys
             if engine_hash in mid:
                 src.mid.add(engine_hash)
@@ -184,13 +194,23 @@ class PreciseIndex:
         return added
 
     def remove(self, endpoint: str, source: SourceKey, engine_hashes: Iterable[int]) -> int:
-        """Release engine hashes; returns how many were known."""
+        """Release engine hashes (a repeated announcement absorbs one removal, see the module
+        docstring); returns how many were released."""
         sources = self._endpoints.get(endpoint)
         src = sources.get(source) if sources else None
         if src is None:
             return 0
         known = 0
+        repeats = src.repeats
         for engine_hash in engine_hashes:
+            extra = repeats.get(engine_hash)
+            if extra:
+                if extra > 1:
+                    repeats[engine_hash] = extra - 1
+                else:
+                    del repeats[engine_hash]
+                self.removals_suppressed += 1
+                continue
             keys = src.engine.pop(engine_hash, None)
             if keys is None:
                 continue
@@ -343,6 +363,7 @@ class PreciseIndex:
         for h in stale:
             del src.engine[h]
             src.mid.discard(h)
+            src.repeats.pop(h, None)
         src.dangling = 0
 
     def summary(self) -> Mapping[str, Any]:

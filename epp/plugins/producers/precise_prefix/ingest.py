@@ -19,15 +19,25 @@
 5. A token-less store is a tier move (e.g. offload to CPU): the endpoint's known keys of those
    engine hashes are added under the new tier.
 
-``BlockRemoved`` releases the engine hashes of that ``(tier, group)``; ``AllBlocksCleared``
-forgets everything the endpoint holds.
+``BlockRemoved`` releases the engine hashes of that ``(tier, group)`` (a hash announced more than
+once needs as many removals, see ``index``); ``AllBlocksCleared`` forgets everything the endpoint
+holds.
+
+KV-cache groups (hybrid models): an event that names its group (``group_idx``) is indexed only
+when the group's attention kind serves prefix matches (``full_attention``, ``mla_attention``,
+``sink_full_attention``). The kind comes with the event or was learned from an earlier event of
+that group on that endpoint; a store of another kind, or of a group whose kind is unknown, is
+skipped (``unsupported_cache_kind``), and so is a removal (or ``unknown_group`` when no store
+named the group). Events without a group are indexed as before. Skips, and removed hashes
+forwarded or suppressed, are reported to ``health``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import Final
 
 from epp.plugins.producers.precise_prefix.events import (
     AllBlocksCleared,
@@ -35,10 +45,16 @@ from epp.plugins.producers.precise_prefix.events import (
     BlockStored,
     EventBatch,
 )
+from epp.plugins.producers.precise_prefix.health import EventHealth
 from epp.plugins.producers.precise_prefix.index import UNALIGNED, Keys, PreciseIndex
 from epp.plugins.producers.precise_prefix.keys import TOKEN_BYTES, Extra, ExtraItem, KeyHasher
 
 EngineExtras = tuple[tuple[ExtraItem, ...] | None, ...] | None
+
+PREFIX_KINDS: Final = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
+"""KV-cache group kinds whose blocks a prompt prefix can match."""
+MAX_GROUPS: Final = 64
+"""Groups remembered per endpoint at most (engines have a handful)."""
 
 
 class EventApplier:
@@ -52,34 +68,74 @@ class EventApplier:
         hasher: KeyHasher,
         logger: logging.Logger,
         on_count: Callable[[str, str, int], None] | None = None,
+        health: EventHealth | None = None,
     ) -> None:
         self.index = index
         self.hasher = hasher
         self._log = logger
         self._on_count = on_count or (lambda outcome, label, n: None)
+        self._health = health
         self.applied: Counter[str] = Counter()
         self.skipped: Counter[str] = Counter()
         self._warned: set[int] = set()
+        self._groups: dict[str, dict[int, str]] = {}
+        """Endpoint → KV-cache group → attention kind, as its events said."""
+
+    def forget(self, endpoints: Collection[str]) -> None:
+        """Endpoints that left: drop what was learned of their groups."""
+        for endpoint in endpoints:
+            self._groups.pop(endpoint, None)
 
     def apply(self, batch: EventBatch) -> None:
         if batch.malformed:
             self._skip("malformed", batch.malformed)
         for event in batch.events:
             if isinstance(event, BlockStored):
-                reason = self.stored(batch.endpoint, batch.model, event)
+                kind = self._group_kind(batch.endpoint, event)
+                reason = self.stored(batch.endpoint, batch.model, event, kind)
                 if reason:
                     self._skip(reason)
+                    if self._health is not None:
+                        self._health.store_skipped(kind, reason)
                     if self._log.isEnabledFor(logging.DEBUG):
                         self._log.debug("BlockStored from %s skipped: %s", batch.endpoint, reason)
                 else:
                     self._applied("stored")
             elif isinstance(event, BlockRemoved):
-                source = (event.medium, event.group_idx)
-                self.index.remove(batch.endpoint, source, event.block_hashes)
-                self._applied("removed")
+                self._removed(batch.endpoint, event)
             elif isinstance(event, AllBlocksCleared):
                 self.index.clear_endpoint(batch.endpoint)
                 self._applied("cleared")
+
+    def _group_kind(self, endpoint: str, event: BlockStored) -> str:
+        """The attention kind of the event's group (learning it when the event says)."""
+        if not event.grouped:
+            return ""
+        groups = self._groups.get(endpoint)
+        if event.kv_cache_spec_kind:
+            if groups is None:
+                groups = self._groups[endpoint] = {}
+            if event.group_idx in groups or len(groups) < MAX_GROUPS:
+                groups[event.group_idx] = event.kv_cache_spec_kind
+            return event.kv_cache_spec_kind
+        return groups.get(event.group_idx, "") if groups else ""
+
+    def _removed(self, endpoint: str, event: BlockRemoved) -> None:
+        if event.grouped:
+            kind = self._groups.get(endpoint, {}).get(event.group_idx)
+            if kind is None or kind not in PREFIX_KINDS:
+                reason = "unknown_group" if kind is None else "unsupported_cache_kind"
+                self._skip(reason)
+                if self._health is not None:
+                    self._health.removal_skipped(kind or "", reason)
+                return
+        index = self.index
+        suppressed = index.removals_suppressed
+        index.remove(endpoint, (event.medium, event.group_idx), event.block_hashes)
+        if self._health is not None:
+            suppressed = index.removals_suppressed - suppressed
+            self._health.removals(len(event.block_hashes) - suppressed, suppressed)
+        self._applied("removed")
 
     def _applied(self, kind: str) -> None:
         self.applied[kind] += 1
@@ -89,8 +145,11 @@ class EventApplier:
         self.skipped[reason] += n
         self._on_count("skipped", reason, n)
 
-    def stored(self, endpoint: str, model: str, event: BlockStored) -> str:
-        """Index one ``BlockStored``; returns the skip reason, ``""`` when applied."""
+    def stored(self, endpoint: str, model: str, event: BlockStored, kind: str = "") -> str:
+        """Index one ``BlockStored`` (``kind``: its group's attention kind, for an event that
+        names its group); returns the skip reason, ``""`` when applied."""
+        if event.grouped and kind not in PREFIX_KINDS:
+            return "unsupported_cache_kind"
         n = len(event.block_hashes)
         tokens = len(event.tokens) // TOKEN_BYTES
         source = (event.medium, event.group_idx)

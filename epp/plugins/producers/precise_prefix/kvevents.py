@@ -16,7 +16,9 @@ every ``reconnect_interval`` seconds (5). Received messages go to ``concurrency`
 sharded by source so one endpoint's events stay in order; a full queue drops the message
 (``on_drop("queue_full")``) instead of growing, and the socket's receive high-water mark bounds
 what ZMQ buffers. A jump in a publisher's sequence number is a gap (messages lost to the HWM, a
-slow subscriber or a reconnect): it is logged and reported with ``on_gap``.
+slow subscriber or a reconnect): it is logged and reported with ``on_gap``. Messages received,
+socket failures (by operation), sockets recreated and the queue depth go to ``health``
+(``epp.plugins.producers.precise_prefix.health``).
 """
 
 from __future__ import annotations
@@ -38,12 +40,21 @@ from epp.plugins.producers.precise_prefix.events import (
     decode_payload,
     parse_topic,
 )
+from epp.plugins.producers.precise_prefix.health import EventHealth
 
 RECONNECT_INTERVAL: Final = 5.0
 QUEUE_SIZE: Final = 4096
 RECEIVE_HWM: Final = 10000
 MAX_TRACKED_STREAMS: Final = 10000
 _YIELD_EVERY: Final = 64
+
+
+class _SocketError(Exception):
+    """Setting up a socket failed at ``operation`` (``subscribe``, ``bind`` or ``connect``)."""
+
+    def __init__(self, operation: str, cause: Exception) -> None:
+        super().__init__(f"{operation}: {cause}")
+        self.operation = operation
 
 
 def tcp_url(address: str, port: int) -> str:
@@ -71,6 +82,7 @@ class KVEventHub:
         logger: logging.Logger | None = None,
         on_drop: Callable[[str], None] | None = None,
         on_gap: Callable[[str, int], None] | None = None,
+        health: EventHealth | None = None,
     ) -> None:
         if concurrency < 1 or queue_size < 1 or reconnect_interval <= 0:
             raise ValueError("concurrency, queue_size and reconnect_interval must be positive")
@@ -95,11 +107,15 @@ class KVEventHub:
         """Endpoints with a live SUB socket (connected or reconnecting)."""
         self._warned: set[tuple[str, str]] = set()
         self.messages = 0
+        self._health = health
+        self._depth = 0
 
     async def start(self) -> None:
         if self._ctx is not None:
             return
         self._ctx = zmq.asyncio.Context()
+        if self._health is not None:
+            self._health.capacity(len(self._queues))
         self._workers = [
             asyncio.create_task(self._work(q), name=f"kv-events-worker-{i}")
             for i, q in enumerate(self._queues)
@@ -117,6 +133,9 @@ class KVEventHub:
         self._receivers.clear()
         self._workers = []
         self._central = None
+        self._depth = 0
+        if self._health is not None:
+            self._health.queue_depth(0)
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
@@ -137,6 +156,8 @@ class KVEventHub:
                 task.cancel()
                 del self._receivers[endpoint]
                 self.subscribed.discard(endpoint)
+                if self._health is not None:
+                    self._health.forget(endpoint)
         for endpoint, url in targets.items():
             if endpoint not in self._receivers:
                 task = asyncio.create_task(
@@ -153,41 +174,59 @@ class KVEventHub:
     # ---- receiving ----------------------------------------------------------------------------
 
     def _socket(self, url: str, *, bind: bool) -> zmq.asyncio.Socket:
+        """A SUB socket on ``url``; a failure raises ``_SocketError`` naming the operation."""
         assert self._ctx is not None, "start() first"
         sock = self._ctx.socket(zmq.SUB)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self._reconnect * 1000))
-        if "[" in url or url.count(":") > 2:
-            sock.setsockopt(zmq.IPV6, 1)
-        sock.setsockopt(zmq.SUBSCRIBE, self._filter)
-        if bind:
-            sock.bind(url)
-            last = sock.getsockopt(zmq.LAST_ENDPOINT)
-            self.bound_endpoint = last.decode() if isinstance(last, bytes) else str(last)
-        else:
-            sock.connect(url)
+        operation = "subscribe"
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+            sock.setsockopt(zmq.RECONNECT_IVL, 100)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self._reconnect * 1000))
+            if "[" in url or url.count(":") > 2:
+                sock.setsockopt(zmq.IPV6, 1)
+            sock.setsockopt(zmq.SUBSCRIBE, self._filter)
+            operation = "bind" if bind else "connect"
+            if bind:
+                sock.bind(url)
+                last = sock.getsockopt(zmq.LAST_ENDPOINT)
+                self.bound_endpoint = last.decode() if isinstance(last, bytes) else str(last)
+            else:
+                sock.connect(url)
+        except (zmq.ZMQError, OSError) as exc:
+            sock.close(linger=0)
+            raise _SocketError(operation, exc) from exc
         return sock
 
     async def _receive(self, endpoint: str | None, url: str, *, bind: bool) -> None:
         """Receive until cancelled; a failing socket is recreated after the reconnect interval."""
         name = endpoint or url
+        failed = False
         while True:
             sock: zmq.asyncio.Socket | None = None
             try:
+                if failed and self._health is not None:
+                    self._health.reconnection(name)
                 sock = self._socket(url, bind=bind)
                 if endpoint is not None:
                     self.subscribed.add(endpoint)
                 self._log.info("KV events: %s %s", "listening on" if bind else "subscribed to", url)
                 while True:
                     frames = await sock.recv_multipart()
-                    self._enqueue(endpoint, frames)
+                    self._enqueue(endpoint, frames, name)
             except asyncio.CancelledError:
                 raise
-            except (zmq.ZMQError, OSError) as exc:
+            except (_SocketError, zmq.ZMQError, OSError) as exc:
+                failed = True
+                operation = exc.operation if isinstance(exc, _SocketError) else "recv"
+                if self._health is not None:
+                    self._health.error(name, operation)
                 self._log.warning(
-                    "KV events from %s: %s; retrying in %.1fs", name, exc, self._reconnect
+                    "KV events from %s: %s failed: %s; retrying in %.1fs",
+                    name,
+                    operation,
+                    exc.__cause__ if isinstance(exc, _SocketError) else exc,
+                    self._reconnect,
                 )
             finally:
                 if sock is not None:
@@ -196,19 +235,29 @@ class KVEventHub:
                     self.subscribed.discard(endpoint)
             await asyncio.sleep(self._reconnect)
 
-    def _enqueue(self, endpoint: str | None, frames: list[bytes]) -> None:
+    def _enqueue(self, endpoint: str | None, frames: list[bytes], source: str = "") -> None:
         # Shard by the publisher (endpoint, or topic on the central socket) to keep its order.
+        health = self._health
+        if health is not None:
+            health.message(source or endpoint or "")
         shard_key = endpoint.encode() if endpoint is not None else frames[0]
         queue = self._queues[zlib.crc32(shard_key) % len(self._queues)]
         try:
             queue.put_nowait((endpoint, frames))
         except asyncio.QueueFull:
             self._on_drop("queue_full")
+            return
+        self._depth += 1
+        if health is not None:
+            health.queue_depth(self._depth)
 
     async def _work(self, queue: asyncio.Queue[tuple[str | None, list[bytes]]]) -> None:
         handled = 0
         while True:
             endpoint, frames = await queue.get()
+            self._depth -= 1
+            if self._health is not None:
+                self._health.queue_depth(self._depth)
             try:
                 self._process(endpoint, frames)
             except Exception:

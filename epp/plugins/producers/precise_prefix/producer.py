@@ -61,7 +61,9 @@ Memory: bounded by ``size`` keys and the pool; ``dump_state`` reports entries, `
 and the estimate. Metrics: ``llm_d_epp_precise_prefix_index_blocks``/``_index_bytes`` (gauges),
 ``llm_d_epp_kv_events_total{event}``, ``llm_d_epp_kv_events_skipped_total{reason}``,
 ``llm_d_epp_kv_events_dropped_total{reason}``, ``llm_d_epp_kv_events_lost_total`` (sequence
-gaps), all labelled ``plugin_name``.
+gaps), and upstream's KV-event health families ``llm_d_epp_kv_cache_events_*`` (messages, socket
+errors and reconnections, queue depth and capacity, skipped stores and removals, removal dedup;
+``health``), all labelled ``plugin_name``.
 
 YAML::
 
@@ -107,6 +109,7 @@ from epp.plugin import (
 )
 from epp.plugin.units import parse_duration
 from epp.plugins.producers.precise_prefix.events import EventBatch
+from epp.plugins.producers.precise_prefix.health import EventHealth
 from epp.plugins.producers.precise_prefix.ingest import EventApplier
 from epp.plugins.producers.precise_prefix.instrumented import InstrumentedIndex, build_index
 from epp.plugins.producers.precise_prefix.keys import Extra, KeyHasher
@@ -161,7 +164,10 @@ class PrecisePrefixCacheProducer(PluginBase):
             p.indexer_config.kv_block_index_config, handle.registry, self.typed_name.name, self._log
         )
         self._metrics = IndexMetrics(handle.registry, self.typed_name.name)
-        self.applier = EventApplier(self.index, self.hasher, self._log, self._metrics.count)
+        self.health = EventHealth(handle.registry, self.typed_name.name)
+        self.applier = EventApplier(
+            self.index, self.hasher, self._log, self._metrics.count, self.health
+        )
         self._ttl = parse_duration(p.speculative_ttl)
         self._key = PREFIX_MATCH_INFO.key(self.typed_name.name)
         self._input_key = TOKENIZED_PROMPT.key(TOKEN_PRODUCER)
@@ -266,6 +272,7 @@ class PrecisePrefixCacheProducer(PluginBase):
             logger=self._log,
             on_drop=self._drop,
             on_gap=self._gap,
+            health=self.health,
         )
         await self.hub.start()
         if cfg.zmq_endpoint:
@@ -325,6 +332,7 @@ class PrecisePrefixCacheProducer(PluginBase):
         followed by events (subscribe on add, unsubscribe and clear on remove), not polled."""
         if event.type is EndpointEventType.DELETE:
             cleared = self.index.clear_endpoint(event.endpoint.id)
+            self.applier.forget((event.endpoint.id,))
             self._log.debug("endpoint %s left: %d keys cleared", event.endpoint.id, cleared)
         self.membership.follow(event)
 
@@ -339,6 +347,7 @@ class PrecisePrefixCacheProducer(PluginBase):
         self._pod_map.build(endpoints, self.handle.clock())
         gone = self.index.retain({ep.id for ep in endpoints})
         if gone:
+            self.applier.forget(gone)
             self._log.info("forgot %d endpoints that left the pool", len(gone))
         self.index.expire(self.handle.clock())
         self._metrics.size(self.index)

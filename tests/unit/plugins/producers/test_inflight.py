@@ -262,6 +262,8 @@ def test_it_reads_no_response_body() -> None:
     # headers (prefill done) and completion are all it uses: a streamed body may be skipped
     info = ResponseInfo(request_id="r", headers={})
     assert producer().needs_response_body(make_request(), info) is False
+
+
 async def test_an_estimate_is_computed_again_only_when_what_it_depends_on_changed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -324,3 +326,39 @@ async def test_the_estimate_kept_up_to_date_equals_one_computed_from_the_whole_h
         seen_end = sum(1 for end, t in ended.values() if end > scrape and t <= scrape)
         expected = max(len(sent), max(0, 7 - seen_end) + after)
         assert await estimate(p, scraped(queue=4, running=3, when=scrape)) == expected
+
+
+def _gauge(p: InflightLoadProducer, family: str) -> dict[tuple[str, ...], float]:
+    """The samples of ``family`` on the producer's registry, keyed by their label values."""
+    names = ("endpoint_name", "namespace", "producer_name", "fairness_id", "priority")
+    out: dict[tuple[str, ...], float] = {}
+    for metric in p.handle.registry.collect():
+        for s in metric.samples:
+            if s.name == family:
+                out[tuple(s.labels[k] for k in names)] = s.value
+    return out
+
+
+def test_inflight_gauges_follow_requests_and_tokens_per_fairness_and_priority() -> None:
+    p = producer()
+    for rid, fairness, priority, tokens in (("a", "team-a", 0, 300), ("b", "team-a", 0, 100)):
+        req = make_request(request_id=rid, fairness_id=fairness, priority=priority)
+        req.attributes["TokenizedPrompt/token-producer"] = TokenizedPrompt.from_token_ids(
+            [list(range(tokens))]
+        )
+        p.pre_request(req, SchedulingResult({"default": ProfileResult((EPS[1],))}, "default"))
+    low = make_request(request_id="c", fairness_id="team-b", priority=-1)
+    p.pre_request(low, SchedulingResult({"default": ProfileResult((EPS[1],))}, "default"))
+    a = ("pod-1-rank-0", "default", "inflight-load-producer", "team-a", "0")
+    b = ("pod-1-rank-0", "default", "inflight-load-producer", "team-b", "-1")
+    assert _gauge(p, "llm_d_epp_inflight_requests") == {a: 2.0, b: 1.0}
+    assert _gauge(p, "llm_d_epp_inflight_tokens") == {a: 400.0, b: 0.0}
+    info = ResponseInfo(request_id="a", headers={})
+    p.response_headers(make_request(request_id="a"), info, {})  # prefill over: tokens go
+    assert _gauge(p, "llm_d_epp_inflight_tokens") == {a: 100.0, b: 0.0}
+    for rid in ("a", "c"):
+        p.response_complete(make_request(request_id=rid), info)
+    assert _gauge(p, "llm_d_epp_inflight_requests") == {a: 1.0}  # team-b's series is gone
+    p.response_complete(make_request(request_id="b"), info)
+    assert _gauge(p, "llm_d_epp_inflight_requests") == {}
+    assert _gauge(p, "llm_d_epp_inflight_tokens") == {}

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 from typing import Any
 
 import msgspec
 import pytest
+import zmq
+import zmq.asyncio
+from prometheus_client import CollectorRegistry
 
+from epp.localstack.envoy import free_port
 from epp.plugin.prefix import pack_token_ids
 from epp.plugins.producers.precise_prefix.events import (
     AllBlocksCleared,
@@ -20,6 +26,7 @@ from epp.plugins.producers.precise_prefix.events import (
     normalize_hash,
     parse_topic,
 )
+from epp.plugins.producers.precise_prefix.health import EventHealth
 from epp.plugins.producers.precise_prefix.index import PreciseIndex
 from epp.plugins.producers.precise_prefix.ingest import (
     EventApplier,
@@ -93,8 +100,20 @@ STORED = BlockStored(
     ("raw", "expected"),
     [
         pytest.param(
-            ["BlockStored", [11, 12], 10, list(range(8)), 4, None, "GPU", None, [None, None], 0],
-            STORED,
+            [
+                "BlockStored",
+                [11, 12],
+                10,
+                list(range(8)),
+                4,
+                None,
+                "GPU",
+                None,
+                [None, None],
+                0,
+                "Full_Attention",
+            ],
+            dataclasses.replace(STORED, grouped=True, kv_cache_spec_kind="full_attention"),
             id="stored-array",
         ),
         pytest.param(
@@ -108,7 +127,9 @@ STORED = BlockStored(
                 "extra_keys": [None, None],
                 "kv_cache_spec_kind": "full_attention",
             },
-            STORED,
+            dataclasses.replace(
+                STORED, kv_cache_spec_kind="full_attention"
+            ),  # no group: not grouped
             id="stored-map-missing-keys",
         ),
         pytest.param(
@@ -146,7 +167,7 @@ STORED = BlockStored(
         ),
         pytest.param(
             {"type": "BlockRemoved", "block_hashes": [3], "group_idx": 1},
-            BlockRemoved((3,), "gpu", 1),
+            BlockRemoved((3,), "gpu", 1, grouped=True),
             id="removed-map",
         ),
         pytest.param(["AllBlocksCleared"], AllBlocksCleared(), id="cleared-array"),
@@ -387,3 +408,107 @@ async def test_messages_are_dropped_and_counted_when_the_queue_is_full() -> None
         await hub.stop()
     assert [b.endpoint for b in handled] == [EP, EP]
     assert handled[0].events == (AllBlocksCleared(),)
+
+
+# ---- KV-event health (``health``) ---------------------------------------------------------------
+
+PLUGIN = {"plugin_name": "pp"}
+
+
+def healthy_applier() -> tuple[EventApplier, CollectorRegistry]:
+    registry = CollectorRegistry()
+    hasher = KeyHasher(algorithm="xxh64", block_size=4)
+    health = EventHealth(registry, "pp")
+    return EventApplier(
+        PreciseIndex(10_000), hasher, logging.getLogger("t"), None, health
+    ), registry
+
+
+def test_groups_of_non_prefix_kinds_are_skipped_and_counted_when_the_model_is_hybrid() -> None:
+    a, registry = healthy_applier()
+    sample = registry.get_sample_value
+    full = {"grouped": True, "group_idx": 0, "kv_cache_spec_kind": "full_attention"}
+    window = {"grouped": True, "group_idx": 1, "kv_cache_spec_kind": "sliding_window"}
+    apply(a, stored([1, 2], list(range(8)), **full), stored([51, 52], list(range(8)), **window))
+    apply(a, stored([53], list(range(8, 12)), parent=52, grouped=True, group_idx=1))  # kind learned
+    assert matched(a, list(range(8))) == {EP: 2}  # only the full-attention group is indexed
+    stores = "llm_d_epp_kv_cache_events_stores_skipped_total"
+    reason = {"reason": "unsupported_cache_kind"}
+    assert sample(stores, {**PLUGIN, "cache_kind": "sliding_window", **reason}) == 2
+    apply(
+        a,
+        BlockRemoved((51,), group_idx=1, grouped=True),
+        BlockRemoved((9,), group_idx=7, grouped=True),
+    )
+    removals = "llm_d_epp_kv_cache_events_removals_skipped_total"
+    assert sample(removals, {**PLUGIN, "cache_kind": "sliding_window", **reason}) == 1
+    assert sample(removals, {**PLUGIN, "cache_kind": "unknown", "reason": "unknown_group"}) == 1
+    apply(a, stored([60], list(range(4)), grouped=True, group_idx=3))  # a group of no known kind
+    assert sample(stores, {**PLUGIN, "cache_kind": "unknown", **reason}) == 1
+
+
+def test_removals_of_a_block_announced_twice_are_deduplicated_and_counted() -> None:
+    a, registry = healthy_applier()
+    apply(a, stored([1, 2], list(range(8))), stored([1], list(range(4))))  # block 1 re-announced
+    apply(a, BlockRemoved((1, 2, 99)))  # 1 absorbed by its second announcement; 2 and 99 pass
+    assert matched(a, list(range(8))) == {EP: 1}
+    total = registry.get_sample_value
+    new, old = (
+        "llm_d_epp_kv_cache_events_dedup_removed_hashes",
+        "kvcache_kvevents_dedup_removed_hashes",
+    )
+    for family in (new, old):
+        assert total(f"{family}_suppressed_total", PLUGIN) == 1
+        assert total(f"{family}_forwarded_total", PLUGIN) == 2
+    apply(a, BlockRemoved((1,)))
+    assert matched(a, list(range(8))) == {}
+    assert total(f"{new}_forwarded_total", PLUGIN) == 3
+
+
+async def test_hub_reports_messages_queue_and_socket_failures_to_health() -> None:
+    registry = CollectorRegistry()
+    health = EventHealth(registry, "pp")
+    handled: list[EventBatch] = []
+    hub = KVEventHub(
+        handler=handled.append,
+        resolve=lambda pod, rank: None,
+        concurrency=2,
+        reconnect_interval=0.05,
+        health=health,
+    )
+    sample = registry.get_sample_value
+    ctx = zmq.asyncio.Context()
+    pub = ctx.socket(zmq.PUB)
+    port = free_port()
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    await hub.start()
+    try:
+        assert sample("llm_d_epp_kv_cache_events_pool_capacity", PLUGIN) == 2
+        hub.set_targets({EP: f"tcp://127.0.0.1:{port}"})
+        payload = msgspec.msgpack.encode([0.0, [["AllBlocksCleared"]], 0])
+        seq = 0
+
+        async def received() -> bool:
+            nonlocal seq
+            await pub.send_multipart([b"kv@p@m", seq.to_bytes(8, "big"), payload])
+            seq += 1
+            return bool(handled)
+
+        async with asyncio.timeout(10):
+            while not await received():  # PUB drops what it sends before the subscription lands
+                await asyncio.sleep(0.02)
+        messages = "llm_d_epp_kv_cache_events_messages_received_total"
+        await wait_for(lambda: sample(messages, {**PLUGIN, "pod_identifier": EP}) == len(handled))
+        assert sample("llm_d_epp_kv_cache_events_pool_queue_depth", PLUGIN) == 0
+        hub.bind("tcp://256.0.0.1:1")  # no such address: bind fails, and is retried
+        bad = {**PLUGIN, "pod_identifier": "tcp://256.0.0.1:1"}
+        errors = "llm_d_epp_kv_cache_events_zmq_errors_total"
+        reconnections = "llm_d_epp_kv_cache_events_subscriber_reconnections_total"
+        await wait_for(lambda: (sample(reconnections, bad) or 0) >= 1)
+        assert (sample(errors, {**bad, "operation": "bind"}) or 0) >= 1
+        hub.set_targets({})  # the endpoint's subscription goes, and its series with it
+        assert sample(messages, {**PLUGIN, "pod_identifier": EP}) is None
+    finally:
+        await hub.stop()
+        pub.close(linger=0)
+        ctx.term()

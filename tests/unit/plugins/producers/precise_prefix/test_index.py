@@ -72,12 +72,17 @@ def test_removal_releases_key_when_last_reference_goes() -> None:
     assert index.entries == 0 and len(index) == 0
 
 
-def test_repeated_store_counts_once_when_same_engine_hash_arrives_twice() -> None:
+def test_repeated_store_is_indexed_once_and_needs_as_many_removals() -> None:
     index = PreciseIndex(1000)
     assert index.add(A, GPU, [(100, 1)]) == 1
     assert index.add(A, GPU, [(100, 1)]) == 0
-    index.remove(A, GPU, [100])
-    assert index.owners(1) == ()
+    assert index.entries == 1
+    assert index.remove(A, GPU, [100]) == 0  # one announcement still holds it
+    assert index.owners(1) == (A,) and index.removals_suppressed == 1
+    assert index.remove(A, GPU, [100]) == 1
+    assert index.owners(1) == () and index.removals_suppressed == 1
+    assert index.remove(A, GPU, [100]) == 0  # unknown now: passes, releases nothing
+    assert index.removals_suppressed == 1
 
 
 def test_removal_is_ignored_when_engine_hash_unknown() -> None:
