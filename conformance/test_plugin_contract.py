@@ -41,6 +41,14 @@ REQUIRED_PARAMS: dict[str, dict[str, Any]] = {
             {"metric": "waiting-queue", "maxValue": 5},
         ]
     },
+    "header-label-affinity-scorer": {"headerName": "x-disagg-slice", "labelKey": "zone"},
+    "disaggregatedset-rollout-screener": {
+        "scope": {"labelSelector": "llm-d.ai/engine-type=vllm"},
+        "headerSelectors": [
+            {"name": "zone", "headerName": "x-zone", "labelKey": "zone", "mode": "strict"}
+        ],
+        "revisionGating": {"mode": "sum", "requireRoles": {"values": ["decode"]}},
+    },
     "endpoint-attribute-scorer": {
         "attributeKey": "GPUUtilization",
         "producer": "dcgm-extractor",

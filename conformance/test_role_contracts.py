@@ -38,6 +38,7 @@ from epp.plugin.testing import (
     check_profile_handler,
     check_replica_syncer,
     check_saturation_detector,
+    check_screener,
     check_shared_state,
     check_usage_limit_policy,
     sample_endpoints,
@@ -136,6 +137,8 @@ async def check_all_roles(type_name: str, plugin: Any, port: int, tmp_path: Path
         check_endpoint_listener(plugin, eps[0])
     if "discovery" in roles:
         await check_discovery(build_discovery(tmp_path))
+    if "screener" in roles:
+        check_screener(plugin, request, eps)
     if "admitter" in roles:
         check_admitter(plugin, request, eps)
     if "saturation-detector" in roles:

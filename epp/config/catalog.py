@@ -79,9 +79,7 @@ NOT_HERE: Final[dict[str, str]] = {
     "latency-scorer": _LATENCY,
     "predicted-latency-producer": _LATENCY,
     "latency-slo-admitter": _LATENCY,
-    "header-label-affinity-scorer": "not built yet",
     "p2p-source-producer": "peer-to-peer KV transfer is not modelled",
-    "disaggregatedset-rollout-screener": "needs the DisaggregatedSet rollout objects; not built",
     "request-attribute-reporter": "needs CEL expressions; not built",
     "sglanghttp-parser": "not built yet (openai-parser serves SGLang's OpenAI API)",
     "vllmgrpc-parser": "gRPC model servers are not supported",
@@ -103,6 +101,7 @@ _KINDS: Final = (
     ("epp.plugins.hooks.", "request hook"),
     ("epp.plugins.scoring.", "scorer / filter"),
     ("epp.plugins.sync.", "cross-replica syncer"),
+    ("epp.plugins.screeners.", "screener"),
 )
 
 

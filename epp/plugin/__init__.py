@@ -81,6 +81,7 @@ from epp.plugin.protocols import (
     ResponseStreaming,
     SaturationDetector,
     Scorer,
+    Screener,
     StateDumper,
 )
 from epp.plugin.session import (
@@ -198,6 +199,7 @@ __all__ = [
     "ScoredEndpoint",
     "Scorer",
     "ScorerCategory",
+    "Screener",
     "SessionLimits",
     "SharedState",
     "Stability",
