@@ -27,6 +27,7 @@ TYPES = REGISTRY.types()
 # Plugins whose parameters have required fields get a minimal valid set here.
 REQUIRED_PARAMS: dict[str, dict[str, Any]] = {
     "file-discovery": {"path": "/nonexistent/endpoints.yaml"},
+    "multicluster-file-discovery": {"path": "/nonexistent/clusters.yaml"},
     "priority-holdback-policy": {"minCeiling": 0.5},
     "by-label": {"label": "llm-d.ai/role", "validValues": ["decode"], "allowsNoLabel": True},
     "endpoint-attribute-filter": {

@@ -72,7 +72,6 @@ UPSTREAM: Final[dict[str, str]] = {
 }  # fmt: skip
 
 _LATENCY = "needs upstream's latency-predictor sidecar (XGBoost/LightGBM models); not built"
-_MULTICLUSTER = "multi-cluster routing is not built"
 NOT_HERE: Final[dict[str, str]] = {
     "prefix-cache-affinity-filter": "not built yet",
     "slo-headroom-tier-filter": _LATENCY,
@@ -85,7 +84,6 @@ NOT_HERE: Final[dict[str, str]] = {
     "vllmgrpc-parser": "gRPC model servers are not supported",
     "vertexai-parser": "not built yet",
     "k8s-notification-source": "not built yet (endpoint-notification-source is)",
-    **{t: _MULTICLUSTER for t in UPSTREAM if t.startswith("multicluster-")},
 }
 
 _KINDS: Final = (
