@@ -9,7 +9,11 @@ named (the simulator's sidecar), and the answer names both (``x-sim-pod`` with `
 whole life, so the pair a request was served by is known exactly: no request pairs pods of two
 revisions, at any step, mid-transition included. The gating share gauge moves to each step's
 expected shares (``max-role``), and the traffic follows it; a strict revision header pins a
-revision, and fails closed once that revision is gone."""
+revision, and fails closed once that revision is gone.
+
+Slices: with a ``prefer`` selector and ``header-label-affinity-scorer`` in both profiles, a request
+naming a slice is prefilled and decoded in that slice and the answer is stamped with it; an
+unknown slice is only a preference that matches nothing."""
 
 from __future__ import annotations
 
@@ -195,3 +199,68 @@ async def strict_header_checks(url: str) -> tuple[int, str, int]:
     status_b, headers_b, _ = await post(url, COMPLETION, headers={"x-disagg-revision": "B"})
     status_a, _, _ = await post(url, COMPLETION, headers={"x-disagg-revision": "A"})
     return status_b, headers_b.get("x-disagg-revision", ""), status_a
+
+
+SLICES = """\
+    plugins:
+    - type: disaggregatedset-rollout-screener
+      parameters:
+        scope: {labelSelector: "disaggregatedset.x-k8s.io/name=my-set"}
+        headerSelectors:
+        - {name: slice, headerName: x-disagg-slice,
+           labelKey: disaggregatedset.x-k8s.io/slice, mode: prefer}
+        revisionGating: {mode: max-role, requireRoles: {values: [prefill, decode]}}
+    - type: header-label-affinity-scorer
+      name: slice-affinity
+      parameters: {headerName: x-disagg-slice, labelKey: disaggregatedset.x-k8s.io/slice}
+    - type: queue-scorer
+    - type: prefill-filter
+    - type: decode-filter
+    - type: max-score-picker
+    - type: always-disagg-pd-decider
+    - type: disagg-profile-handler
+      parameters:
+        deciders: {prefill: always-disagg-pd-decider}
+    schedulingProfiles:
+    - name: prefill
+      plugins:
+      - pluginRef: prefill-filter
+      - {pluginRef: slice-affinity, weight: 3}
+      - pluginRef: queue-scorer
+      - pluginRef: max-score-picker
+    - name: decode
+      plugins:
+      - pluginRef: decode-filter
+      - {pluginRef: slice-affinity, weight: 3}
+      - pluginRef: queue-scorer
+      - pluginRef: max-score-picker
+    """
+
+
+async def test_a_slice_header_keeps_prefill_and_decode_in_its_slice(
+    start_app, sim_pods, envoy
+) -> None:
+    prefills = await sim_pods(2, role="prefill")
+    decodes = await sim_pods(2, role="decode")
+    labels = {}
+    for i, role in enumerate(("prefill", "prefill", "decode", "decode")):
+        labels[i] = {
+            "llm-d.ai/role": role,
+            "disaggregatedset.x-k8s.io/name": "my-set",
+            REV: "A",
+            ROLE: role,
+            "disaggregatedset.x-k8s.io/slice": str(i % 2),
+        }
+    app = await start_app(
+        [*prefills.ports, *decodes.ports], SLICES, labels=labels, allow_experimental_plugins=True
+    )
+    url = f"{envoy(app).url}/v1/completions"
+    for slice_ in (1, 0, 1):
+        for _ in range(3):
+            status, h, _ = await post(url, COMPLETION, headers={"x-disagg-slice": str(slice_)})
+            assert status == 200
+            assert h["x-sim-pod"] == f"pod-{slice_}"  # the decode pod of that slice
+            assert h["x-sim-saw-prefiller"] == f"127.0.0.1:{prefills.ports[slice_]}"
+            assert h["x-disagg-slice"] == str(slice_)  # stamped from the served pod
+    status, h, _ = await post(url, COMPLETION, headers={"x-disagg-slice": "7"})
+    assert status == 200 and h["x-disagg-slice"] in {"0", "1"}  # a preference, never a filter
