@@ -113,12 +113,13 @@ class Scheduler:
         screeners: Sequence[Screener],
     ) -> Sequence[Endpoint]:
         """The candidates every screener keeps, in candidate order (module docstring)."""
+        given = tuple(candidates)  # a screener cannot change what the next one is given
         kept: set[str] | None = None
         for screener in screeners:
             name = screener.typed_name
             t0 = time.perf_counter()
             try:
-                ids = {e.id for e in screener.screen(cycle, request, candidates)}
+                ids = {e.id for e in screener.screen(cycle, request, given)}
             except Exception as exc:
                 self._count_error("Screener", name.type, name.name)
                 log.exception("screener %s failed", name)
@@ -128,7 +129,7 @@ class Scheduler:
             kept = ids if kept is None else kept & ids
         if kept is None:
             return candidates
-        out = [e for e in candidates if e.id in kept]
+        out = [e for e in given if e.id in kept]
         if not out:
             raise InferenceError(
                 ErrorCode.SERVICE_UNAVAILABLE,
