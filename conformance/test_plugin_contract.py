@@ -27,6 +27,7 @@ TYPES = REGISTRY.types()
 # Plugins whose parameters have required fields get a minimal valid set here.
 REQUIRED_PARAMS: dict[str, dict[str, Any]] = {
     "file-discovery": {"path": "/nonexistent/endpoints.yaml"},
+    "multicluster-file-discovery": {"path": "/nonexistent/clusters.yaml"},
     "priority-holdback-policy": {"minCeiling": 0.5},
     "by-label": {"label": "llm-d.ai/role", "validValues": ["decode"], "allowsNoLabel": True},
     "endpoint-attribute-filter": {
@@ -46,6 +47,14 @@ REQUIRED_PARAMS: dict[str, dict[str, Any]] = {
             {"metric": "active-requests", "maxValue": 2},
             {"metric": "waiting-queue", "maxValue": 5},
         ]
+    },
+    "header-label-affinity-scorer": {"headerName": "x-disagg-slice", "labelKey": "zone"},
+    "disaggregatedset-rollout-screener": {
+        "scope": {"labelSelector": "llm-d.ai/engine-type=vllm"},
+        "headerSelectors": [
+            {"name": "zone", "headerName": "x-zone", "labelKey": "zone", "mode": "strict"}
+        ],
+        "revisionGating": {"mode": "sum", "requireRoles": {"values": ["decode"]}},
     },
     "endpoint-attribute-scorer": {
         "attributeKey": "GPUUtilization",

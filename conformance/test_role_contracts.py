@@ -39,6 +39,7 @@ from epp.plugin.testing import (
     check_profile_handler,
     check_replica_syncer,
     check_saturation_detector,
+    check_screener,
     check_shared_state,
     check_usage_limit_policy,
     sample_endpoints,
@@ -73,6 +74,10 @@ METRICS = b"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 3\
 PAYLOADS: dict[str, bytes] = {
     "dcgm-extractor": b'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1"} 42\n',
     "models-data-extractor": b'{"object":"list","data":[{"id":"m","object":"model"}]}',
+    "multicluster-metrics-extractor": (
+        b'llm_d_epp_average_kv_cache_utilization{name="pool"} 0.25\n'
+        b'llm_d_epp_average_queue_size{name="pool"} 1.5\n'
+    ),
 }
 
 
@@ -139,7 +144,9 @@ async def check_all_roles(type_name: str, plugin: Any, port: int, tmp_path: Path
     if roles & {"notification-source", "notification-extractor"}:
         check_notification_listener(plugin)
     if "discovery" in roles:
-        await check_discovery(build_discovery(tmp_path))
+        await check_discovery(build_discovery(tmp_path, type_name))
+    if "screener" in roles:
+        check_screener(plugin, request, eps)
     if "admitter" in roles:
         check_admitter(plugin, request, eps)
     if "saturation-detector" in roles:
@@ -178,10 +185,10 @@ async def check_all_roles(type_name: str, plugin: Any, port: int, tmp_path: Path
 CHECKED_ROLES = frozenset(ROLES) - {"consumer"}
 
 
-def build_discovery(tmp_path: Path) -> Any:
+def build_discovery(tmp_path: Path, type_name: str) -> Any:
     path = tmp_path / "endpoints.yaml"
     path.write_text("endpoints:\n- name: vllm-0\n  address: 127.0.0.1\n  port: 8000\n")
-    return build("file-discovery", {"path": str(path)})
+    return build(type_name, {"path": str(path)})
 
 
 def build_syncer(port: int) -> Any:

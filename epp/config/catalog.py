@@ -72,19 +72,15 @@ UPSTREAM: Final[dict[str, str]] = {
 }  # fmt: skip
 
 _LATENCY = "needs upstream's latency-predictor sidecar (XGBoost/LightGBM models); not built"
-_MULTICLUSTER = "multi-cluster routing is not built"
 NOT_HERE: Final[dict[str, str]] = {
     "prefix-cache-affinity-filter": "not built yet",
     "slo-headroom-tier-filter": _LATENCY,
     "latency-scorer": _LATENCY,
     "predicted-latency-producer": _LATENCY,
     "latency-slo-admitter": _LATENCY,
-    "header-label-affinity-scorer": "not built yet",
-    "disaggregatedset-rollout-screener": "needs the DisaggregatedSet rollout objects; not built",
     "sglanghttp-parser": "not built yet (openai-parser serves SGLang's OpenAI API)",
     "vllmgrpc-parser": "gRPC model servers are not supported",
     "vertexai-parser": "not built yet",
-    **{t: _MULTICLUSTER for t in UPSTREAM if t.startswith("multicluster-")},
 }
 
 _KINDS: Final = (
@@ -100,6 +96,7 @@ _KINDS: Final = (
     ("epp.plugins.hooks.", "request hook"),
     ("epp.plugins.scoring.", "scorer / filter"),
     ("epp.plugins.sync.", "cross-replica syncer"),
+    ("epp.plugins.screeners.", "screener"),
 )
 
 

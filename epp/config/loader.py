@@ -33,6 +33,8 @@ from epp.config.schema import (
 )
 from epp.datalayer.collector import DataPipeline, NotificationPipeline, SourcePipeline
 from epp.plugin import (
+    AttributeNeeds,
+    AttributePublisher,
     Consumer,
     DataProducer,
     DataSource,
@@ -67,6 +69,11 @@ DEFAULT_PRODUCERS = {
     "SessionIDDataKey": "session-id-producer",
     "MultiModalEncoderCacheMatchInfoKey": "mm-embeddings-cache-producer",
 }
+
+
+# A metrics source of one of these types stands for the injected default: with a cluster-scoped
+# source (the endpoints are clusters), scraping each gateway as a pod would read nonsense.
+_SCRAPERS = ("metrics-data-source", "multicluster-metrics-data-source")
 
 
 @dataclass
@@ -160,6 +167,7 @@ def load_config(
         ensure_eviction_defaults(lambda t: b.add(t, system=True), b.instances)
     sources, discovery = _data_layer(b, cfg)
     notifications = _kube_notifications(b, cfg)
+    _check_attribute_needs(b, sources)
     syncer, sync_interval = _cross_replica(b, cfg)
     _auto_producers(b)
     _check_declarations(b)
@@ -239,7 +247,7 @@ def _data_layer(
         sources.append(SourcePipeline.of(src, exts))
     _attach_unlisted_extractors(b, sources)
     inject = dl.inject_defaults if dl else True
-    if inject and not any(s.source.typed_name.type == "metrics-data-source" for s in sources):
+    if inject and not any(s.source.typed_name.type in _SCRAPERS for s in sources):
         src = b.ensure("metrics-data-source")
         sources.append(SourcePipeline.of(src, [b.ensure("core-metrics-extractor")]))
     discovery = None
@@ -353,6 +361,29 @@ def _attach_unlisted_extractors(b: Builder, sources: list[DataPipeline]) -> None
             return
     source = b.ensure("endpoint-notification-source")
     sources.append(NotificationPipeline(source, tuple(unlisted)))
+
+
+def _check_attribute_needs(b: Builder, sources: list[DataPipeline]) -> None:
+    """Every endpoint attribute a plugin needs (``AttributeNeeds``) is published by an extractor
+    of a configured source (``AttributePublisher``), as upstream refuses a multicluster scorer
+    without its metrics extractor."""
+    published = {
+        key
+        for pipeline in sources
+        for extractor in pipeline.extractors
+        if isinstance(extractor, AttributePublisher)
+        for key in extractor.published_attributes()
+    }
+    for name, inst in b.instances.items():
+        if not isinstance(inst, AttributeNeeds):
+            continue
+        for key in sorted(inst.required_attributes() - published):
+            producer = key.partition("/")[2]
+            raise ConfigError(
+                f"config: plugin {name!r}: needs the endpoint attribute {key!r}, which no "
+                f"extractor under dataLayer.sources publishes (configure a {producer} under "
+                "a source)"
+            )
 
 
 def _check_declarations(b: Builder) -> None:

@@ -30,6 +30,7 @@ from epp.plugin import (
     ResponseHeaders,
     ResponseStreaming,
     SaturationDetector,
+    Screener,
     SharedState,
     StateDumper,
 )
@@ -62,6 +63,9 @@ class Pipeline:
     """Each producer's budget in seconds, in ``producers`` order."""
     request_header: list[RequestHeaderProcessor] = field(default_factory=list)
     """RequestHeader processors, in configuration order."""
+    screeners: list[Screener] = field(default_factory=list)
+    """Screeners, in configuration order (each sees the same candidates; the order is only that
+    of their calls)."""
     admitters: list[Admitter] = field(default_factory=list)
     pre_request: list[PreRequest] = field(default_factory=list)
     response_headers: list[ResponseHeaders] = field(default_factory=list)
@@ -92,6 +96,7 @@ class Pipeline:
             for x in p.producers
         ]
         p.request_header = [x for x in everything if isinstance(x, RequestHeaderProcessor)]
+        p.screeners = [x for x in everything if isinstance(x, Screener)]
         p.admitters = [x for x in everything if isinstance(x, Admitter)]
         p.pre_request = [x for x in everything if isinstance(x, PreRequest)]
         p.response_headers = [x for x in everything if isinstance(x, ResponseHeaders)]
@@ -120,6 +125,7 @@ class Pipeline:
             "saturationDetector": str(self.saturation_detector.typed_name),
             "producers": [str(p.typed_name) for p in self.producers],
             "requestHeaderProcessors": [str(p.typed_name) for p in self.request_header],
+            "screeners": [str(p.typed_name) for p in self.screeners],
             "featureGates": self.feature_gates,
             **(
                 {

@@ -15,10 +15,10 @@ from typing import Protocol
 from epp.config.loader import ConfigError
 from epp.k8s.client import KubeConfigError, KubeLeases, load_api_client
 from epp.k8s.leader import ElectionConfig, LeaderElector, default_identity, lease_name
-from epp.k8s.selector import parse_selector
 from epp.k8s.sink import ObjectSink
 from epp.k8s.source import KubernetesSource, PoolMode, StandaloneMode, standalone_pool
 from epp.plugin import AppProtocols, Endpoint, Parser
+from epp.plugin.selectors import parse_selector
 
 
 class KubeSettings(Protocol):

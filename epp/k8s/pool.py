@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from epp.k8s.meta import POOL_GROUP, DecodeError, integer, mapping, metadata, string_map
-from epp.k8s.selector import LabelSelector
+from epp.plugin.selectors import LabelSelector
 
 POOL_VERSION: Final = "v1"
 POOL_PLURAL: Final = "inferencepools"

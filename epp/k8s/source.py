@@ -43,10 +43,10 @@ from epp.k8s import rewrites as rw_api
 from epp.k8s.client import KubeResource, served_resources
 from epp.k8s.pods import PodInfo, decode_pod, pool_endpoints
 from epp.k8s.pool import POOL_PLURAL, POOL_VERSION, EndpointPool, decode_pool
-from epp.k8s.selector import LabelSelector
 from epp.k8s.sink import ObjectSink
 from epp.k8s.watch import Backoff, Reflector
 from epp.plugin import Endpoint
+from epp.plugin.selectors import LabelSelector
 
 JOIN_TIMEOUT: Final = 5.0
 

@@ -10,13 +10,20 @@ Roles (``Filter``, ``Scorer``, ``Picker``, ``DataProducer``, ...) and value type
 ``testing``.
 """
 
-from epp.plugin.attributes import endpoint_attribute, with_attribute
+from epp.plugin.attributes import (
+    MULTICLUSTER_KV_CACHE_UTILIZATION,
+    MULTICLUSTER_QUEUE_SIZE,
+    endpoint_attribute,
+    with_attribute,
+)
 from epp.plugin.capabilities import (
     APP_PROTOCOL_H2C,
     APP_PROTOCOL_HTTP,
     DEFAULT_CONFIRMATION_GRACE,
     DEFAULT_PRODUCE_TIMEOUT,
     AppProtocols,
+    AttributeNeeds,
+    AttributePublisher,
     CandidateNarrower,
     ConfirmationGrace,
     EndpointForgetter,
@@ -81,6 +88,7 @@ from epp.plugin.protocols import (
     ResponseStreaming,
     SaturationDetector,
     Scorer,
+    Screener,
     StateDumper,
 )
 from epp.plugin.session import (
@@ -125,6 +133,8 @@ __all__ = [
     "DEFAULT_PRODUCE_TIMEOUT",
     "ENCODER_CACHE_MATCH_INFO",
     "MM_EMBEDDINGS_CACHE_PRODUCER",
+    "MULTICLUSTER_KV_CACHE_UTILIZATION",
+    "MULTICLUSTER_QUEUE_SIZE",
     "PREFIX_MATCH_INFO",
     "SESSION_ID",
     "SESSION_ID_PRODUCER",
@@ -133,6 +143,8 @@ __all__ = [
     "TOPOLOGY",
     "Admitter",
     "AppProtocols",
+    "AttributeNeeds",
+    "AttributePublisher",
     "CandidateNarrower",
     "ConfirmationGrace",
     "Consumer",
@@ -198,6 +210,7 @@ __all__ = [
     "ScoredEndpoint",
     "Scorer",
     "ScorerCategory",
+    "Screener",
     "SessionLimits",
     "SharedState",
     "Stability",

@@ -66,6 +66,20 @@ SERVED_MODELS: Final[DataKey[tuple[ModelData, ...]]] = DataKey(
 it ``/v1/models/models-data-extractor``)."""
 
 
+MULTICLUSTER_KV_CACHE_UTILIZATION: Final[DataKey[float]] = DataKey(
+    "MultiClusterKVCacheUtilization", "multicluster-metrics-extractor"
+)
+"""A cluster's aggregate KV-cache utilization in [0, 1] (its pool's average, as its EPP exports
+it), published on a cluster endpoint by ``multicluster-metrics-extractor`` (the key names the
+type, not the instance, as upstream's producer-less key)."""
+
+MULTICLUSTER_QUEUE_SIZE: Final[DataKey[float]] = DataKey(
+    "MultiClusterQueueSize", "multicluster-metrics-extractor"
+)
+"""A cluster's aggregate waiting-queue size (its pool's average), published on a cluster endpoint
+by ``multicluster-metrics-extractor``."""
+
+
 def endpoint_attribute(endpoint: Endpoint, key: DataKey[T]) -> T | None:
     """The value published on ``endpoint`` under ``key``, or None."""
     metrics = endpoint.metrics

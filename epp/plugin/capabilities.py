@@ -19,6 +19,9 @@ built), with ``isinstance``; nothing on the request path asks a plugin what it c
   sums without a lookup per endpoint.
 - ``ResponseBodyNeed`` (``ResponseStreaming``, ``ResponseComplete``): whether it needs a given
   response's body; when nothing needs a streamed body, the EPP stops taking its chunks.
+- ``AttributeNeeds`` (a filter or scorer) and ``AttributePublisher`` (an extractor): endpoint
+  attributes a plugin cannot work without, and the extractors that publish them; the loader
+  refuses a config in which no source's extractor publishes one that is needed.
 
 Typed data keys (``Consumer``, ``DataProducer``) are in ``epp.plugin.keys`` and
 ``epp.plugin.protocols``.
@@ -161,3 +164,23 @@ class ResponseBodyNeed(Protocol):
     needing the body."""
 
     def needs_response_body(self, request: InferenceRequest, response: ResponseInfo) -> bool: ...
+
+
+@runtime_checkable
+class AttributeNeeds(Protocol):
+    """A plugin that does nothing useful without some endpoint attributes (keys of
+    ``Metrics.attributes``, e.g. ``epp.plugin.attributes.MULTICLUSTER_QUEUE_SIZE``) that only a
+    particular extractor publishes (upstream's ``Consumes`` with ``Required`` endpoint keys). The
+    loader refuses a config in which no extractor under ``dataLayer.sources`` is an
+    ``AttributePublisher`` of each of them, naming the plugin and the attribute, rather than let
+    the plugin score nothing in silence."""
+
+    def required_attributes(self) -> frozenset[str]: ...
+
+
+@runtime_checkable
+class AttributePublisher(Protocol):
+    """An ``Extractor`` or ``EndpointExtractor`` that names the endpoint attributes it publishes
+    (the keys it writes with ``with_attribute``), for the loader's ``AttributeNeeds`` check."""
+
+    def published_attributes(self) -> frozenset[str]: ...

@@ -1,8 +1,8 @@
 """What a plugin must declare to fill a role: the one definition that start-up (the config loader
 slotting a plugin into a scheduling profile, the parser list, the saturation detector, a data
-source and its extractors; the pipeline slotting producers and hooks) and the contract kit
-(``epp.plugin.testing``) both apply, so a plugin the kit passes is never refused at start-up, and
-the reverse.
+source and its extractors; the pipeline slotting screeners, producers and hooks) and the
+contract kit (``epp.plugin.testing``) both apply, so a plugin the kit passes is never refused at
+start-up, and the reverse.
 
 A role's members are those of its Protocol (``protocols``, ``flow``, ``sharing``): ``typed_name``,
 its methods, and class attributes such as a scorer's ``category`` or a parser's
@@ -57,6 +57,7 @@ from epp.plugin.protocols import (
     ResponseStreaming,
     SaturationDetector,
     Scorer,
+    Screener,
 )
 from epp.plugin.sharing import ReplicaSyncer, SharedState
 from epp.plugin.types import ScorerCategory
@@ -74,6 +75,7 @@ ROLES: Final[dict[str, type]] = {
     "notification-source": NotificationSource,
     "notification-extractor": NotificationExtractor,
     "discovery": Discovery,
+    "screener": Screener,
     "admitter": Admitter,
     "saturation-detector": SaturationDetector,
     "profile-handler": ProfileHandler,

@@ -235,6 +235,29 @@ class RequestHeaderProcessor(Protocol):
 
 
 @runtime_checkable
+class Screener(Protocol):
+    """Narrows a request's candidates once, before its data producers, admitters and every
+    scheduling profile run (upstream's request-control ``Screener``): a constraint no later
+    filter, scorer or picker can undo, and one candidate set that all profiles of the request
+    share (a disaggregated request's prefill and decode picks come from it).
+
+    ``endpoints`` are the request's candidates (the routable pool, less the subset hint and what
+    a ``CandidateNarrower`` excludes); ``screen`` returns those it keeps, a subset of them. Every
+    screener is given the same candidates and the request keeps those that every screener kept
+    (the intersection, in candidate order), so screeners do not depend on their order. When none
+    is kept the request fails with 503 (``rejected-no-endpoints``): a screener fails closed by
+    returning nothing. Synchronous and cheap, like a filter; a random choice draws from
+    ``cycle.rng``. A screener is declared in ``plugins`` and runs for every request: it does not
+    belong in a scheduling profile."""
+
+    typed_name: TypedName
+
+    def screen(
+        self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Sequence[Endpoint]: ...
+
+
+@runtime_checkable
 class Admitter(Protocol):
     typed_name: TypedName
 

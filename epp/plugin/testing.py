@@ -1,8 +1,8 @@
 """Contract checks plugin authors run in their own test suites, one per role: filters, scorers,
-pickers (here); parsers, producers, admitters, saturation detectors, profile handlers, deciders
-and hooks (``testing_request``); flow policies and the data layer (``testing_flow``). Each first
-applies the rules start-up enforces for the role (``epp.plugin.conformance``, the one definition
-both use), then exercises the role with a small realistic input.
+pickers (here); parsers, producers, screeners, admitters, saturation detectors, profile handlers,
+deciders and hooks (``testing_request``); flow policies and the data layer (``testing_flow``).
+Each first applies the rules start-up enforces for the role (``epp.plugin.conformance``, the one
+definition both use), then exercises the role with a small realistic input.
 
 Each ``check_*`` function raises ``AssertionError`` with a message naming the plugin and the broken
 rule. Example::
@@ -53,6 +53,7 @@ from epp.plugin.testing_request import (
     check_profile_handler,
     check_role,
     check_saturation_detector,
+    check_screener,
 )
 from epp.plugin.types import (
     CycleState,
@@ -87,6 +88,7 @@ __all__ = [
     "check_saturation_detector",
     "check_score_list",
     "check_scorer",
+    "check_screener",
     "check_shared_state",
     "check_usage_limit_policy",
     "sample_endpoints",

@@ -1,6 +1,7 @@
 """Contract checks for the request-path roles other than filter, scorer and picker: parsers,
-data producers, admitters, saturation detectors, profile handlers, deciders, request-header
-processors and the pre-request / response hooks. Re-exported by ``epp.plugin.testing``.
+data producers, screeners, admitters, saturation detectors, profile handlers, deciders,
+request-header processors and the pre-request / response hooks. Re-exported by
+``epp.plugin.testing``.
 
 Each check first applies ``epp.plugin.conformance`` (the rules start-up enforces for the role),
 then exercises the role with the input given, and raises ``AssertionError`` naming the plugin and
@@ -31,6 +32,7 @@ from epp.plugin.protocols import (
     ResponseHeaders,
     ResponseStreaming,
     SaturationDetector,
+    Screener,
 )
 from epp.plugin.types import (
     CycleState,
@@ -159,6 +161,29 @@ def _is_data_key(key: object) -> bool:
     """A ``<data type>/<producer>`` key: a publication (a producer may keep private scratch on the
     request under another key shape)."""
     return isinstance(key, str) and "/" in key
+
+
+def check_screener(
+    screener: Screener, request: InferenceRequest, endpoints: Sequence[Endpoint]
+) -> list[Endpoint]:
+    """``screen`` is synchronous and keeps a subset of the candidates it is given (no endpoint of
+    its own, none twice), the same one for the same random seed; the candidates are not mutated;
+    no candidates give none. Returns what it kept."""
+    check_role(screener, "screener")
+    name = name_of(screener)
+    before = list(endpoints)
+    kept = list(_sync(screener.screen(cycle(), request, endpoints), screener, "screen"))
+    assert list(endpoints) == before, f"{name}: screen() mutated its input"
+    ids = {e.id for e in before}
+    assert all(isinstance(e, Endpoint) and e.id in ids for e in kept), (
+        f"{name}: screen() returned endpoints it was not given"
+    )
+    assert len({e.id for e in kept}) == len(kept), f"{name}: screen() kept an endpoint twice"
+    again = [e.id for e in screener.screen(cycle(), request, endpoints)]
+    assert again == [e.id for e in kept], f"{name}: screen() differs for the same random seed"
+    none = _sync(screener.screen(cycle(), request, []), screener, "screen")
+    assert not list(none), f"{name}: screen() of no candidates kept {list(none)!r}"
+    return kept
 
 
 def check_admitter(

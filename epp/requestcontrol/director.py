@@ -2,7 +2,8 @@
 
 Request side (spec §5.3): parse → target model → objective/priority → admission (flow control,
 or legacy shedding) → candidates (pool ∩ subset hint, less what a ``CandidateNarrower`` detector
-excludes) → producers → admitters → scheduler → conditional-decode gate (``exchange``) → pre-request
+excludes) → screeners (the candidates every one keeps; ``Scheduler.screen``) → producers →
+admitters → scheduler → conditional-decode gate (``exchange``) → pre-request
 hooks. Failures: ``InferenceError``.
 
 Response side (``epp.requestcontrol.responses``, which the Director builds on): the response
@@ -100,6 +101,7 @@ class Director(ResponseSide):
         self._narrower = narrower if isinstance(narrower, CandidateNarrower) else None
         self._router = ParserRouter(pipeline.parsers)
         self._producers = tuple(zip(pipeline.producers, pipeline.producer_timeouts, strict=True))
+        self._screeners = tuple(pipeline.screeners)
         self._header_processors = tuple(pipeline.request_header)
         self._on_scheduled = on_scheduled or (lambda _: None)
         self._rewrites = rewrites if rewrites is not None else RewriteStore()
@@ -159,13 +161,18 @@ class Director(ResponseSide):
             pool = self._narrower.routable(self._clock(), pool)
         return pool
 
-    def pick_random(self, metadata: Mapping[str, Any]) -> Endpoint:
-        """Header-only requests: a uniformly random endpoint (subset hint honoured)."""
+    def pick_random(
+        self, metadata: Mapping[str, Any], request: InferenceRequest | None = None
+    ) -> Endpoint:
+        """Header-only requests: a uniformly random endpoint (subset hint honoured) among those
+        the screeners keep for ``request``."""
         pool = self.candidates(metadata)
         if not pool:
             if wire.subset_hint(metadata) is not None:
                 raise no_candidates()
             raise InferenceError(ErrorCode.INTERNAL, "no pods available in datastore")
+        if self._screeners and request is not None:
+            pool = self._screen(request, pool, None)
         return self._rng.choice(list(pool))
 
     async def route(self, ex: Exchange, body: bytes, metadata: Mapping[str, Any]) -> Decision:
@@ -258,6 +265,8 @@ class Director(ResponseSide):
             raise no_candidates()
         if trace is not None and trace.recording:
             request.attributes[SPAN_SINK] = trace  # plugins' spans (epp.plugin.spans)
+        if self._screeners:
+            pool = self._screen(request, pool, trace)
         if self._producers:
             await self._produce(request, pool, trace)
         cycle = CycleState(now=self._clock(), rng=self._rng)
@@ -278,6 +287,14 @@ class Director(ResponseSide):
                 log.exception("pre-request hook failed", extra=_kv(request, hook))
         destination = ",".join(e.hostport for e in result.primary.targets)
         return Decision(request, result, parser, parsed, out_body, destination, pool)
+
+    def _screen(
+        self, request: InferenceRequest, pool: Sequence[Endpoint], trace: RequestTrace | None
+    ) -> Sequence[Endpoint]:
+        cycle = CycleState(now=self._clock(), rng=self._rng)
+        if trace is not None:
+            cycle.data[TRACE_KEY] = trace
+        return self._scheduler.screen(cycle, request, pool, self._screeners)
 
     async def _produce(
         self, request: InferenceRequest, pool: Sequence[Endpoint], trace: RequestTrace | None

@@ -10,6 +10,11 @@ The framework, not the plugins, owns what applies to every plugin (spec §5.3 st
   ends the profile with no result (the profile handler turns that into a 429);
 - each plugin call is timed into ``plugin_duration_seconds`` (and, when the request is traced,
   each profile run and each plugin call over the threshold becomes a span).
+
+``screen`` runs request control's screeners the same way, for the Director, before producers and
+profiles: every screener is given the same candidates and the request keeps those every one kept
+(in candidate order); none kept is a 503 (``rejected-no-endpoints``), a screener that raises a 500
+(a screener is a constraint, so it fails closed).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from epp.observability.decisions import EXPLAIN_HEADER, EXPLAIN_KEY
 from epp.observability.tracing import TRACE_KEY, RequestTrace
 from epp.plugin import (
     CycleState,
+    DropReason,
     Endpoint,
     ErrorCode,
     InferenceError,
@@ -38,6 +44,7 @@ from epp.plugin import (
     ScoredCandidates,
     ScoredEndpoint,
     Scorer,
+    Screener,
     TypedName,
 )
 
@@ -102,6 +109,39 @@ class Scheduler:
                 ErrorCode.RESOURCE_EXHAUSTED, "failed to find target endpoint: no profile ran"
             )
         return self._handler.process_results(cycle, request, results)
+
+    def screen(
+        self,
+        cycle: CycleState,
+        request: InferenceRequest,
+        candidates: Sequence[Endpoint],
+        screeners: Sequence[Screener],
+    ) -> Sequence[Endpoint]:
+        """The candidates every screener keeps, in candidate order (module docstring)."""
+        given = tuple(candidates)  # a screener cannot change what the next one is given
+        kept: set[str] | None = None
+        for screener in screeners:
+            name = screener.typed_name
+            t0 = time.perf_counter()
+            try:
+                ids = {e.id for e in screener.screen(cycle, request, given)}
+            except Exception as exc:
+                self._count_error("Screener", name.type, name.name)
+                log.exception("screener %s failed", name)
+                raise InferenceError(ErrorCode.INTERNAL, f"screener {name} failed: {exc}") from exc
+            finally:
+                self._timed(cycle, "Screener", name, time.perf_counter() - t0)
+            kept = ids if kept is None else kept & ids
+        if kept is None:
+            return candidates
+        out = [e for e in given if e.id in kept]
+        if not out:
+            raise InferenceError(
+                ErrorCode.SERVICE_UNAVAILABLE,
+                "screeners eliminated all endpoint candidates",
+                drop_reason=DropReason.NO_ENDPOINTS,
+            )
+        return out
 
     def _timed(self, cycle: CycleState, point: str, name: TypedName, seconds: float) -> None:
         """A plugin call ended: its duration metric, and its span when the request is traced."""

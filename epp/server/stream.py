@@ -44,7 +44,7 @@ from typing import Any, Final
 
 from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.flowcontrol.eviction import EVICTION_ATTRIBUTE, Eviction
-from epp.plugin import ErrorCode, InferenceError, TerminationCause, wire
+from epp.plugin import ErrorCode, InferenceError, InferenceRequest, TerminationCause, wire
 from epp.requestcontrol.director import Exchange
 from epp.server import messages
 from epp.server import misuse as m
@@ -146,7 +146,7 @@ class RequestStream:
         self.metadata = messages.metadata_namespaces(msg, (wire.SUBSET_NAMESPACE,))
         if msg.request_headers.end_of_stream:
             self.request_ended = True
-            return self._header_only()
+            return self._header_only(self.exchange.request)
         if self.request_mode != _FULL_DUPLEX:
             # The headers go on now (NONE, STREAMED) or stay held (BUFFERED): either way a
             # client-sent control header must not go with them.
@@ -155,11 +155,11 @@ class RequestStream:
             return [removal]
         return []
 
-    def _header_only(self) -> Replies:
+    def _header_only(self, request: InferenceRequest) -> Replies:
         # The stream stays open: Envoy still sends the response phase (closing here races with
         # Envoy's FULL_DUPLEX response streaming and can drop the response body).
         try:
-            endpoint = self.director.pick_random(self.metadata)
+            endpoint = self.director.pick_random(self.metadata, request)
         except InferenceError as err:
             return [self._fail(err)]
         dest = endpoint.hostport

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from epp.k8s.selector import parse_selector
+from epp.plugin.selectors import parse_selector
 from epp.server.tlsopts import tls_problem
 from epp.settings.kinds import (
     _FLAG_KEY,

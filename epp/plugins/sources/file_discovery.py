@@ -36,6 +36,7 @@ import asyncio
 import hashlib
 import ipaddress
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
@@ -49,6 +50,7 @@ MAX_FILE_BYTES: Final = 1 << 20
 DEFAULT_NAMESPACE: Final = "default"
 _ENTRY_KEYS: Final = frozenset({"name", "namespace", "address", "port", "labels"})
 _Loader: Final = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_HOST_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class EndpointsFileError(PluginError, ValueError):
@@ -82,8 +84,9 @@ def load_endpoints(path: str) -> list[Endpoint]:
     return parse_endpoints(_read(path), path)
 
 
-def parse_endpoints(data: bytes, path: str = "<memory>") -> list[Endpoint]:
-    """Validate the content of an endpoints file (``path`` only names it in errors)."""
+def parse_endpoints(data: bytes, path: str = "<memory>", *, hosts: bool = False) -> list[Endpoint]:
+    """Validate the content of an endpoints file (``path`` only names it in errors). ``hosts``:
+    an address may also be a host name (``multicluster-file-discovery``'s cluster gateways)."""
     try:
         document = yaml.load(data, Loader=_Loader)  # _Loader is a safe loader
     except yaml.YAMLError as exc:
@@ -99,7 +102,7 @@ def parse_endpoints(data: bytes, path: str = "<memory>") -> list[Endpoint]:
     seen: set[str] = set()
     for index, entry in enumerate(entries):
         try:
-            endpoint = _endpoint(entry)
+            endpoint = _endpoint(entry, hosts)
         except ValueError as exc:
             raise EndpointsFileError(f"{path}: endpoints[{index}]: {exc}") from None
         if endpoint.id in seen:
@@ -120,7 +123,7 @@ def _read(path: str) -> bytes:
     return data
 
 
-def _endpoint(entry: Any) -> Endpoint:
+def _endpoint(entry: Any, hosts: bool) -> Endpoint:
     if not isinstance(entry, Mapping):
         raise ValueError("each endpoint must be a mapping")
     unknown = sorted(str(k) for k in entry if k not in _ENTRY_KEYS)
@@ -129,10 +132,9 @@ def _endpoint(entry: Any) -> Endpoint:
     name = _string(entry, "name", required=True)
     namespace = _string(entry, "namespace", required=False) or DEFAULT_NAMESPACE
     address = _string(entry, "address", required=True)
-    try:
-        ipaddress.ip_address(address)
-    except ValueError:
-        raise ValueError(f"endpoint {name!r}: address {address!r} is not an IP address") from None
+    if not (is_ip(address) or (hosts and is_host_name(address))):
+        what = "an IP address or a host name" if hosts else "an IP address"
+        raise ValueError(f"endpoint {name!r}: address {address!r} is not {what}")
     return Endpoint(
         id=f"{namespace}/{name}",
         name=name,
@@ -142,6 +144,19 @@ def _endpoint(entry: Any) -> Endpoint:
         rank=0,
         labels=_labels(name, entry.get("labels")),
     )
+
+
+def is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
+
+
+def is_host_name(address: str) -> bool:
+    """A DNS-1123 subdomain: lower-case labels of letters, digits and ``-``, dot-separated."""
+    return len(address) <= 253 and _HOST_NAME.fullmatch(address) is not None
 
 
 def _string(entry: Mapping[str, Any], key: str, *, required: bool) -> str:
@@ -188,6 +203,8 @@ class FileDiscovery(PluginBase):
     """Publishes the endpoints listed in a file; optionally reloads it when it changes."""
 
     TYPE: ClassVar[str] = "file-discovery"
+    HOST_NAMES: ClassVar[bool] = False
+    """Whether an address may be a host name (``parse_endpoints``'s ``hosts``)."""
 
     @dataclass(frozen=True)
     class Params:
@@ -210,7 +227,7 @@ class FileDiscovery(PluginBase):
     async def run(self, publish: Callable[[Sequence[Endpoint]], None]) -> None:
         fingerprint = await asyncio.to_thread(_fingerprint, self._path)
         data = await asyncio.to_thread(_read, self._path)
-        endpoints = parse_endpoints(data, self._path)
+        endpoints = parse_endpoints(data, self._path, hosts=self.HOST_NAMES)
         publish(endpoints)
         self._log.info("loaded %d endpoints from %s", len(endpoints), self._path)
         if not self.params.watch_file:
@@ -242,7 +259,7 @@ class FileDiscovery(PluginBase):
                 continue
             digest = new_digest
             try:
-                endpoints = parse_endpoints(data, self._path)
+                endpoints = parse_endpoints(data, self._path, hosts=self.HOST_NAMES)
             except EndpointsFileError as exc:
                 self._log.warning("keeping the previous endpoints: %s", exc)
                 continue

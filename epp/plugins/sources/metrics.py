@@ -52,6 +52,7 @@ class MetricsDataSource(PluginBase):
     """Polls ``/metrics`` of each endpoint over one shared keep-alive session."""
 
     TYPE: ClassVar[str] = "metrics-data-source"
+    MAX_PAYLOAD: ClassVar[int] = MAX_PAYLOAD_BYTES
 
     @dataclass(frozen=True)
     class Params:
@@ -98,16 +99,20 @@ class MetricsDataSource(PluginBase):
             ) from exc
         return context
 
+    def target(self, endpoint: Endpoint) -> tuple[str, int]:
+        """The host and port scraped for ``endpoint``."""
+        return endpoint.address, self.params.port or endpoint.port
+
     def url(self, endpoint: Endpoint) -> str:
-        port = self.params.port or endpoint.port
-        host = f"[{endpoint.address}]" if ":" in endpoint.address else endpoint.address
+        address, port = self.target(endpoint)
+        host = f"[{address}]" if ":" in address else address
         return f"{self.params.scheme}://{host}:{port}{self.params.path}"
 
     def _ensure_client(self) -> KeepAliveClient:
         if self._client is None:
             self._client = KeepAliveClient(
                 ssl_context=self._ssl if isinstance(self._ssl, ssl.SSLContext) else None,
-                max_body_bytes=MAX_PAYLOAD_BYTES,
+                max_body_bytes=self.MAX_PAYLOAD,
             )
         return self._client
 
@@ -122,11 +127,11 @@ class MetricsDataSource(PluginBase):
     def forget(self, endpoint: Endpoint) -> None:
         """``EndpointForgetter``: close the kept-alive connection to an endpoint that left."""
         if self._client is not None:
-            self._client.forget(endpoint.address, self.params.port or endpoint.port)
+            self._client.forget(*self.target(endpoint))
 
     async def poll(self, endpoint: Endpoint) -> bytes:
-        port = self.params.port or endpoint.port
+        address, port = self.target(endpoint)
         try:
-            return await self._ensure_client().get(endpoint.address, port, self.params.path)
+            return await self._ensure_client().get(address, port, self.params.path)
         except ScrapeError as exc:
             raise RuntimeError(f"GET {self.url(endpoint)}: {exc}") from None

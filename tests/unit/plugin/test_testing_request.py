@@ -30,6 +30,7 @@ from epp.plugin.testing import (
     check_role,
     check_saturation_detector,
     check_scorer,
+    check_screener,
     sample_endpoints,
     sample_request,
 )
@@ -199,6 +200,60 @@ def test_admitter_and_detector_checks() -> None:
         check_admitter(toy(WrongAdmitter), sample_request(), EPS)
     with pytest.raises(AssertionError, match=r"saturation -1.0 is not in \[0, inf\)"):
         check_saturation_detector(toy(Detector), EPS)
+
+
+class KeepEven(PluginBase):
+    TYPE = "toy-screener"
+
+    def screen(self, cycle: Any, request: Any, endpoints: Sequence[Any]) -> Sequence[Any]:
+        return list(endpoints[::2])
+
+
+class Stranger(KeepEven):
+    def screen(self, cycle: Any, request: Any, endpoints: Sequence[Any]) -> Sequence[Any]:
+        return [*endpoints[:1], *sample_endpoints(9)[8:]]
+
+
+class Twice(KeepEven):
+    def screen(self, cycle: Any, request: Any, endpoints: Sequence[Any]) -> Sequence[Any]:
+        return [*endpoints[:1], *endpoints[:1]]
+
+
+class Coin(KeepEven):
+    """Draws from its own random source, not ``cycle.rng``: not reproducible."""
+
+    flips = 0
+
+    def screen(self, cycle: Any, request: Any, endpoints: Sequence[Any]) -> Sequence[Any]:
+        Coin.flips += 1
+        return list(endpoints[Coin.flips % 2 :])
+
+
+class Eater(KeepEven):
+    def screen(self, cycle: Any, request: Any, endpoints: Sequence[Any]) -> Sequence[Any]:
+        assert isinstance(endpoints, list)
+        return [endpoints.pop()] if endpoints else []
+
+
+class Inventor(KeepEven):
+    def screen(self, cycle: Any, request: Any, endpoints: Sequence[Any]) -> Sequence[Any]:
+        return list(endpoints) or sample_endpoints(1)
+
+
+def test_screener_check() -> None:
+    assert [e.id for e in check_screener(toy(KeepEven), sample_request(), EPS)] == [
+        EPS[0].id,
+        EPS[2].id,
+    ]
+    for cls, message in (
+        (Stranger, "returned endpoints it was not given"),
+        (Twice, "kept an endpoint twice"),
+        (Coin, "differs for the same random seed"),
+        (Eater, "mutated its input"),
+        (Inventor, "of no candidates kept"),
+    ):
+        with pytest.raises(AssertionError, match=message):
+            check_screener(toy(cls), sample_request(), list(EPS))
 
 
 PROFILES = {"a": Profile("a", (), (), None), "b": Profile("b", (), (), None)}  # type: ignore[arg-type]

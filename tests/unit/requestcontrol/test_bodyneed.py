@@ -81,8 +81,9 @@ class Flow:
 
 def director(hooks: list[Any], *, ratio: float = 0.0, stats: Any = None, flow: Any = None) -> Any:
     pipeline: Any = SimpleNamespace(
-        parsers=[], producers=[], producer_timeouts=[], request_header=[], response_headers=[],
-        response_streaming=hooks, response_complete=hooks, saturation_detector=None,
+        parsers=[], producers=[], producer_timeouts=[], screeners=[], request_header=[],
+        response_headers=[], response_streaming=hooks, response_complete=hooks,
+        saturation_detector=None,
     )  # fmt: skip
     return Director(
         pipeline=pipeline,

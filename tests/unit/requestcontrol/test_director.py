@@ -144,6 +144,7 @@ def pipeline(**kw: Any) -> Any:
         parsers=[parser],
         producers=[],
         producer_timeouts=[],
+        screeners=[],
         request_header=[],
         response_headers=[],
         response_streaming=[],

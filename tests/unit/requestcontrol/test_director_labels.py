@@ -24,6 +24,7 @@ PIPELINE: Any = SimpleNamespace(
     parsers=[],
     producers=[],
     producer_timeouts=[],
+    screeners=[],
     request_header=[],
     response_headers=[],
     response_streaming=[],

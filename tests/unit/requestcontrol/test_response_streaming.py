@@ -53,8 +53,9 @@ def event(kind: str, **fields: Any) -> bytes:
 
 def director(hooks: list[Recorder]) -> Director:
     pipeline: Any = SimpleNamespace(
-        parsers=[], producers=[], producer_timeouts=[], request_header=[], response_headers=[],
-        response_streaming=hooks, response_complete=hooks, saturation_detector=None,
+        parsers=[], producers=[], producer_timeouts=[], screeners=[], request_header=[],
+        response_headers=[], response_streaming=hooks, response_complete=hooks,
+        saturation_detector=None,
     )  # fmt: skip
     return Director(
         pipeline=pipeline,

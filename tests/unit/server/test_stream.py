@@ -58,7 +58,7 @@ class Director:
         request.upstream_headers["x-up"] = "1"
         return Exchange(request, started=0.0)
 
-    def pick_random(self, metadata: dict[str, Any]) -> Any:
+    def pick_random(self, metadata: dict[str, Any], request: Any = None) -> Any:
         self.calls.append(("pick_random", metadata))
         if self.pick_error is not None:
             raise self.pick_error

@@ -1,4 +1,5 @@
-"""Kubernetes label selectors: ``matchLabels`` maps and the ``--endpoint-selector`` string syntax.
+"""Kubernetes label selectors: ``matchLabels`` maps and the string syntax of ``--endpoint-selector``
+and of plugin parameters (``disaggregatedset-rollout-screener``'s ``scope.labelSelector``).
 
 String syntax (as ``kubectl -l``), requirements separated by commas, all must hold::
 
