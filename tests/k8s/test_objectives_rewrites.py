@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from epp.app import App
-from epp.localstack.apiserver import LocalApiServer
-from epp.localstack.kubeapi import (
+from epp_tools.bench.kube.apiserver import LocalApiServer
+from epp_tools.bench.kube.kubeapi import (
     LEGACY_OBJECTIVES,
     LEGACY_REWRITES,
     OBJECTIVES,
@@ -18,7 +18,7 @@ from epp.localstack.kubeapi import (
     POOLS,
     REWRITES,
 )
-from epp.localstack.kubeobjects import objective, pod, pool, rewrite
+from epp_tools.bench.kube.objects import objective, pod, pool, rewrite
 from tests.conftest import body_msg, exchange, headers_msg, metrics_text, wait_for
 from tests.k8s.conftest import MODEL_LABELS, POOL
 

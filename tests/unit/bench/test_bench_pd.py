@@ -11,20 +11,20 @@ from typing import Any
 import pytest
 import yaml
 
-from epp.bench import targets
-from epp.bench.driver import Outcome
-from epp.bench.fleet import SimProcess
-from epp.bench.report import render_workload
-from epp.bench.results import TargetResult, summarize
-from epp.bench.runner import Options, _skip_reason, _workload_targets, run
-from epp.bench.spec import FleetSpec
-from epp.bench.workloads import PD_ROLES, WORKLOADS, build
-from epp.localstack import cli as stack_cli
-from epp.localstack.eppconfig import unloadable_plugins
-from epp.localstack.workload import Result as StackResult
-from epp.localstack.workload import long_prompt_workload, pd_table
-from epp.localstack.workload import summarize as stack_summarize
 from epp.plugins.sources.file_discovery import parse_endpoints
+from epp_tools.bench.fleet import SimProcess
+from epp_tools.bench.runner import targets
+from epp_tools.bench.runner.driver import Outcome
+from epp_tools.bench.runner.report import render_workload
+from epp_tools.bench.runner.results import TargetResult, summarize
+from epp_tools.bench.runner.run import Options, _skip_reason, _workload_targets, run
+from epp_tools.bench.workloads.catalog import PD_ROLES, WORKLOADS, build
+from epp_tools.bench.workloads.spec import FleetSpec
+from epp_tools.stack import cli as stack_cli
+from epp_tools.stack.eppconfig import unloadable_plugins
+from epp_tools.stack.workload import Result as StackResult
+from epp_tools.stack.workload import long_prompt_workload, pd_table
+from epp_tools.stack.workload import summarize as stack_summarize
 
 REPO = Path(__file__).resolve().parents[3]
 
