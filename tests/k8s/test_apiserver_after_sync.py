@@ -12,8 +12,7 @@ import pytest
 
 from epp.app import App
 from epp_tools.bench.kube.apiserver import LocalApiServer
-from epp_tools.bench.kube.kubeapi import PODS, POOLS
-from epp_tools.bench.kube.objects import pod, pool
+from epp_tools.bench.kube.objects import PODS, POOLS, pod, pool
 from tests.conftest import wait_for
 from tests.k8s.conftest import MODEL_LABELS, POOL
 

@@ -14,8 +14,7 @@ import pytest
 from epp.k8s.client import KubeLeases, load_api_client
 from epp.k8s.leader import Conflict, ElectionConfig, LeaderElector
 from epp_tools.bench.kube.apiserver import LocalApiServer
-from epp_tools.bench.kube.kubeapi import LEASES, PODS, POOLS
-from epp_tools.bench.kube.objects import pod, pool
+from epp_tools.bench.kube.objects import LEASES, PODS, POOLS, pod, pool
 from tests.k8s.conftest import (
     MODEL_LABELS,
     NOT_SERVING,

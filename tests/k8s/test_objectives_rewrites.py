@@ -10,15 +10,18 @@ import pytest
 
 from epp.app import App
 from epp_tools.bench.kube.apiserver import LocalApiServer
-from epp_tools.bench.kube.kubeapi import (
+from epp_tools.bench.kube.objects import (
     LEGACY_OBJECTIVES,
     LEGACY_REWRITES,
     OBJECTIVES,
     PODS,
     POOLS,
     REWRITES,
+    objective,
+    pod,
+    pool,
+    rewrite,
 )
-from epp_tools.bench.kube.objects import objective, pod, pool, rewrite
 from tests.conftest import body_msg, exchange, headers_msg, metrics_text, wait_for
 from tests.k8s.conftest import MODEL_LABELS, POOL
 

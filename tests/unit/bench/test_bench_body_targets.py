@@ -13,7 +13,7 @@ import pytest
 from epp_tools.bench.runner import targets
 from epp_tools.bench.workloads.catalog import build
 from epp_tools.bench.workloads.spec import FleetSpec
-from epp_tools.stack.replicaset import EppSet
+from epp_tools.stack.replicas import EppSet
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from epp.plugins.sources.file_discovery import parse_endpoints
-from epp_tools.bench.fleet import SimProcess
+from epp_tools.bench.fleet import SimProcess, endpoints_yaml
 from epp_tools.bench.runner import targets
 from epp_tools.bench.runner.driver import Outcome
 from epp_tools.bench.runner.report import render_workload
@@ -90,13 +90,13 @@ def test_endpoints_file_labels_each_pod_with_its_role_when_the_fleet_is_pd(tmp_p
     spec = FleetSpec(pods=2, pod_roles=("prefill", "decode"))
     sim = SimProcess(spec, tmp_path)
     sim.pods = {"pod-0": "http://127.0.0.1:4001", "pod-1": "http://127.0.0.1:4002"}
-    endpoints = parse_endpoints(targets.endpoints_yaml(sim).encode())
+    endpoints = parse_endpoints(endpoints_yaml(sim).encode())
     assert [(e.id, e.port, dict(e.labels)) for e in endpoints] == [
         ("default/pod-0", 4001, {"llm-d.ai/role": "prefill"}),
         ("default/pod-1", 4002, {"llm-d.ai/role": "decode"}),
     ]
     sim.spec = FleetSpec(pods=2)
-    assert all(not e.labels for e in parse_endpoints(targets.endpoints_yaml(sim).encode()))
+    assert all(not e.labels for e in parse_endpoints(endpoints_yaml(sim).encode()))
 
 
 def test_pd_target_is_known_and_runs_on_the_pd_fleet_when_the_workload_has_one(

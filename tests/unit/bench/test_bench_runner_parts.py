@@ -10,7 +10,7 @@ import yaml
 from epp.config.loader import parse_config
 from epp.config.schema import DEFAULT_CONFIG_TEXT
 from epp_tools.bench.cli import main
-from epp_tools.bench.fleet import _parse_ready, stats_delta
+from epp_tools.bench.fleet import parse_ready, stats_delta
 from epp_tools.bench.peers.routers import (
     SGLANG,
     VLLM,
@@ -56,7 +56,7 @@ def test_ready_lines_give_pod_urls_when_the_simulator_prints_them() -> None:
         "noise\n"
         "sim pod pod-1 listening on http://127.0.0.1:4002\n"
     )
-    assert _parse_ready(log) == {"pod-0": "http://127.0.0.1:4001", "pod-1": "http://127.0.0.1:4002"}
+    assert parse_ready(log) == {"pod-0": "http://127.0.0.1:4001", "pod-1": "http://127.0.0.1:4002"}
 
 
 def test_stats_delta_subtracts_numeric_counters_when_given_two_snapshots() -> None:

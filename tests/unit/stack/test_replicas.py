@@ -14,11 +14,11 @@ from epp.config.loader import LoadOptions, load_config
 from epp.plugin.registry import PluginRegistry
 from epp_tools.stack import cli as stack_cli
 from epp_tools.stack import replicas
+from epp_tools.stack.envoy import Envoy
 from epp_tools.stack.eppconfig import with_syncer
 from epp_tools.stack.replicas import (
-    EppGroup,
+    EppSet,
     ReplicaReport,
-    epp_replica,
     metric_sums,
     report_table,
     rq_totals,
@@ -58,16 +58,27 @@ def test_stack_says_to_install_redis_when_replicas_need_it(
 
 
 def test_one_replica_keeps_the_single_epp_command_line_when_built(tmp_path: Path) -> None:
-    one = epp_replica(tmp_path / "c.yaml", tmp_path / "epp.log")
-    argv = list(one.proc.argv)
+    args = stack_cli._parser().parse_args([])
+    one = stack_cli._epp_set(args, tmp_path / "one", "", experimental=False).prepare()
+    argv = list(one.procs[0].argv)
     assert argv[:3] == [sys.executable, "-m", "epp"]
     assert "--health-checking" not in argv and "--seed" not in argv
-    assert argv[argv.index("--grpc-port") + 1] == str(one.grpc_port)
-    assert one.proc.name == "epp"
-    several = epp_replica(tmp_path / "c.yaml", tmp_path / "epp-1.log", seed=2, health=True)
-    argv = list(several.proc.argv)
+    assert "--secure-serving=false" not in argv  # TLS, as the EPP serves by default
+    assert argv[argv.index("--grpc-port") + 1] == str(one.ports[0].grpc)
+    assert one.procs[0].name == "epp" and one.redis is None
+    several = EppSet(tmp_path / "two", "", replicas=2, tls=True).prepare()
+    argv = list(several.procs[1].argv)
     assert "--health-checking" in argv and argv[argv.index("--seed") + 1] == "2"
-    assert several.grpc_port != one.grpc_port
+    assert several.procs[1].name == "epp-1"
+    assert several.ports[1].grpc not in (several.ports[0].grpc, one.ports[0].grpc)
+
+
+def test_the_benchmarks_epps_serve_plaintext_with_a_seed_each_when_built(tmp_path: Path) -> None:
+    group = EppSet(tmp_path, "", extra_args=["--seed", "7"]).prepare()
+    argv = list(group.procs[0].argv)
+    assert "--secure-serving=false" in argv
+    assert argv[argv.index("--seed") + 1] == "1"
+    assert argv[-2:] == ["--seed", "7"]  # extra arguments come after: a later flag wins
 
 
 def test_replica_config_is_the_stack_config_plus_the_redis_syncer_when_loaded() -> None:
@@ -92,12 +103,12 @@ def test_replica_config_is_the_stack_config_plus_the_redis_syncer_when_loaded() 
 
 
 def test_single_epp_banner_is_unchanged_when_described(tmp_path: Path) -> None:
-    group = EppGroup(tmp_path, "")
-    group.members.append(epp_replica(tmp_path / "c.yaml", tmp_path / "epp.log"))
-    m = group.members[0]
-    assert group.describe("http://127.0.0.1:1", 4) == (
-        f"stack: envoy http://127.0.0.1:1 -> EPP :{m.grpc_port} (TLS, pid 0) -> 4 simulated vLLM "
-        f"pods; EPP metrics {m.metrics_url}/metrics, decisions {m.metrics_url}/debug/decisions"
+    group = EppSet(tmp_path, "", tls=True, seeds=False).prepare()
+    group.envoy = Envoy("full-duplex", listen_port=1)  # where it would listen; not started
+    url = group.http_url(0)
+    assert group.describe(4) == (
+        f"stack: envoy http://127.0.0.1:1 -> EPP :{group.ports[0].grpc} (TLS, pid 0) -> 4 "
+        f"simulated vLLM pods; EPP metrics {url}/metrics, decisions {url}/debug/decisions"
     )
 
 

@@ -41,7 +41,7 @@ from epp_tools.sim.fleet import SimFleet
 from epp_tools.stack.envoy import Envoy
 from epp_tools.stack.eppconfig import PD_CONFIG, epp_config_text, unloadable_plugins
 from epp_tools.stack.procs import Proc, Terminated, until_terminated
-from epp_tools.stack.replicas import EppGroup, SetupError, check_replicas, report_table
+from epp_tools.stack.replicas import EppSet, SetupError, check_replicas, report_table
 from epp_tools.stack.workload import (
     Summary,
     WorkItem,
@@ -200,31 +200,48 @@ async def _run_epp(
     async with _fleet(args, roles) as fleet:
         eps = _endpoints_file(fleet.ports, workdir, roles)
         text = epp_config_text(eps, (), base)
-        # Each EPP runs in its own process (as in production), TLS on as by default.
-        group = EppGroup(workdir, text, replicas=args.replicas, experimental=bool(roles))
-        with group.start():
-            for member in group.members:
-                await _wait_scraped(member.metrics_url, member.proc, len(fleet.ports))
-            with group.envoy() as envoy:
-                if args.replicas > 1:
-                    await envoy.wait_healthy(args.replicas, timeout=30.0)
-                print(group.describe(envoy.url, len(fleet.ports)))
-                await _first_request(envoy.url, fleet)
-                results = await drive(envoy.url, waves, model=MODEL, concurrency=args.concurrency)
-                summary = summarize(title, results)
-                report = ""
-                if args.replicas > 1:
-                    report = report_table(await group.report(envoy, expected=len(results) + 1))
-                if args.keep_running:
-                    print(pd_table([summary]) if args.pd else table([summary]))
-                    if report:
-                        print(report)
-                    print("stack is up; Ctrl-C to stop. Look inside from another shell:")
-                    for command in group.admin_commands(MODEL, FIRST_PROMPT):
-                        print(f"  {command}")
-                    sys.stdout.flush()
-                    await asyncio.Event().wait()
+        group = _epp_set(args, workdir, text, experimental=bool(roles)).launch()
+        try:
+            for i, proc in enumerate(group.procs):
+                await _wait_scraped(group.http_url(i), proc, len(fleet.ports))
+            envoy = group.start_envoy()
+            if args.replicas > 1:
+                await envoy.wait_healthy(args.replicas, timeout=30.0)
+            print(group.describe(len(fleet.ports)))
+            await _first_request(envoy.url, fleet)
+            results = await drive(envoy.url, waves, model=MODEL, concurrency=args.concurrency)
+            summary = summarize(title, results)
+            report = ""
+            if args.replicas > 1:
+                report = report_table(await group.report(expected=len(results) + 1))
+            if args.keep_running:
+                await _keep_running(args, group, summary, report)
+        finally:
+            group.stop()
     return summary, report
+
+
+def _epp_set(args: argparse.Namespace, workdir: Path, text: str, *, experimental: bool) -> EppSet:
+    """The stack's EPPs: each in its own process (as in production), TLS on as by default;
+    several replicas share state through Redis, each with its own seed."""
+    several = args.replicas > 1
+    return EppSet(
+        workdir, text, replicas=args.replicas, shared=several, tls=True, seeds=several,
+        extra_args=["--allow-experimental-plugins"] if experimental else [],
+    )  # fmt: skip
+
+
+async def _keep_running(
+    args: argparse.Namespace, group: EppSet, summary: Summary, report: str
+) -> None:
+    print(pd_table([summary]) if args.pd else table([summary]))
+    if report:
+        print(report)
+    print("stack is up; Ctrl-C to stop. Look inside from another shell:")
+    for command in group.admin_commands(MODEL, FIRST_PROMPT):
+        print(f"  {command}")
+    sys.stdout.flush()
+    await asyncio.Event().wait()
 
 
 async def _run_baseline(args: argparse.Namespace) -> Summary:

@@ -4,8 +4,8 @@
 file; this is the one place that turns a base config (the built-in default unless given) into
 that config. ``unloadable_plugins`` tells a tool, before it starts anything, which plugin types of
 a config the installed plugins cannot provide (a P/D config before the P/D plugins exist),
-``PD_CONFIG`` is the P/D config of the source tree, and ``with_syncer`` adds the Redis syncer that
-active-active replicas share state through.
+``CONFIGS`` holds the configs of the source tree (``PD_CONFIG`` the P/D one), and ``with_syncer``
+adds the Redis syncer that active-active replicas share state through.
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ from epp.config.schema import DEFAULT_CONFIG_TEXT
 from epp.plugin.errors import PluginLoadError, UnknownPluginType
 from epp.plugin.registry import PluginRegistry
 
-PD_CONFIG: Final = Path(epp.__file__).resolve().parent.parent / "deploy" / "configs" / "pd.yaml"
-"""``deploy/configs/pd.yaml`` of the source checkout (absent from an installed wheel)."""
+CHECKOUT: Final = Path(epp.__file__).resolve().parent.parent
+"""The source checkout the EPP runs from (an editable install; the tools are installed from it)."""
+CONFIGS: Final = CHECKOUT / "deploy" / "configs"
+"""``deploy/configs`` of the source checkout (absent from an installed wheel)."""
+PD_CONFIG: Final = CONFIGS / "pd.yaml"
 
 
 def unloadable_plugins(config_text: str) -> list[str]:

@@ -57,18 +57,17 @@ SCENARIOS = (
 
 
 def _runners() -> dict[str, Callable[[ChaosOptions], Awaitable[Row]]]:
-    from epp_tools.bench.chaos import epp_scenarios as chaos_epp
-    from epp_tools.bench.chaos import pod_scenarios as chaos_pods
+    from epp_tools.bench.chaos import epp_scenarios, pod_scenarios
 
     return {
-        "pod-kill": chaos_pods.pod_kill,
-        "metrics-faults": chaos_pods.metrics_faults,
-        "black-hole": lambda o: chaos_pods.black_hole(o, exclude=False),
-        "black-hole-exclude": lambda o: chaos_pods.black_hole(o, exclude=True),
-        "churn": chaos_pods.churn,
-        "apiserver-gone": chaos_epp.apiserver_gone,
-        "epp-kill-open": lambda o: chaos_epp.epp_kill(o, fail_open=True),
-        "epp-kill-closed": lambda o: chaos_epp.epp_kill(o, fail_open=False),
+        "pod-kill": pod_scenarios.pod_kill,
+        "metrics-faults": pod_scenarios.metrics_faults,
+        "black-hole": lambda o: pod_scenarios.black_hole(o, exclude=False),
+        "black-hole-exclude": lambda o: pod_scenarios.black_hole(o, exclude=True),
+        "churn": pod_scenarios.churn,
+        "apiserver-gone": epp_scenarios.apiserver_gone,
+        "epp-kill-open": lambda o: epp_scenarios.epp_kill(o, fail_open=True),
+        "epp-kill-closed": lambda o: epp_scenarios.epp_kill(o, fail_open=False),
     }
 
 

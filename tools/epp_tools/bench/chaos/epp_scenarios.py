@@ -12,14 +12,14 @@ from epp.config.schema import DEFAULT_CONFIG_TEXT
 from epp_tools.bench.chaos.load import Shot, StreamLoad, between, failures
 from epp_tools.bench.chaos.pod_scenarios import loaded, rig
 from epp_tools.bench.chaos.report import Row
-from epp_tools.bench.chaos.rig import ChaosOptions, PodSet, sim_pod, wait_endpoints
+from epp_tools.bench.chaos.rig import ChaosOptions
+from epp_tools.bench.fleet import PodSet, sim_pod
 from epp_tools.bench.kube.apiserver import LocalApiServer
-from epp_tools.bench.kube.kubeapi import PODS, POOLS
-from epp_tools.bench.kube.objects import pod, pool
+from epp_tools.bench.kube.objects import PODS, POOLS, pod, pool
 from epp_tools.bench.workloads.spec import FleetSpec
 from epp_tools.stack.envoy import free_port
 from epp_tools.stack.procs import START_TIMEOUT
-from epp_tools.stack.replicaset import EppSet
+from epp_tools.stack.replicas import EppSet, wait_endpoints
 
 POOL = "vllm-pool"
 LABELS = {"app": "vllm"}

@@ -16,10 +16,11 @@ import yaml
 
 from epp_tools.bench.chaos.load import Shot, StreamLoad, between, failures
 from epp_tools.bench.chaos.report import Row
-from epp_tools.bench.chaos.rig import ChaosOptions, PodSet, sim_pod, wait_endpoints
+from epp_tools.bench.chaos.rig import ChaosOptions
+from epp_tools.bench.fleet import PodSet, sim_pod
 from epp_tools.bench.workloads.spec import FleetSpec
 from epp_tools.stack.eppconfig import epp_config_text
-from epp_tools.stack.replicaset import EppSet
+from epp_tools.stack.replicas import EppSet, wait_endpoints
 
 SCRAPE_INTERVAL = 0.05
 STALENESS = 0.2

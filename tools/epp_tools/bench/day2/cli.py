@@ -46,7 +46,7 @@ from pathlib import Path
 
 from epp_tools.bench.day2.report import Row, render
 from epp_tools.bench.day2.rig import Day2Options, log
-from epp_tools.stack.replicaset import SetupError
+from epp_tools.stack.replicas import SetupError
 
 SCENARIOS = (
     "upgrade-active-active",
@@ -59,16 +59,15 @@ SCENARIOS = (
 
 
 def _runners() -> dict[str, Callable[[Day2Options], Awaitable[Row]]]:
-    from epp_tools.bench.day2 import epp_scenarios as day2_epp
-    from epp_tools.bench.day2 import pod_scenarios as day2_pods
+    from epp_tools.bench.day2 import epp_scenarios, pod_scenarios
 
     return {
-        "upgrade-active-active": day2_epp.upgrade_active_active,
-        "upgrade-ha": day2_epp.upgrade_ha,
-        "leader-crash": day2_epp.leader_crash,
-        "bad-config": day2_epp.bad_config_rollout,
-        "model-roll": day2_pods.model_roll,
-        "model-kill": day2_pods.model_kill,
+        "upgrade-active-active": epp_scenarios.upgrade_active_active,
+        "upgrade-ha": epp_scenarios.upgrade_ha,
+        "leader-crash": epp_scenarios.leader_crash,
+        "bad-config": epp_scenarios.bad_config_rollout,
+        "model-roll": pod_scenarios.model_roll,
+        "model-kill": pod_scenarios.model_kill,
     }
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import math
 
-from epp_tools.bench.chaos.rig import sim_pod, wait_endpoints
 from epp_tools.bench.day2.report import Row
 from epp_tools.bench.day2.rig import (
     LABELS,
@@ -21,10 +20,11 @@ from epp_tools.bench.day2.rig import (
     run_load,
     stage,
 )
-from epp_tools.bench.kube.kubeapi import PODS
-from epp_tools.bench.kube.objects import pod
+from epp_tools.bench.fleet import sim_pod
+from epp_tools.bench.kube.objects import PODS, pod
 from epp_tools.bench.runner.agentload import between, failed, hit_ratio, recovery_seconds
 from epp_tools.bench.runner.driver import Outcome
+from epp_tools.stack.replicas import wait_endpoints
 
 RETRIES = "cluster.pool.upstream_rq_retry"
 RETRIED_OK = "cluster.pool.upstream_rq_retry_success"

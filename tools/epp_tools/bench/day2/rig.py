@@ -1,6 +1,6 @@
 """The rig of ``epp bench day2``: a pool of simulated pods registered in the local Kubernetes API
 server (``epp_tools.bench.kube.apiserver``), EPP processes in Kubernetes mode behind the Envoy
-config ``epp envoy-config`` generates (``epp_tools.stack.replicaset.EppSet``), and steady agentic
+config ``epp envoy-config`` generates (``epp_tools.stack.replicas.EppSet``), and steady agentic
 load.
 
 Pods: one ``epp sim`` process each, on its own loopback address and one shared port, as pods of
@@ -30,17 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epp.config.schema import DEFAULT_CONFIG_TEXT
-from epp_tools.bench.chaos.rig import PodSet, wait_endpoints
+from epp_tools.bench.fleet import PodSet
 from epp_tools.bench.kube.apiserver import LocalApiServer
-from epp_tools.bench.kube.kubeapi import PODS, POOLS
-from epp_tools.bench.kube.objects import pod, pool
+from epp_tools.bench.kube.objects import PODS, POOLS, pod, pool
 from epp_tools.bench.runner.agentload import AgentLoad, agent_sessions, between, hit_ratio
-from epp_tools.bench.runner.driver import Outcome
-from epp_tools.bench.runner.run import warm_up
+from epp_tools.bench.runner.driver import Outcome, warm_up
 from epp_tools.bench.workloads.spec import FleetSpec
 from epp_tools.stack.envoy import free_port
 from epp_tools.stack.procs import direct_opener
-from epp_tools.stack.replicaset import EppSet
+from epp_tools.stack.replicas import EppSet, wait_endpoints
 
 POOL = "vllm-pool"
 LABELS = {"app": "vllm"}

@@ -27,36 +27,151 @@ remove an API resource, ``compact()`` forgets history, ``drop_watches()`` cuts e
 connection without the terminating chunk, ``fail()`` injects error answers, ``hang()`` /
 ``release()`` stop and resume answering (connections stay open), ``stop()`` then ``start()``
 goes away and comes back on the same port with the same objects, and ``requests`` records every
-call. Object builders are in ``epp_tools.bench.kube.objects``; the wire types in
-``epp_tools.bench.kube.kubeapi``.
+call. The resources it serves and the object builders are in ``epp_tools.bench.kube.objects``.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
-from http.server import ThreadingHTTPServer
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
-from epp_tools.bench.kube.apiserver_http import Handler
-from epp_tools.bench.kube.kubeapi import (
-    DEFAULT_RESOURCES,
-    TOKEN,
-    ApiError,
-    Fault,
-    Request,
-    Resource,
-    State,
-    discovery,
-    matcher,
-    status,
-    timestamp,
-)
+from epp_tools.bench.kube.objects import DEFAULT_RESOURCES, Resource, timestamp
+
+TOKEN = "test-token"
+
+
+@dataclass
+class Fault:
+    """Answer matching requests with ``status`` (``remaining`` times; None = until cleared)."""
+
+    status: int
+    method: str = "GET"
+    path_contains: str = ""
+    watch: bool | None = None
+    remaining: int | None = None
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, str]
+
+    @property
+    def is_watch(self) -> bool:
+        return self.query.get("watch") in ("true", "1")
+
+
+@dataclass
+class State:
+    rv: int = 0
+    compacted: int = 0
+    objects: dict[tuple[Resource, str, str], dict[str, Any]] = field(default_factory=dict)
+    history: list[tuple[int, Resource, str, dict[str, Any]]] = field(default_factory=list)
+
+
+def status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.body = status(code, reason, message)
+
+
+def matcher(query: dict[str, str]) -> Callable[[dict[str, Any]], bool]:
+    fields = _pairs(query.get("fieldSelector", ""), {"metadata.name", "metadata.namespace"})
+    labels = _pairs(query.get("labelSelector", ""), None)
+
+    def match(obj: dict[str, Any]) -> bool:
+        meta = obj.get("metadata", {})
+        for (key, op), value in fields.items():
+            actual = meta.get(key.split(".", 1)[1], "")
+            if (actual == value) != (op == "="):
+                return False
+        obj_labels = meta.get("labels") or {}
+        for (key, op), value in labels.items():
+            if (obj_labels.get(key) == value) != (op == "="):
+                return False
+        return True
+
+    return match
+
+
+def _pairs(text: str, allowed: set[str] | None) -> dict[tuple[str, str], str]:
+    out: dict[tuple[str, str], str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        op = "!=" if "!=" in part else "="
+        key, _, value = part.replace("==", "=").partition(op)
+        if not _ or (allowed is not None and key not in allowed):
+            raise ApiError(400, "BadRequest", f'unable to parse requirement: "{part}"')
+        out[(key.strip(), op)] = value.strip()
+    return out
+
+
+def discovery(resources: Iterable[Resource], path: str) -> dict[str, Any]:
+    """The discovery document at ``path`` (``/version``, ``/api``, ``/apis``, a group version)."""
+    installed = sorted(resources, key=lambda r: (r.group, r.version, r.plural))
+    if path == "/version":
+        return {"major": "1", "minor": "33", "gitVersion": "v1.33.0-fake"}
+    if path == "/api":
+        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+    if path == "/apis":
+        groups: dict[str, list[str]] = {}
+        for r in installed:
+            if r.group and r.version not in groups.setdefault(r.group, []):
+                groups[r.group].append(r.version)
+        return {
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [
+                {
+                    "name": g,
+                    "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
+                    "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]},
+                }
+                for g, vs in groups.items()
+            ],
+        }
+    parts = path.strip("/").split("/")
+    group_version = "/".join(parts[1:])
+    resources = [r for r in installed if r.prefix == path.rstrip("/")]
+    if not resources:
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": group_version,
+        "resources": [
+            {
+                "name": r.plural,
+                "singularName": r.kind.lower(),
+                "namespaced": True,
+                "kind": r.kind,
+                "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+            }
+            for r in resources
+        ],
+    }
 
 
 class LocalApiServer:
@@ -376,3 +491,125 @@ class LocalApiServer:
 
     def _discovery(self, path: str) -> dict[str, Any]:
         return discovery(self._installed, path)
+
+
+class Handler(BaseHTTPRequestHandler):
+    api: LocalApiServer
+    """The server this handler serves (set on the subclass ``LocalApiServer.start`` builds)."""
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_PUT(self) -> None:
+        self._handle("PUT")
+
+    def do_DELETE(self) -> None:
+        self._handle("DELETE")
+
+    def _handle(self, method: str) -> None:
+        split = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(split.query).items()}
+        path = split.path
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        request = Request(method, path, query)
+        api = self.api
+        api.wait_while_hanging()
+        try:
+            with api._cond:
+                api.requests.append(request)
+                if self.headers.get("Authorization") != f"Bearer {api.token}":
+                    raise ApiError(401, "Unauthorized", "Unauthorized")
+                fault = api._fault(method, path, request.is_watch)
+            if fault is not None:
+                raise ApiError(fault.status, "InternalError", f"injected fault {fault.status}")
+            if path in ("/api", "/apis", "/version") or path.count("/") <= 3:
+                with api._cond:
+                    self._json(200, api._discovery(path))
+                return
+            resource, namespace, name = self._route(path)
+            if method == "GET" and name is None and request.is_watch:
+                self._stream(api._watch_events(resource, namespace, query))
+                return
+            with api._cond:
+                code, payload = self._dispatch(method, resource, namespace, name, query, body)
+            self._json(code, payload)
+        except ApiError as exc:
+            self._json(exc.body["code"], exc.body)
+
+    def _route(self, path: str) -> tuple[Resource, str, str | None]:
+        parts = path.strip("/").split("/")
+        if parts[0] == "api":
+            group, version, rest = "", parts[1], parts[2:]
+        else:
+            group, version, rest = parts[1], parts[2], parts[3:]
+        if len(rest) < 3 or rest[0] != "namespaces" or len(rest) > 4:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        resource = self.api._resource(group, version, rest[2])
+        return resource, rest[1], rest[3] if len(rest) == 4 else None
+
+    def _dispatch(
+        self,
+        method: str,
+        resource: Resource,
+        namespace: str,
+        name: str | None,
+        query: dict[str, str],
+        body: bytes,
+    ) -> tuple[int, dict[str, Any]]:
+        api = self.api
+        if method == "GET" and name is None:
+            return 200, {
+                "kind": f"{resource.kind}List",
+                "apiVersion": resource.api_version,
+                "metadata": {"resourceVersion": str(api._state.rv)},
+                "items": api._list(resource, namespace, query),
+            }
+        if method == "GET" and name is not None:
+            return 200, copy.deepcopy(api._get(resource, namespace, name))
+        if method == "DELETE" and name is not None:
+            return 200, api._delete(resource, namespace, name)
+        try:
+            obj = json.loads(body or b"{}")
+        except ValueError:
+            raise ApiError(400, "BadRequest", "invalid JSON body") from None
+        obj.setdefault("metadata", {}).setdefault("namespace", namespace)
+        if method == "POST" and name is None:
+            return 201, api._create(resource, obj)
+        if method == "PUT" and name is not None:
+            if obj["metadata"].get("name") != name:
+                raise ApiError(400, "BadRequest", "the name of the object does not match")
+            return 200, api._replace(resource, obj)
+        raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
+
+    def _json(self, code: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _stream(self, events: Iterator[dict[str, Any] | None]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            for event in events:
+                if event is None:  # cut the connection mid-stream
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                line = json.dumps(event).encode() + b"\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            self.close_connection = True

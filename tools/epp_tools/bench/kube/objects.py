@@ -1,14 +1,47 @@
-"""Kubernetes objects as the API server returns them (pods, InferencePools, objectives,
-rewrites), for the local API server of ``epp_tools.bench.kube.apiserver``."""
+"""What the local API server (``epp_tools.bench.kube.apiserver``) holds: the API resources it
+serves (``PODS``, ``POOLS``, ``LEASES``, the objectives and rewrites, with their legacy groups)
+and Kubernetes objects as it returns them (pods, InferencePools, objectives, rewrites)."""
 
 from __future__ import annotations
 
 import datetime
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 
-def _now() -> str:
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def prefix(self) -> str:
+        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+
+
+PODS = Resource("", "v1", "pods", "Pod")
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+POOLS = Resource("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool")
+OBJECTIVES = Resource("llm-d.ai", "v1alpha2", "inferenceobjectives", "InferenceObjective")
+LEGACY_OBJECTIVES = Resource(
+    "inference.networking.x-k8s.io", "v1alpha2", "inferenceobjectives", "InferenceObjective"
+)
+REWRITES = Resource("llm-d.ai", "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite")
+LEGACY_REWRITES = Resource(
+    "inference.networking.x-k8s.io", "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite"
+)
+DEFAULT_RESOURCES = (PODS, LEASES, POOLS, OBJECTIVES, REWRITES)
+
+
+def timestamp() -> str:
+    """Now, as Kubernetes writes times (RFC 3339, seconds, UTC)."""
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -30,7 +63,7 @@ def pod(
         "annotations": dict(annotations or {}),
     }
     if terminating:
-        metadata["deletionTimestamp"] = _now()
+        metadata["deletionTimestamp"] = timestamp()
         metadata["deletionGracePeriodSeconds"] = 30
     return {
         "metadata": metadata,
@@ -49,7 +82,7 @@ def pod(
                 {"type": "ContainersReady", "status": "True" if ready else "False"},
                 {"type": "PodScheduled", "status": "True"},
             ],
-            "startTime": _now(),
+            "startTime": timestamp(),
         },
     }
 

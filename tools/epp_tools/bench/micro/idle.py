@@ -27,7 +27,7 @@ from epp.plugins.sources.file_discovery import dump_endpoints
 from epp_tools.bench.fleet import SimProcess
 from epp_tools.bench.workloads.spec import FleetSpec
 from epp_tools.stack.eppconfig import epp_config_text
-from epp_tools.stack.replicaset import EppSet
+from epp_tools.stack.replicas import EppSet
 
 POD_COUNTS = (4, 100)
 PODS_PER_SIM = 25

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import epp
 from epp_tools.stack.envoy import free_port
+from epp_tools.stack.eppconfig import CHECKOUT
 
 _INSTALL_TIMEOUT = 600.0
 
@@ -81,8 +81,7 @@ VLLM = PeerSpec(
 
 def repo_root() -> Path:
     """The source checkout ``epp`` runs from (where the peer venvs live), else the cwd."""
-    root = Path(epp.__file__).resolve().parent.parent
-    return root if (root / "pyproject.toml").is_file() else Path.cwd()
+    return CHECKOUT if (CHECKOUT / "pyproject.toml").is_file() else Path.cwd()
 
 
 def no_egress_env() -> dict[str, str]:

@@ -47,20 +47,17 @@ from typing import Any
 
 import aiohttp
 
-from epp_tools.bench.fleet import SimProcess
+from epp_tools.bench.fleet import SimProcess, endpoints_yaml
 from epp_tools.bench.rate.load import bodies, open_loop, pin, runqueue_wait_seconds
 from epp_tools.bench.rate.stats import ARRIVAL_KINDS, arrivals
 from epp_tools.bench.rate.summary import Reading, report_md, step_row
-from epp_tools.bench.runner.run import warm_up
-from epp_tools.bench.runner.targets import endpoints_yaml
+from epp_tools.bench.runner.driver import warm_up
 from epp_tools.bench.workloads.spec import FleetSpec
-from epp_tools.stack.eppconfig import epp_config_text
+from epp_tools.stack.eppconfig import CONFIGS, epp_config_text
 from epp_tools.stack.procs import cpu_seconds
-from epp_tools.stack.replicaset import EppSet
+from epp_tools.stack.replicas import EppSet
 
-DEFAULT_CONFIG = (
-    Path(__file__).resolve().parents[2] / "deploy" / "configs" / "upstream-default.yaml"
-)
+DEFAULT_CONFIG = CONFIGS / "upstream-default.yaml"
 SERVERS: dict[str, list[str]] = {"epp": []}
 """Variant name → the EPP's extra flags."""
 

@@ -1,7 +1,7 @@
 """``epp bench replicas``: active-active EPP replicas under load, when Redis or a replica fails,
 and ``epp --workers`` against one process. Each scenario runs on a fresh simulated fleet (its own
 ``epp sim`` process) with the built-in default config, the replicas behind one Envoy
-(``epp_tools.stack.replicaset``), and closed-loop agent sessions
+(``epp_tools.stack.replicas``), and closed-loop agent sessions
 (``epp_tools.bench.runner.agentload``)::
 
     epp bench replicas                                 # every scenario, about 3 minutes
@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from epp_tools.bench.fleet import SimProcess
+from epp_tools.bench.fleet import SimProcess, endpoints_yaml
 from epp_tools.bench.replicas.report import render
 from epp_tools.bench.runner.agentload import (
     AgentLoad,
@@ -60,12 +60,11 @@ from epp_tools.bench.runner.agentload import (
     recovery_seconds,
     windows,
 )
-from epp_tools.bench.runner.run import warm_up
-from epp_tools.bench.runner.targets import endpoints_yaml
+from epp_tools.bench.runner.driver import warm_up
 from epp_tools.bench.workloads.spec import MODEL, BenchRequest, FleetSpec
 from epp_tools.stack.eppconfig import epp_config_text
 from epp_tools.stack.procs import tree_cpu_seconds
-from epp_tools.stack.replicaset import EppSet, SetupError
+from epp_tools.stack.replicas import EppSet, SetupError
 
 SCENARIOS = ("outage", "restart", "workers")
 AGENT_FLEET = FleetSpec(pods=4, num_gpu_blocks=4_000, max_model_len=65_536, time_scale=10.0)

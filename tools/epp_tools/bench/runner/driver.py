@@ -280,3 +280,22 @@ async def probe(url: str, n: int = 10, timeout: float = 30.0) -> dict[str, list[
             if out.ok and i > n:  # the first one opens the connection
                 result["reused"].append(out.ttft)
     return result
+
+
+WARMUP_TIMEOUT = 30.0
+"""The bound of a warm-up: the first request a target answers, or warming the pods."""
+
+
+async def warm_up(url: str) -> None:
+    """One small request until it is answered 200 (the target may still be connecting)."""
+    deadline = time.monotonic() + WARMUP_TIMEOUT
+    last = ""
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        while time.monotonic() < deadline:
+            out = await send(http, url, 0, probe_request(9999), time.perf_counter())
+            if out.ok:
+                return
+            last = out.error or f"HTTP {out.status}"
+            await asyncio.sleep(0.2)
+    raise RuntimeError(f"warm-up request never succeeded: {last}")

@@ -49,8 +49,6 @@ from epp_tools.bench.workloads.spec import MODEL, BenchRequest, Workload, limit_
 from epp_tools.stack.procs import peak_rss_bytes, rss_bytes
 from epp_tools.stack.procs import tree_cpu_seconds as cpu_seconds
 
-_WARMUP_TIMEOUT = 30.0
-
 
 @dataclass(frozen=True)
 class Options:
@@ -71,26 +69,11 @@ def log(message: str) -> None:
     print(f"bench: {message}", flush=True)
 
 
-async def warm_up(url: str) -> None:
-    """One small request until it is answered 200 (the target may still be connecting)."""
-    deadline = time.monotonic() + _WARMUP_TIMEOUT
-    last = ""
-    timeout = aiohttp.ClientTimeout(total=10)
-    async with aiohttp.ClientSession(timeout=timeout) as http:
-        while time.monotonic() < deadline:
-            out = await driver.send(http, url, 0, driver.probe_request(9999), time.perf_counter())
-            if out.ok:
-                return
-            last = out.error or f"HTTP {out.status}"
-            await asyncio.sleep(0.2)
-    raise RuntimeError(f"warm-up request never succeeded: {last}")
-
-
 async def warm_pods(sim: SimProcess, workload: Workload) -> None:
     """Each of the workload's warm prompts once to every pod, bypassing the router."""
     if not workload.warm_prefixes:
         return
-    timeout = aiohttp.ClientTimeout(total=_WARMUP_TIMEOUT)
+    timeout = aiohttp.ClientTimeout(total=driver.WARMUP_TIMEOUT)
     async with aiohttp.ClientSession(timeout=timeout) as http:
 
         async def one_pod(url: str) -> None:
@@ -194,7 +177,7 @@ async def run_target(
     try:
         sim.start()
         running = targets.start(key, sim, workload, workdir)
-        await warm_up(running.url)
+        await driver.warm_up(running.url)
         await warm_pods(sim, workload)
         todo = workload.requests if requests is None else requests
         m = await _measure(running, sim, workload, todo, opts)

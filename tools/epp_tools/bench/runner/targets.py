@@ -56,8 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from epp.plugins.sources.file_discovery import dump_endpoints
-from epp_tools.bench.fleet import SimProcess
+from epp_tools.bench.fleet import SimProcess, endpoints_yaml
 from epp_tools.bench.peers.routers import (
     SGLANG,
     VLLM,
@@ -72,7 +71,7 @@ from epp_tools.stack.eppconfig import PD_CONFIG, epp_config_text, unloadable_plu
 from epp_tools.stack.procs import Proc, wait_http
 from epp_tools.stack.redis import INSTALL_HINT as REDIS_HINT
 from epp_tools.stack.redis import available as redis_available
-from epp_tools.stack.replicaset import EppSet, SetupError
+from epp_tools.stack.replicas import EppSet, SetupError
 
 TARGETS: dict[str, str] = {
     "epp": "EPP (default config) via Envoy",
@@ -175,16 +174,6 @@ def fleet_spec(key: str, workload: Workload) -> FleetSpec:
     if workload.pd_fleet is None:
         raise TargetUnavailable(f"workload ({workload.name}) has no P/D fleet")
     return workload.pd_fleet
-
-
-def endpoints_yaml(fleet: SimProcess) -> str:
-    return dump_endpoints(
-        (
-            (name, host, port)
-            for name, (host, port) in zip(fleet.pods, fleet.hostports, strict=True)
-        ),
-        labels=fleet.spec.role_labels(),
-    )
 
 
 def _start_epp(

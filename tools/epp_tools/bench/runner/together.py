@@ -32,7 +32,8 @@ from pathlib import Path
 
 from epp_tools.bench.fleet import SimProcess
 from epp_tools.bench.runner import driver, targets
-from epp_tools.bench.runner.run import warm_pods, warm_up
+from epp_tools.bench.runner.driver import warm_up
+from epp_tools.bench.runner.run import warm_pods
 from epp_tools.bench.workloads.catalog import build, resolve
 from epp_tools.bench.workloads.spec import Workload
 from epp_tools.stack.procs import tree_cpu_seconds as cpu_seconds

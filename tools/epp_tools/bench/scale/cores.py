@@ -42,17 +42,16 @@ from typing import Any
 
 import orjson
 
-from epp_tools.bench.fleet import SimProcess
+from epp_tools.bench.fleet import SimProcess, endpoints_yaml
 from epp_tools.bench.rate.load import Shot, bodies, open_loop
 from epp_tools.bench.rate.stats import arrivals
-from epp_tools.bench.runner.run import warm_up
-from epp_tools.bench.runner.targets import endpoints_yaml
+from epp_tools.bench.runner.driver import warm_up
 from epp_tools.bench.scale.ramp import WORK
 from epp_tools.bench.workloads.spec import MODEL, FleetSpec
 from epp_tools.bench.workloads.text import words
 from epp_tools.stack.eppconfig import epp_config_text
 from epp_tools.stack.procs import tree_cpu_seconds
-from epp_tools.stack.replicaset import EppSet
+from epp_tools.stack.replicas import EppSet
 
 OUT = Path("docs/benchmarks/scale")
 IDLE_S = 3.0

@@ -26,7 +26,7 @@ from typing import Any
 
 from epp_tools.bench.fleet import SimProcess
 from epp_tools.bench.runner import targets
-from epp_tools.bench.runner.run import warm_up
+from epp_tools.bench.runner.driver import warm_up
 from epp_tools.bench.scale.agents import MAIN_OBJECTIVE, SUB_OBJECTIVE
 from epp_tools.bench.scale.drive import AgentPool
 from epp_tools.bench.scale.probe import Snapshot, WindowSampler, snapshot, step_row

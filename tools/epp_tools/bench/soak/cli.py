@@ -45,14 +45,13 @@ import yaml
 
 from epp.config.schema import DEFAULT_CONFIG_TEXT
 from epp_tools.bench.chaos.load import StreamLoad, failures
-from epp_tools.bench.fleet import SimProcess
+from epp_tools.bench.fleet import SimProcess, endpoints_yaml
 from epp_tools.bench.runner.agentload import AgentLoad, agent_sessions, failed
-from epp_tools.bench.runner.targets import endpoints_yaml
 from epp_tools.bench.soak.report import Sample, render, sample, verdict
 from epp_tools.bench.workloads.spec import MODEL, FleetSpec
 from epp_tools.stack.eppconfig import epp_config_text
 from epp_tools.stack.procs import Terminated, until_terminated
-from epp_tools.stack.replicaset import EppSet
+from epp_tools.stack.replicas import EppSet
 
 LORAS = ("sql-lora", "chat-lora")
 FLEET = FleetSpec(

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from epp_tools.stack.procs import direct_opener
-from epp_tools.stack.replicaset import EppSet
+from epp_tools.stack.replicas import EppSet
 
 MAPS: dict[str, tuple[str, str]] = {
     "prefix index": ("approx-prefix-cache-producer", "entries"),
