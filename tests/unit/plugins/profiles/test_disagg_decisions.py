@@ -7,13 +7,8 @@ import pytest
 
 from epp.plugin import ErrorCode, InferenceError, PluginConfigError, TypedName
 from epp.plugin.params import decode
-from epp.plugins.profiles.disagg import DisaggProfileHandler
-from epp.plugins.profiles.disagg_support import (
-    DeciderRef,
-    DecisionCounter,
-    RateLimitedLog,
-    decision_type,
-)
+from epp.plugins.profiles.deciders import DeciderRef, RateLimitedLog
+from epp.plugins.profiles.disagg import DecisionCounter, DisaggProfileHandler, decision_type
 from tests.builders import handle, make_request
 from tests.unit.plugins.profiles.disagg_helpers import PluginsHandle, StubDecider, schedule
 
