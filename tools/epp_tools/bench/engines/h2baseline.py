@@ -16,7 +16,9 @@ the server grants the largest windows HTTP/2 allows (it bounds memory by
 ``--grpc-max-recv-msg-size`` per message instead) and keeps the peer's send windows exactly,
 queueing what does not fit until the peer's WINDOW_UPDATE. Pings are answered, the peer's
 SETTINGS applied and acknowledged, header blocks decoded in order (CONTINUATION included) so the
-HPACK table stays in step even for streams already closed.
+HPACK table stays in step even for streams already closed. Header blocks it writes are HPACK
+literals that never touch the dynamic table (RFC 7541 §6.2.2, "without indexing"; ``:status 200``
+is static index 8), so they need no encoder state and are the same bytes on every connection.
 """
 
 from __future__ import annotations
@@ -25,19 +27,64 @@ import asyncio
 import logging
 import struct
 from collections.abc import Callable, Iterable
-from typing import Any, cast
+from typing import Any, Final, cast
+from urllib.parse import quote
 
 import hpack
 
 from epp.server import h2wire as w
 from epp.server.h2conn import Call, Router
-from epp_tools.bench.engines import h2baseline_wire as bw
 
 log = logging.getLogger(__name__)
 
 _U32 = struct.Struct(">I")
 _WINDOW_REFILL = 1 << 30
 _DRAIN_PING = b"epp-gone"
+
+
+class H2Error(Exception):
+    """A connection error: the connection ends with GOAWAY carrying ``code``."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _int(value: int, prefix_bits: int, first: int) -> bytes:
+    """HPACK integer (RFC 7541 §5.1) with ``first`` holding the representation's high bits."""
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes([first | value])
+    out = bytearray([first | limit])
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode("latin-1", "replace")
+    return _int(len(raw), 7, 0x00) + raw
+
+
+def literal(name: str, value: str) -> bytes:
+    """A literal header field without indexing, new name (RFC 7541 §6.2.2)."""
+    return b"\x00" + _string(name) + _string(value)
+
+
+RESPONSE_HEADERS: Final = b"\x88" + literal("content-type", "application/grpc")
+"""``:status 200`` (static index 8) and ``content-type: application/grpc``."""
+
+
+def status_block(code: int, message: str = "") -> bytes:
+    """The trailers of a gRPC call: ``grpc-status`` and, when set, ``grpc-message``
+    (percent-encoded as the gRPC HTTP/2 protocol says)."""
+    block = literal("grpc-status", str(code))
+    if message:
+        block += literal("grpc-message", quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"))
+    return block
 
 
 class _Stream:
@@ -75,7 +122,7 @@ class _Stream:
     def finish(self, code: int, message: str = "") -> None:
         if not self.finished:
             self.finished = True
-            self.conn.send_trailers(self, bw.status_block(code, message))
+            self.conn.send_trailers(self, status_block(code, message))
 
 
 class Connection(asyncio.Protocol):
@@ -124,7 +171,7 @@ class Connection(asyncio.Protocol):
         try:
             self._buf += data
             self._frames()
-        except bw.H2Error as err:
+        except H2Error as err:
             log.warning("ext_proc HTTP/2 connection error: %s", err)
             self._out.append(w.goaway(self._last_sid, err.code, str(err).encode()[:200]))
             self._flush()
@@ -166,7 +213,7 @@ class Connection(asyncio.Protocol):
             if len(buf) < len(w.PREFACE):
                 return
             if buf[: len(w.PREFACE)] != w.PREFACE:
-                raise bw.H2Error(w.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                raise H2Error(w.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
             self._preface = True
             pos = len(w.PREFACE)
         end = len(buf)
@@ -174,7 +221,7 @@ class Connection(asyncio.Protocol):
             hi, lo, ftype, flags, sid = w.FRAME_HEADER.unpack_from(buf, pos)
             length = (hi << 16) | lo
             if length > w.DEFAULT_MAX_FRAME:  # the largest frame we allow (SETTINGS default)
-                raise bw.H2Error(w.FRAME_SIZE_ERROR, f"a {length}-byte frame")
+                raise H2Error(w.FRAME_SIZE_ERROR, f"a {length}-byte frame")
             if end - pos - 9 < length:
                 break
             payload = bytes(buf[pos + 9 : pos + 9 + length])
@@ -184,7 +231,7 @@ class Connection(asyncio.Protocol):
 
     def _frame(self, ftype: int, flags: int, sid: int, payload: bytes) -> None:
         if self._block_stream and ftype != w.CONTINUATION:
-            raise bw.H2Error(w.PROTOCOL_ERROR, "header block interrupted")
+            raise H2Error(w.PROTOCOL_ERROR, "header block interrupted")
         if ftype == w.DATA:
             self._on_data(flags, sid, payload)
         elif ftype in (w.HEADERS, w.CONTINUATION):
@@ -261,18 +308,18 @@ class Connection(asyncio.Protocol):
             self._block_end = bool(flags & w.END_STREAM)
             self._block = bytearray(payload)
         elif sid != self._block_stream:
-            raise bw.H2Error(w.PROTOCOL_ERROR, "CONTINUATION without HEADERS")
+            raise H2Error(w.PROTOCOL_ERROR, "CONTINUATION without HEADERS")
         else:
             self._block += payload
         if len(self._block) > 1 << 20:
-            raise bw.H2Error(w.PROTOCOL_ERROR, "header block over 1 MiB")
+            raise H2Error(w.PROTOCOL_ERROR, "header block over 1 MiB")
         if not flags & w.END_HEADERS:
             return
         self._block_stream = 0
         try:
             headers = self._decoder.decode(bytes(self._block), raw=True)
         except Exception as exc:
-            raise bw.H2Error(w.COMPRESSION_ERROR, f"bad header block: {exc}") from None
+            raise H2Error(w.COMPRESSION_ERROR, f"bad header block: {exc}") from None
         self._header_block(sid, headers, self._block_end)
 
     def _header_block(self, sid: int, headers: Iterable[Any], end: bool) -> None:
@@ -328,7 +375,7 @@ class Connection(asyncio.Protocol):
     def send_data(self, st: _Stream, data: bytes) -> None:
         if not st.headers_sent:
             st.headers_sent = True
-            self._write(w.frame(w.HEADERS, w.END_HEADERS, st.sid, bw.RESPONSE_HEADERS))
+            self._write(w.frame(w.HEADERS, w.END_HEADERS, st.sid, RESPONSE_HEADERS))
         n = len(data)
         if not st.pending and n <= st.window and n <= self._conn_window and n <= self._peer_frame:
             st.window -= n
@@ -340,7 +387,7 @@ class Connection(asyncio.Protocol):
 
     def send_trailers(self, st: _Stream, block: bytes) -> None:
         if not st.headers_sent:  # trailers-only response
-            block = bw.RESPONSE_HEADERS + block
+            block = RESPONSE_HEADERS + block
         st.trailers = block
         if not st.pending:
             self._end(st)
