@@ -2,8 +2,13 @@
 
 It routes one request and shows where it went, drives a short seeded mixed workload through the
 EPP, then the same workload on a fresh fleet through Envoy's own round robin, and prints a table
-(requests per pod, prefix-cache hit ratio, TTFT p50/p90). Everything it starts is stopped on exit
-or Ctrl-C (Envoy also dies with this process: it sets PDEATHSIG).
+(requests per pod, prefix-cache hit ratio, TTFT p50/p90). Then a second table on a short agentic
+workload (``epp_tools.stack.workload.agentic_workload``: coding agents resending a long, growing
+context every turn, a harness prompt they share and a task context each), in real time
+(``--agentic-time-scale``, default 1), TTFT counted to the first content token: there keeping an
+agent on the pod that holds its context saves the prefill a router that spreads the turns pays
+again. Everything it starts is stopped on exit or Ctrl-C (Envoy also dies with this process: it
+sets PDEATHSIG).
 
 With ``--pd`` it compares aggregated serving with disaggregated prefill/decode on unique long
 prompts with long answers: first the pods all ``both`` behind the built-in default config, then
@@ -17,8 +22,9 @@ With ``--replicas N`` (N ≥ 2) the EPP runs as N active-active replicas behind 
 balances ext_proc streams over the replicas its gRPC health check finds ready; they share routing
 state (prefix-cache blocks, in-flight load) through a ``redis-server`` started on a free local
 port (it must be installed), each config being the stack's plus the ``redis-syncer``
-(``epp_tools.stack.replicas``). After the table a second one shows each replica's ext_proc streams,
-requests and cross-replica sync. ``--replicas`` does not combine with ``--pd``.
+(``epp_tools.stack.replicas``). After the first table another shows each replica's ext_proc
+streams, requests and cross-replica sync. ``--replicas`` does not combine with ``--pd``. With
+``--keep-running`` the stack stays up after the first table (the agentic run does not happen).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from epp_tools.stack.replicas import EppSet, SetupError, check_replicas, report_
 from epp_tools.stack.workload import (
     Summary,
     WorkItem,
+    agentic_workload,
     drive,
     long_prompt_workload,
     mixed_workload,
@@ -78,6 +85,13 @@ def _parser() -> argparse.ArgumentParser:
         "--config-file",
         default="",
         help="EndpointPickerConfig for the EPP (default: the built-in default config)",
+    )
+    p.add_argument(
+        "--agentic-time-scale",
+        type=float,
+        default=1.0,
+        help="simulator speed-up of the agentic run (default 1: real time, so that the prefill "
+        "an EPP saves and the time it takes to route compare as they would in a deployment)",
     )
     p.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
     p.add_argument("--skip-baseline", action="store_true", help="do not run the round-robin run")
@@ -193,6 +207,7 @@ async def _run_epp(
     title: str = "EPP (default config)",
     base: str | None = None,
     roles: Sequence[Role] = (),
+    announce: bool = True,
 ) -> tuple[Summary, str]:
     """The workload through Envoy and the stack's EPP replicas: its summary, and with several
     replicas the table of what each one did."""
@@ -207,13 +222,14 @@ async def _run_epp(
             envoy = group.start_envoy()
             if args.replicas > 1:
                 await envoy.wait_healthy(args.replicas, timeout=30.0)
-            print(group.describe(len(fleet.ports)))
-            await _first_request(envoy.url, fleet)
+            if announce:
+                print(group.describe(len(fleet.ports)))
+                await _first_request(envoy.url, fleet)
             results = await drive(envoy.url, waves, model=MODEL, concurrency=args.concurrency)
             summary = summarize(title, results)
             report = ""
             if args.replicas > 1:
-                report = report_table(await group.report(expected=len(results) + 1))
+                report = report_table(await group.report(expected=len(results) + int(announce)))
             if args.keep_running:
                 await _keep_running(args, group, summary, report)
         finally:
@@ -244,8 +260,7 @@ async def _keep_running(
     await asyncio.Event().wait()
 
 
-async def _run_baseline(args: argparse.Namespace) -> Summary:
-    waves = mixed_workload(seed=args.seed)
+async def _run_baseline(args: argparse.Namespace, waves: Waves) -> Summary:
     async with _fleet(args) as fleet:
         with Envoy("round-robin", fallback=[("127.0.0.1", p) for p in fleet.ports]) as envoy:
             results = await drive(envoy.url, waves, model=MODEL, concurrency=args.concurrency)
@@ -298,14 +313,35 @@ async def _main(args: argparse.Namespace) -> int:
         return await _main_pd(args)
     with tempfile.TemporaryDirectory(prefix="epp-stack-") as tmp:
         base = Path(args.config_file).read_text() if args.config_file else None
-        waves = mixed_workload(seed=args.seed)
         title = (
             f"EPP x{args.replicas} active-active" if args.replicas > 1 else "EPP (default config)"
         )
-        summary, report = await _run_epp(args, Path(tmp) / "epp", waves, title=title, base=base)
+        summary, report = await _run_epp(
+            args, Path(tmp) / "epp", mixed_workload(seed=args.seed), title=title, base=base
+        )
         rows: list[Summary] = [summary]
         if not args.skip_baseline:
-            rows.append(await _run_baseline(args))
+            rows.append(await _run_baseline(args, mixed_workload(seed=args.seed)))
+        _print_mixed(args, rows, report)
+        agentic = agentic_workload(seed=args.seed)
+        real = argparse.Namespace(**{**vars(args), "time_scale": args.agentic_time_scale})
+        summary, _ = await _run_epp(
+            real, Path(tmp) / "agentic", agentic, title=title, base=base, announce=False
+        )
+        agent_rows: list[Summary] = [summary]
+        if not args.skip_baseline:
+            agent_rows.append(await _run_baseline(real, agentic))
+    print()
+    print(f"{_describe_agents(agentic)};")
+    print(
+        f"fresh fleet each (time scale {real.time_scale:g}x; TTFT to the first content token, "
+        "its prefill included, in wall-clock ms):"
+    )
+    print(table(agent_rows, first_token=True))
+    return 0 if all(r.errors == 0 for r in (*rows, *agent_rows)) else 1
+
+
+def _print_mixed(args: argparse.Namespace, rows: Sequence[Summary], report: str) -> None:
     print()
     print(
         f"same seeded workload, fresh fleet each ({args.pods} pods, time scale "
@@ -320,7 +356,19 @@ async def _main(args: argparse.Namespace) -> int:
             "replica's /metrics):"
         )
         print(report)
-    return 0 if all(r.errors == 0 for r in rows) else 1
+    sys.stdout.flush()
+
+
+def _describe_agents(waves: Waves) -> str:
+    """What the agentic workload is, in tokens (the simulator's 4 bytes per token)."""
+    first, last = waves[0][0].messages, waves[-1][0].messages
+    harness, context = (len(m["content"]) // 4 for m in first[:2])
+    total = sum(len(m["content"]) for m in last) // 4
+    return (
+        f"{len(waves[0])} coding agents x {len(waves)} turns, each resending its whole context "
+        f"(up to {total} tokens): a {harness}-token harness prompt they share, a {context}-token "
+        "task context of its own, a tool result per turn"
+    )
 
 
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

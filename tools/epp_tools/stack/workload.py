@@ -5,6 +5,13 @@
   their own short question;
 - multi-turn sessions: each session resends its whole growing conversation every turn.
 
+``agentic_workload``: a short run of coding agents, each resending a long and growing context
+every turn: a harness prompt every agent shares (system prompt and tool schemas), the agent's
+own task context (the files it read), then one tool result and its previous answer per turn.
+A router that keeps an agent on the pod that holds its context prefills only the new tokens of
+each turn; one that spreads the turns prefills the whole context again on a pod that has not
+seen it (or has evicted it), which is what its time to first token shows.
+
 ``long_prompt_workload`` (``epp stack --pd``): unique long prompts with long answers, nothing to
 reuse: what disaggregated prefill/decode is for.
 
@@ -124,6 +131,34 @@ def mixed_workload(
             convo.append({"role": "user", "content": _text(rng, 60)})
             waves[t].append(WorkItem(f"session-{s}", tuple(convo), 16))
             convo.append({"role": "assistant", "content": _text(rng, 16)})
+    for w in waves:
+        rng.shuffle(w)
+    return waves
+
+
+def agentic_workload(
+    *,
+    seed: int = 1,
+    agents: int = 8,
+    turns: int = 6,
+    harness_words: int = 1500,
+    context_words: int = 3000,
+    result_words: int = 150,
+) -> list[list[WorkItem]]:
+    """One wave per turn, every agent's turn in it (an agent's next turn needs its answer)."""
+    rng = random.Random(seed)
+    harness = _text(rng, harness_words)
+    waves: list[list[WorkItem]] = [[] for _ in range(turns)]
+    for a in range(agents):
+        convo: list[dict[str, str]] = [
+            {"role": "system", "content": harness},
+            {"role": "user", "content": _text(rng, context_words)},
+        ]
+        for t in range(turns):
+            if t:
+                convo.append({"role": "assistant", "content": _text(rng, 16)})
+                convo.append({"role": "user", "content": _text(rng, result_words)})
+            waves[t].append(WorkItem(f"agent-{a}", tuple(convo), 16))
     for w in waves:
         rng.shuffle(w)
     return waves
@@ -261,17 +296,26 @@ def summarize(target: str, results: Sequence[Result]) -> Summary:
     )
 
 
-def table(rows: Sequence[Summary]) -> str:
+def table(rows: Sequence[Summary], *, first_token: bool = False) -> str:
+    """Requests, errors, hit ratio and TTFT per target, with each pod's share of the requests.
+    TTFT is to the first SSE line (for chat, the role chunk the server sends before prefilling),
+    or with ``first_token`` to the first content token, which includes the prefill: what keeping
+    an agent on the pod that holds its context saves."""
     head = (
         f"{'target':<24}{'requests':>9}{'errors':>7}{'cache hit':>10}{'TTFT p50':>10}"
         f"{'TTFT p90':>10}  requests per pod"
     )
     lines = [head, "-" * len(head)]
     for s in rows:
+        p50, p90 = (
+            (s.first_token_p50_ms, s.first_token_p90_ms)
+            if first_token
+            else (s.ttft_p50_ms, s.ttft_p90_ms)
+        )
         pods = " ".join(f"{k}:{v}" for k, v in s.per_pod.items())
         lines.append(
             f"{s.target:<24}{s.requests:>9}{s.errors:>7}{s.hit_ratio:>9.1%} "
-            f"{s.ttft_p50_ms:>7.1f}ms{s.ttft_p90_ms:>8.1f}ms  {pods}"
+            f"{p50:>7.1f}ms{p90:>8.1f}ms  {pods}"
         )
     return "\n".join(lines)
 
