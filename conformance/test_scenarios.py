@@ -27,9 +27,9 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.localstack.envoy import Envoy, free_port
-from epp.sim.config import PodConfig
-from epp.sim.fleet import SimFleet
+from epp_tools.sim.config import PodConfig
+from epp_tools.sim.fleet import SimFleet
+from epp_tools.stack.envoy import Envoy, free_port
 
 HERE = Path(__file__).parent
 SCENARIOS = yaml.safe_load((HERE / "scenarios" / "routing.yaml").read_text())

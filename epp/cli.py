@@ -2,8 +2,9 @@
 
 ``epp [flags]`` runs the EPP; with ``--workers N`` above 1 it runs a supervisor of N EPP
 processes (``epp.workers``). ``epp --version`` prints the installed package's version. ``epp
-plugins list`` lists the installed plugins. ``epp sim`` runs the model-server simulator. ``epp
-stack`` runs the local demo stack.
+plugins list`` lists the installed plugins. ``epp sim`` runs the model-server simulator, ``epp
+stack`` the local demo stack and ``epp bench`` the benchmarks: these three are the tools, a
+distribution of their own (``tools/``), loaded only when asked for.
 
 Boolean flags accept ``--flag``, ``--flag=true`` and ``--flag=false``; durations take Go syntax
 (``50ms``, ``30s``); sizes take quantities (``10MiB``); single-dash long flags (``-grpc-port``)
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import importlib
 import importlib.metadata
 import logging
 import os
@@ -352,22 +354,33 @@ def _plugins(args: list[str]) -> int:
     return 0
 
 
-def _sim(args: list[str]) -> int:
-    from epp.sim.cli import main as sim_main
+TOOLS: dict[str, str] = {
+    "sim": "epp_tools.sim.cli",
+    "stack": "epp_tools.stack.cli",
+    "bench": "epp_tools.bench.cli",
+}
+"""The subcommands of the tools distribution (``inference-epp-tools``, ``tools/`` in the
+repository): the module whose ``main(argv)`` runs each, imported only when it is asked for."""
 
-    return sim_main(args)
+TOOLS_HINT = "pip install -e ./tools"
 
 
-def _stack(args: list[str]) -> int:
-    from epp.localstack.cli import main as stack_main
+def _tool(name: str) -> Callable[[list[str]], int]:
+    def run(args: list[str]) -> int:
+        try:
+            module = importlib.import_module(TOOLS[name])
+        except ModuleNotFoundError as exc:
+            if exc.name != "epp_tools":
+                raise  # the tools are installed, something they need is not
+            print(
+                f"epp {name} is one of the EPP's tools, which are not installed here; install "
+                f"them from the repository with: {TOOLS_HINT}",
+                file=sys.stderr,
+            )
+            return 2
+        return int(module.main(args))
 
-    return stack_main(args)
-
-
-def _bench(args: list[str]) -> int:
-    from epp.bench.cli import main as bench_main
-
-    return bench_main(args)
+    return run
 
 
 def _envoy_config(args: list[str]) -> int:
@@ -406,9 +419,9 @@ def _worker(args: list[str]) -> int:
 
 _SUBCOMMANDS = {
     "plugins": _plugins,
-    "sim": _sim,
-    "stack": _stack,
-    "bench": _bench,
+    "sim": _tool("sim"),
+    "stack": _tool("stack"),
+    "bench": _tool("bench"),
     "envoy-config": _envoy_config,
     "explain": _explain,
     "endpoints": _endpoints,

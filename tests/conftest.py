@@ -22,12 +22,12 @@ from google.protobuf import struct_pb2
 
 from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.app import App
-from epp.localstack.envoy import Envoy
-from epp.localstack.redis import RedisServer
 from epp.plugin import Endpoint
 from epp.plugin.registry import GROUP, PluginInfo, PluginRegistry
 from epp.server import extproc_rpc
 from epp.settings import Settings
+from epp_tools.stack.envoy import Envoy
+from epp_tools.stack.redis import RedisServer
 
 TEST_PLUGINS = Path(__file__).parent / "fixtures" / "epp-testplugins"
 
@@ -179,8 +179,8 @@ async def start_app(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
 @pytest.fixture
 async def sim_pods() -> AsyncIterator[Callable[..., Any]]:
     """``await sim_pods(n, **podconfig)`` → a started SimFleet of n pods on free ports."""
-    from epp.sim.config import PodConfig
-    from epp.sim.fleet import SimFleet
+    from epp_tools.sim.config import PodConfig
+    from epp_tools.sim.fleet import SimFleet
 
     stack = contextlib.AsyncExitStack()
 

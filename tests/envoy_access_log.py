@@ -1,4 +1,4 @@
-"""The test Envoy config (``epp.localstack.envoy.render``) plus a file access log, so a test can
+"""The test Envoy config (``epp_tools.stack.envoy.render``) plus a file access log, so a test can
 read what Envoy ended up with for each request: request headers after the EPP's mutations
 (``%REQ(...)%``), dynamic metadata the EPP sent (``%DYNAMIC_METADATA(...)%``)."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from epp.localstack.envoy import free_port, render
+from epp_tools.stack.envoy import free_port, render
 
 _FILE_LOG = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog"
 

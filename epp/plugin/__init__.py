@@ -1,13 +1,14 @@
 """The public plugin contract. Plugin authors import from here and nothing else in ``epp``.
 
-Roles (``Filter``, ``Scorer``, ``Picker``, ``DataProducer``, ...) and value types are in
-``protocols`` and ``types``; optional capabilities in ``capabilities``; typed data keys in
-``keys``; values extractors publish on endpoints in ``attributes`` (and endpoint locality in
-``topology``); multimodal cache match data in ``multimodal``; session and agent identity in
-``session``; an endpoint's KV use as of now in ``kvusage``; the flow-control policy contract in
-``flow``; routing facts shared between replicas, and the transport that carries them, in
-``sharing``; wire constants in ``wire``; the kit plugin authors run in their own tests in
-``testing``.
+Roles (``Filter``, ``Scorer``, ``Picker``, ``DataProducer``, ...) are in ``protocols``, one
+module per extension point (``scheduling``, ``requestcontrol``, ``parsing``, ``flowcontrol``,
+``datalayer``, and ``plugin`` for what every plugin is), and value types in ``types``; optional
+capabilities in ``capabilities``; typed data keys in ``keys``; values extractors publish on
+endpoints in ``attributes`` (and endpoint locality in ``topology``); multimodal cache match data in
+``multimodal``; session and agent identity in ``session``; an endpoint's KV use as of now in
+``kvusage``; the flow-control policy contract in ``flow``; routing facts shared between replicas,
+and the transport that carries them, in ``sharing``; wire constants in ``wire``; the kit plugin
+authors run in their own tests in ``testing``.
 """
 
 from epp.plugin.attributes import (

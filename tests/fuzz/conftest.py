@@ -12,8 +12,8 @@ import grpc
 import pytest
 
 from epp.app import App
-from epp.bench.fuzz_gen import Spec
-from epp.bench.fuzz_run import fuzz_config_body
+from epp_tools.bench.fuzz.gen import Spec
+from epp_tools.bench.fuzz.run import fuzz_config_body
 from tests.conftest import dead_ports
 
 DEAD = tuple(dead_ports(3))

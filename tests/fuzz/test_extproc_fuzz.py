@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from epp._proto import epp_extproc_v3_pb2 as pb
-from epp.bench.fuzz_drive import Timeouts, drive
-from epp.bench.fuzz_gen import CANCEL, HALF_CLOSE, SEND, SPOOF_HOST, Case, Step
-from epp.bench.fuzz_run import ErrorLog, routing_check, run_cases
 from epp.plugin import wire
+from epp_tools.bench.fuzz.drive import Timeouts, drive
+from epp_tools.bench.fuzz.gen import CANCEL, HALF_CLOSE, SEND, SPOOF_HOST, Case, Step
+from epp_tools.bench.fuzz.run import ErrorLog, routing_check, run_cases
 from tests.fuzz.conftest import FuzzTarget
 
 MODE = pb.ProcessingMode

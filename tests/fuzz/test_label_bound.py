@@ -16,7 +16,7 @@ import os
 import aiohttp
 
 from epp.app import App
-from epp.localstack.procs import rss_bytes
+from epp_tools.stack.procs import rss_bytes
 from tests.fuzz.conftest import FuzzTarget
 
 NAMES = int(os.environ.get("EPP_FUZZ_MODEL_NAMES", "10000"))

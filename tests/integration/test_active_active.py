@@ -19,8 +19,8 @@ import aiohttp
 import pytest
 import redis
 
-from epp.localstack.envoy import free_port
 from epp.plugin import RequestBody
+from epp_tools.stack.envoy import free_port
 from tests.builders import make_request
 from tests.conftest import metrics_text, post, wait_for
 

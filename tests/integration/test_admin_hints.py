@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from epp.localstack.envoy import free_port
 from epp.server.tls import self_signed
+from epp_tools.stack.envoy import free_port
 
 pytestmark = [pytest.mark.timeout(600)]  # each run is a new Python process: slow when busy
 EPP = str(Path(sys.executable).parent / "epp")

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from epp.localstack.eppconfig import epp_config_text
+from epp_tools.stack.eppconfig import epp_config_text
 from tests.conftest import make_settings, post
 
 pytestmark = [pytest.mark.envoy]
@@ -66,8 +66,8 @@ async def test_example_config_starts_and_answers_through_envoy(
 
 @contextlib.asynccontextmanager
 async def _primary_port_pod() -> AsyncIterator[None]:
-    from epp.sim.config import PodConfig
-    from epp.sim.fleet import SimFleet
+    from epp_tools.sim.config import PodConfig
+    from epp_tools.sim.fleet import SimFleet
 
     fleet = SimFleet([PodConfig(name="primary", port=8000, time_scale=50.0)])
     try:

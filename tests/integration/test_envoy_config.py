@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from epp.localstack.envoy import Envoy, free_port
 from epp.server.tls import self_signed
+from epp_tools.stack.envoy import Envoy, free_port
 from tests.conftest import COMPLETION, post, settle
 
 pytestmark = [pytest.mark.envoy]

@@ -21,7 +21,7 @@ import yaml
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.localstack.envoy import Envoy, free_port, render
+from epp_tools.stack.envoy import Envoy, free_port, render
 from tests.conftest import metrics_text
 
 pytestmark = [pytest.mark.envoy]

@@ -19,7 +19,7 @@ from epp.envoyconfig.bootstrap import bootstrap
 from epp.envoyconfig.clusters import UNHEALTHY_THRESHOLD
 from epp.envoyconfig.options import EnvoyOptions
 from epp.envoyconfig.render import as_dict, dump
-from epp.localstack.envoy import Envoy, free_port
+from epp_tools.stack.envoy import Envoy, free_port
 
 # Two Python processes and Envoy start per test: on a busy machine that alone takes a minute.
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(300)]

@@ -17,15 +17,15 @@ import zmq
 import zmq.asyncio
 
 from epp.config.loader import load_config
-from epp.localstack.envoy import free_port
 from epp.plugin import Endpoint, PrefixMatchInfo, TokenizedPrompt
 from epp.plugin.params import decode
 from epp.plugin.registry import GROUP, PluginInfo, PluginRegistry
 from epp.plugins.producers.precise_prefix.producer import PrecisePrefixCacheProducer
-from epp.sim.config import PodConfig
-from epp.sim.fleet import SimFleet
-from epp.sim.kvcache import chain_hashes
-from epp.sim.tokenizer import tokenize
+from epp_tools.sim.config import PodConfig
+from epp_tools.sim.fleet import SimFleet
+from epp_tools.sim.kvcache import chain_hashes
+from epp_tools.sim.tokenizer import tokenize
+from epp_tools.stack.envoy import free_port
 from tests.builders import FakeHandle, make_request
 from tests.conftest import body_msg, exchange, headers_msg, set_headers_of, wait_for
 

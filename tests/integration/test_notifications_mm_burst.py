@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from epp.localstack.envoy import free_port
 from epp.plugins.producers.precise_prefix import pool as precise_pool
 from epp.plugins.producers.precise_prefix import producer as precise_producer
+from epp_tools.stack.envoy import free_port
 from tests.conftest import metrics_text, post, wait_for
 
 pytestmark = [pytest.mark.envoy]

@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.localstack.envoy import free_port
+from epp_tools.stack.envoy import free_port
 from tests.conftest import dead_ports, endpoints_yaml, epp_config
 
 EPP = str(Path(sys.executable).parent / "epp")

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from epp.localstack.envoy import free_port
+from epp_tools.stack.envoy import free_port
 from tests.certs import CA
 from tests.conftest import endpoints_yaml, epp_config
 

@@ -24,7 +24,7 @@ import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.localstack.envoy import Envoy, free_port
+from epp_tools.stack.envoy import Envoy, free_port
 from tests.conftest import COMPLETION, endpoints_yaml, post
 
 ROOT = Path(__file__).resolve().parents[2]

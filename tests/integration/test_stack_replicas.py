@@ -45,9 +45,11 @@ def test_stack_with_two_replicas_spreads_the_workload_and_shares_state_when_run(
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "2 EPP replicas" in done.stdout and "sharing state through redis-server" in done.stdout
-    (summary,) = [line for line in done.stdout.splitlines() if line.startswith("EPP x2")]
+    # the mixed workload's row, then the agentic workload's
+    summary, agentic = [line for line in done.stdout.splitlines() if line.startswith("EPP x2")]
     requests, errors = (int(x) for x in summary.split()[3:5])
     assert (requests, errors) == (60, 0)
+    assert [int(x) for x in agentic.split()[3:5]] == [48, 0]
     rows = [m.groups() for line in done.stdout.splitlines() if (m := ROW.match(line))]
     assert [r[0] for r in rows] == ["epp-0", "epp-1"], done.stdout
     for name, pid, _, streams, served, published, applied, sync_errors, _, replayed in rows:

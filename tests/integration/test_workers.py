@@ -27,7 +27,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.localstack.envoy import free_port
+from epp_tools.stack.envoy import free_port
 from tests.conftest import COMPLETION, endpoints_yaml, epp_config, post
 
 pytestmark = [pytest.mark.envoy]

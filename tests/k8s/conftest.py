@@ -17,8 +17,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.app import App
-from epp.localstack.apiserver import LocalApiServer
-from epp.localstack.envoy import free_port
+from epp_tools.bench.kube.apiserver import LocalApiServer
+from epp_tools.stack.envoy import free_port
 from tests.conftest import make_settings
 
 POOL = "vllm-pool"

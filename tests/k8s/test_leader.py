@@ -13,9 +13,8 @@ import pytest
 
 from epp.k8s.client import KubeLeases, load_api_client
 from epp.k8s.leader import Conflict, ElectionConfig, LeaderElector
-from epp.localstack.apiserver import LocalApiServer
-from epp.localstack.kubeapi import LEASES, PODS, POOLS
-from epp.localstack.kubeobjects import pod, pool
+from epp_tools.bench.kube.apiserver import LocalApiServer
+from epp_tools.bench.kube.objects import LEASES, PODS, POOLS, pod, pool
 from tests.k8s.conftest import (
     MODEL_LABELS,
     NOT_SERVING,

@@ -9,9 +9,8 @@ import json
 from typing import Any
 
 from epp.config.schema import UPSTREAM_DEFAULT_CONFIG_TEXT
-from epp.localstack.apiserver import LocalApiServer
-from epp.localstack.kubeapi import LEASES, OBJECTIVES, PODS, POOLS
-from epp.localstack.kubeobjects import objective, pod, pool
+from epp_tools.bench.kube.apiserver import LocalApiServer
+from epp_tools.bench.kube.objects import LEASES, OBJECTIVES, PODS, POOLS, objective, pod, pool
 from tests.conftest import body_msg, exchange, headers_msg, wait_for
 from tests.k8s.conftest import MODEL_LABELS, NOT_SERVING, POOL, SERVING
 

@@ -13,12 +13,11 @@ from typing import Any, ClassVar
 import pytest
 
 from epp.app import App
-from epp.localstack.apiserver import LocalApiServer
-from epp.localstack.kubeapi import POOLS, Resource
-from epp.localstack.kubeobjects import pool
 from epp.plugin import NoParams, PluginBase
 from epp.plugin.notifications import NotificationEvent
 from epp.plugin.registry import GROUP, PluginInfo, PluginRegistry
+from epp_tools.bench.kube.apiserver import LocalApiServer
+from epp_tools.bench.kube.objects import POOLS, Resource, pool
 from tests.conftest import make_settings, wait_for
 from tests.k8s.conftest import MODEL_LABELS, POOL
 

@@ -9,16 +9,19 @@ from typing import Any
 import pytest
 
 from epp.app import App
-from epp.localstack.apiserver import LocalApiServer
-from epp.localstack.kubeapi import (
+from epp_tools.bench.kube.apiserver import LocalApiServer
+from epp_tools.bench.kube.objects import (
     LEGACY_OBJECTIVES,
     LEGACY_REWRITES,
     OBJECTIVES,
     PODS,
     POOLS,
     REWRITES,
+    objective,
+    pod,
+    pool,
+    rewrite,
 )
-from epp.localstack.kubeobjects import objective, pod, pool, rewrite
 from tests.conftest import body_msg, exchange, headers_msg, metrics_text, wait_for
 from tests.k8s.conftest import MODEL_LABELS, POOL
 

@@ -7,9 +7,8 @@ from typing import Any
 import pytest
 
 from epp.app import App
-from epp.localstack.apiserver import LocalApiServer
-from epp.localstack.kubeapi import PODS, POOLS, Fault
-from epp.localstack.kubeobjects import pod, pool
+from epp_tools.bench.kube.apiserver import Fault, LocalApiServer
+from epp_tools.bench.kube.objects import PODS, POOLS, pod, pool
 from tests.conftest import wait_for
 from tests.k8s.conftest import MODEL_LABELS, POOL
 

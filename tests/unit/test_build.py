@@ -1,21 +1,27 @@
 """Reproducible builds: constraints.txt pins every dependency pyproject.toml declares (runtime,
-``test`` and ``dev``) to a version its specifier allows; the Dockerfile and .ci/run install under
-those pins; the linters are in ``dev``, not ``test``; .dockerignore keeps the repository's
-history, virtual environments and caches out of the build context but nothing the Dockerfile
-copies."""
+``test`` and ``dev``, and the tools' in tools/pyproject.toml) to a version its specifier allows;
+the Dockerfile and .ci/run install under those pins; the linters are in ``dev``, not ``test``;
+.dockerignore keeps the repository's history, virtual environments and caches out of the build
+context but nothing the Dockerfile copies. The service ships alone: its wheel and its image hold
+no tool module."""
 
 from __future__ import annotations
 
 import fnmatch
 import re
 import tomllib
+import zipfile
 from pathlib import Path
 
+from hatchling.builders.wheel import WheelBuilder
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+TOOLS = tomllib.loads((ROOT / "tools" / "pyproject.toml").read_text())["project"]
+TOOL_PATHS = ("epp_tools/", "epp/sim/", "epp/bench/", "epp/localstack/", "epp/stack/")
+"""Where a tool module sits in a wheel: the tools' package, or where the tools once were."""
 
 
 def _pins() -> dict[str, str]:
@@ -31,7 +37,9 @@ def _pins() -> dict[str, str]:
 
 def _declared() -> list[Requirement]:
     extras = PROJECT["optional-dependencies"]
-    return [Requirement(r) for r in [*PROJECT["dependencies"], *extras["test"], *extras["dev"]]]
+    tools = [r for r in TOOLS["dependencies"] if Requirement(r).name != PROJECT["name"]]
+    declared = [*PROJECT["dependencies"], *extras["test"], *extras["dev"], *tools]
+    return [Requirement(r) for r in declared]
 
 
 def test_constraints_pin_every_declared_dependency_within_its_specifier() -> None:
@@ -61,7 +69,7 @@ def test_dockerfile_and_ci_install_under_the_constraints() -> None:
     for command in commands:
         assert "--no-index" in command or "-c " in command, command
     ci = (ROOT / ".ci" / "run").read_text()
-    assert re.search(r"pip install .*-c constraints\.txt .*-e '\.\[test,dev\]'", ci)
+    assert re.search(r"pip install .*-c constraints\.txt .*-e '\.\[test,dev\]' -e \./tools", ci)
 
 
 def test_dockerignore_keeps_out_history_and_venvs_but_nothing_the_image_copies() -> None:
@@ -117,3 +125,34 @@ def test_no_two_installed_distributions_ship_the_same_file() -> None:
         f"`pip uninstall` the one the project does not depend on"
         for (a, b), paths in clashes.items()
     )
+
+
+def _wheel_files(project: Path, out: Path) -> list[str]:
+    (wheel,) = WheelBuilder(str(project)).build(directory=str(out), versions=["standard"])
+    return zipfile.ZipFile(wheel).namelist()
+
+
+def test_the_service_wheel_holds_no_tool_module(tmp_path: Path) -> None:
+    service = _wheel_files(ROOT, tmp_path / "service")
+    assert "epp/cli.py" in service and "epp/envoyconfig/cli.py" in service
+    assert not [f for f in service if f.startswith(TOOL_PATHS)]
+    tools = _wheel_files(ROOT / "tools", tmp_path / "tools")
+    assert "epp_tools/bench/cli.py" in tools and "epp_tools/sim/cli.py" in tools
+    assert not [f for f in tools if f.endswith(".py") and not f.startswith("epp_tools/")]
+
+
+def test_the_image_copies_no_tool() -> None:
+    """The image installs the wheel built from what the Dockerfile copies: the service's
+    packages, never ``tools/``."""
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    copied = [
+        src
+        for line in re.findall(r"^COPY (?!--from)(.+)$", dockerfile, flags=re.M)
+        for src in line.split()[:-1]
+    ]
+    assert {"epp", "scorers", "filters"} <= set(copied)
+    for src in copied:
+        assert not src.startswith("tools"), src
+        path = ROOT / src
+        found = list(path.rglob("*.py")) if path.is_dir() else []
+        assert not [p for p in found if str(p.relative_to(ROOT)).startswith(TOOL_PATHS)]

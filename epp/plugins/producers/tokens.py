@@ -27,7 +27,7 @@ size in tokens: 225 for an image (a 640x360 picture at 1024 pixels per token), 4
 (10 s sampled at 2 fps), ``14 + 12.5 * seconds`` for audio (seconds from the base64 payload at
 16 kB/s, 10 s when it has none).
 
-The simulator (``epp.sim``) tokenizes with the same 4-bytes-per-token rule, so against it the
+The simulator (``epp_tools.sim``) tokenizes with the same 4-bytes-per-token rule, so against it the
 estimate is exact for completions (chat differs: the simulator renders a chat template).
 
 Backend ``vllm`` asks a vLLM server for the engine's real token ids

@@ -34,6 +34,11 @@ the multimodal features its token producer attached to the tokenized prompt; thi
 ``TokenizedPrompt`` carries no features, so the decider looks at the same blocks in the parsed
 body directly.
 
+A handler holds each decider it names as a ``DeciderRef`` (resolved by name through
+``Handle.plugin``, at construction or at startup) and asks it with ``ask``: no decider, or one
+that raises, means no, and the failure is logged at most every 30 s (``RateLimitedLog``, which
+the deciders log their own errors with too).
+
 YAML::
 
     plugins:
@@ -52,19 +57,32 @@ YAML::
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from epp.plugin import (
+    PREFIX_MATCH_INFO,
+    TOKENIZED_PROMPT,
     CycleState,
+    Decider,
     Endpoint,
+    ErrorCode,
     Handle,
+    InferenceError,
     InferenceRequest,
     PluginBase,
+    PluginConfigError,
     PrefixMatchInfo,
+    TypedName,
 )
-from epp.plugins.profiles.disagg_support import PREFIX_KEY, TOKENS_KEY, RateLimitedLog
+
+PREFIX_KEY: Final = PREFIX_MATCH_INFO.key("approx-prefix-cache-producer")
+"""Where the prefix decider reads the decode endpoint's match info: upstream's
+``PrefixCacheMatchInfoDataKey``, bound to the default producer."""
+TOKENS_KEY: Final = TOKENIZED_PROMPT.key("token-producer")
+_LOG_EVERY: Final = 30.0
 
 CHAT_MEDIA_BLOCKS: Final = frozenset({"image_url", "video_url", "input_audio", "audio_url"})
 ANTHROPIC_MEDIA_BLOCKS: Final = frozenset({"image"})
@@ -178,3 +196,94 @@ def _has_media(content: Any, media: frozenset[str], depth: int) -> bool:
 
 def _mappings(items: Iterable[Any]) -> Iterable[Mapping[str, Any]]:
     return (item for item in items if isinstance(item, Mapping))
+
+
+class RateLimitedLog:
+    """A logger that says each distinct message at most once every 30 s."""
+
+    def __init__(self, log: logging.Logger, clock: Any = time.monotonic) -> None:
+        self.log = log
+        self._clock = clock
+        self._last: dict[str, float] = {}
+
+    def __call__(self, level: int, message: str, *args: Any) -> None:
+        now = self._clock()
+        last = self._last.get(message)
+        if last is not None and now - last < _LOG_EVERY:
+            return
+        if len(self._last) > 64:  # a few fixed messages; never grows past a handful
+            self._last.clear()
+        self._last[message] = now
+        self.log.log(level, message, *args)
+
+
+class DeciderRef:
+    """A decider named in a handler's parameters, resolved through ``Handle.plugin``.
+
+    The loader may build the handler before the decider it names (upstream's own sample configs
+    declare the handler first), so a name not found at construction is resolved again by
+    ``resolve`` (called at startup) and on first use. ``field`` is the parameter path used in
+    errors (``deciders.prefill``)."""
+
+    def __init__(self, handle: Handle, owner: TypedName, field: str, name: str) -> None:
+        self._handle = handle
+        self._owner = owner
+        self.field = field
+        self.name = name
+        self._decider: Decider | None = None
+        if name:
+            self._try()
+
+    def _try(self) -> Any:
+        try:
+            found = self._handle.plugin(self.name)
+        except LookupError:
+            return None
+        if found is not None and isinstance(found, Decider):
+            self._decider = found
+        return found
+
+    def resolve(self) -> Decider | None:
+        """The decider (``None`` when no name is configured); raises ``PluginConfigError`` when the
+        name is not a configured plugin or that plugin is not a decider."""
+        if self._decider is not None or not self.name:
+            return self._decider
+        found = self._try()
+        if self._decider is None:
+            problem = (
+                f"plugin not found: {self.name}"
+                if found is None
+                else f"plugin {self.name} ({found.typed_name.type}) is not a decider"
+            )
+            owner = self._owner
+            raise PluginConfigError(
+                plugin=owner.name, type_name=owner.type, path=self.field, problem=problem
+            )
+        return self._decider
+
+    def get(self) -> Decider | None:
+        """``resolve`` on the request path: a failure fails the request with a 500 that names
+        the parameter (the EPP normally refuses to start first, see ``resolve``)."""
+        if self._decider is not None or not self.name:
+            return self._decider
+        try:
+            return self.resolve()
+        except PluginConfigError as exc:
+            raise InferenceError(ErrorCode.INTERNAL, str(exc)) from None
+
+
+def ask(
+    decider: Decider | None,
+    cycle: CycleState,
+    request: InferenceRequest,
+    endpoint: Endpoint | None,
+    errors: RateLimitedLog,
+) -> bool:
+    """The decider's answer; no decider, or one that raises (logged), means no."""
+    if decider is None:
+        return False
+    try:
+        return bool(decider.disaggregate(cycle, request, endpoint))
+    except Exception as exc:
+        errors(logging.ERROR, "decider %s failed, stage skipped: %r", decider.typed_name, exc)
+        return False

@@ -82,6 +82,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
+from prometheus_client import Counter
+
 from epp.plugin import (
     PREFIX_MATCH_INFO,
     CycleState,
@@ -96,23 +98,75 @@ from epp.plugin import (
     Profile,
     ProfileResult,
     SchedulingResult,
+    TypedName,
 )
+from epp.plugin.metrics import metric_family
 from epp.plugin.roles import PEER_ENDPOINT, write_disagg_headers
+from epp.plugins.profiles.deciders import PREFIX_KEY, TOKENS_KEY, DeciderRef, RateLimitedLog, ask
 from epp.plugins.profiles.disagg_params import PREFILL_FIRST, DisaggParams
-from epp.plugins.profiles.disagg_support import (
-    PREFIX_KEY,
-    TOKENS_KEY,
-    DeciderRef,
-    DecisionCounter,
-    RateLimitedLog,
-    ask,
-    decision_type,
-)
 
 DATA_PARALLEL_HEADER: Final = "x-data-parallel-host-port"
 NO_DECODE = "failed to find target endpoint: failed to find available decode workers"
 
 Results = Mapping[str, ProfileResult | None]
+
+
+DECODE_ONLY: Final = "decode-only"
+PREFILL_DECODE: Final = "prefill-decode"
+ENCODE_DECODE: Final = "encode-decode"
+ENCODE_PREFILL_DECODE: Final = "encode-prefill-decode"
+
+MODEL_LABEL_CAP: Final = 1000
+"""Distinct ``model_name`` values a decision family labels before folding the rest into
+``other`` (model names come from clients)."""
+MAX_MODEL_LABEL_CHARS: Final = 256
+"""A longer model name reads ``other`` (so 1000 labels stay a few hundred KB of ``/metrics``)."""
+
+def decision_type(encode_used: bool, prefill_used: bool) -> str:
+    """Upstream's ``DisaggDecisionType``."""
+    if encode_used and prefill_used:
+        return ENCODE_PREFILL_DECODE
+    if encode_used:
+        return ENCODE_DECODE
+    return PREFILL_DECODE if prefill_used else DECODE_ONLY
+
+
+class DecisionCounter:
+    """``llm_d_epp_<kind>_decision_total{plugin_name, plugin_type, model_name, decision_type}``
+    and its deprecated twin ``llm_d_inference_scheduler_<kind>_decision_total{model_name,
+    decision_type}``; ``kind`` is ``disagg`` or ``pd``. An empty model name reads ``unknown``."""
+
+    def __init__(self, handle: Handle, typed_name: TypedName, kind: str, doc: str) -> None:
+        self._typed_name = typed_name
+        self._current = metric_family(
+            handle.registry,
+            Counter,
+            f"llm_d_epp_{kind}_decision_total",
+            doc,
+            ("plugin_name", "plugin_type", "model_name", "decision_type"),
+        )
+        self._twin = metric_family(
+            handle.registry,
+            Counter,
+            f"llm_d_inference_scheduler_{kind}_decision_total",
+            f"[Deprecated: Use llm_d_epp_{kind}_decision_total] {doc}",
+            ("model_name", "decision_type"),
+        )
+        self._models: set[str] = set()
+
+    def record(self, model: str, decision: str) -> None:
+        model = self._label(model or "unknown")
+        name = self._typed_name
+        self._current.labels(name.name, name.type, model, decision).inc()
+        self._twin.labels(model, decision).inc()
+
+    def _label(self, model: str) -> str:
+        if model in self._models:
+            return model
+        if len(self._models) >= MODEL_LABEL_CAP or len(model) > MAX_MODEL_LABEL_CHARS:
+            return "other"
+        self._models.add(model)
+        return model
 
 
 def no_decode_error() -> InferenceError:

@@ -10,14 +10,14 @@ from dataclasses import replace
 
 import aiohttp
 
-from epp.bench.agentic import AgenticShape, build_agentic
-from epp.bench.driver import run, send_turn
-from epp.bench.foreign import ForeignTraffic
-from epp.bench.oracle import compute_oracle
-from epp.bench.spec import MODEL, BenchRequest, FleetSpec, ForeignLoad
-from epp.sim.config import PodConfig
-from epp.sim.fleet import SimFleet
-from epp.sim.tokenizer import render_chat
+from epp_tools.bench.runner.driver import run, send_turn
+from epp_tools.bench.runner.foreign import ForeignTraffic
+from epp_tools.bench.workloads.agentic import AgenticShape, build_agentic
+from epp_tools.bench.workloads.oracle import compute_oracle
+from epp_tools.bench.workloads.spec import MODEL, BenchRequest, FleetSpec, ForeignLoad
+from epp_tools.sim.config import PodConfig
+from epp_tools.sim.fleet import SimFleet
+from epp_tools.sim.tokenizer import render_chat
 
 SHAPE = AgenticShape(
     sessions=2, turns=4, system_tokens=60, context_median=300, context_sigma=0.1,

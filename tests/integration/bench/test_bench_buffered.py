@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from epp.bench import targets
-from epp.bench.fleet import SimProcess
-from epp.bench.spec import MODEL, FleetSpec
-from epp.bench.workloads import build
-from epp.localstack.procs import direct_opener
+from epp_tools.bench.fleet import SimProcess
+from epp_tools.bench.runner import targets
+from epp_tools.bench.workloads.catalog import build
+from epp_tools.bench.workloads.spec import MODEL, FleetSpec
+from epp_tools.stack.procs import direct_opener
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(300)]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.bench.chaos import main
+from epp_tools.bench.chaos.cli import main
 
 # Three scenarios, each starting 4 pod processes, the EPP and Envoy (and the EPP twice more): on
 # a busy machine that alone takes minutes, past the suite's default 120 s.

@@ -1,6 +1,6 @@
 """``epp bench day2``, shortened: each Day 2 operation under agentic load through the generated
-Envoy config, checked against its target (``epp.bench.day2``). Each starts 4 pod processes, the
-local API server, one to six EPP processes and Envoy."""
+Envoy config, checked against its target (``epp_tools.bench.day2.cli``). Each starts 4 pod
+processes, the local API server, one to six EPP processes and Envoy."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from epp.bench.day2 import main
+from epp_tools.bench.day2.cli import main
 
 pytestmark = [
     pytest.mark.envoy,

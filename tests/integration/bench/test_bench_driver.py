@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 
-from epp.bench.agentic import AgenticShape, build_agentic
-from epp.bench.driver import probe, run
-from epp.bench.oracle import compute_oracle
-from epp.bench.spec import MODEL, BenchRequest, FleetSpec
-from epp.sim.config import PodConfig
-from epp.sim.fleet import SimFleet
+from epp_tools.bench.runner.driver import probe, run
+from epp_tools.bench.workloads.agentic import AgenticShape, build_agentic
+from epp_tools.bench.workloads.oracle import compute_oracle
+from epp_tools.bench.workloads.spec import MODEL, BenchRequest, FleetSpec
+from epp_tools.sim.config import PodConfig
+from epp_tools.sim.fleet import SimFleet
 
 SHAPE = AgenticShape(
     sessions=2, turns=3, system_tokens=60, context_median=300, context_sigma=0.1,

@@ -1,11 +1,11 @@
-"""``epp.bench.floors``: the bare-asyncio floors under the per-chunk and idle-scraping rows run
-against real processes and report what they measured."""
+"""``epp_tools.bench.micro.floors``: the bare-asyncio floors under the per-chunk and idle-scraping
+rows run against real processes and report what they measured."""
 
 from __future__ import annotations
 
 import pytest
 
-from epp.bench import floors
+from epp_tools.bench.micro import floors
 
 pytestmark = [pytest.mark.timeout(300)]
 

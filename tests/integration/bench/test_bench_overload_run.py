@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from epp.bench.runner import Options, run_target
-from epp.bench.workloads import build
+from epp_tools.bench.runner.run import Options, run_target
+from epp_tools.bench.workloads.catalog import build
 
 # Real processes (pods, EPP, Envoy) started and driven: minutes on a busy machine. The bounds
 # stop a hang; they are not a speed check.

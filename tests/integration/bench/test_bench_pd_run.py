@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from epp.bench.spec import limit_requests
-from epp.bench.workloads import build
-from epp.localstack.eppconfig import PD_CONFIG, unloadable_plugins
+from epp_tools.bench.workloads.catalog import build
+from epp_tools.bench.workloads.spec import limit_requests
+from epp_tools.stack.eppconfig import PD_CONFIG, unloadable_plugins
 
 # Real processes (pods, EPP, Envoy) started and driven: minutes on a busy machine. The bounds
 # stop a hang; they are not a speed check.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.bench.replicas import main
+from epp_tools.bench.replicas.cli import main
 
 pytestmark = [
     pytest.mark.envoy,

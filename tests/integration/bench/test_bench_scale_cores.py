@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.localstack.redis import available as redis_available
+from epp_tools.stack.redis import available as redis_available
 
 pytestmark = [pytest.mark.envoy, pytest.mark.slow, pytest.mark.timeout(150)]
 

@@ -11,8 +11,8 @@ import time
 import aiohttp
 import pytest
 
-from epp.sim.config import PodConfig
-from epp.sim.fleet import SimFleet
+from epp_tools.sim.config import PodConfig
+from epp_tools.sim.fleet import SimFleet
 
 MODEL = "fleet-model"
 
@@ -119,7 +119,7 @@ def free_port_block(n: int) -> int:
 async def test_cli_serves_pods_and_exits_cleanly_when_sigterm_arrives() -> None:
     base = free_port_block(3)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "epp.sim", "--pods", "3", "--port", str(base),
+        sys.executable, "-m", "epp_tools.sim", "--pods", "3", "--port", str(base),
         "--model", MODEL, "--time-scale", "100", "--pod-name-prefix", "cli-",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

@@ -11,8 +11,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from epp.sim.config import PodConfig
-from epp.sim.fleet import SimFleet
+from epp_tools.sim.config import PodConfig
+from epp_tools.sim.fleet import SimFleet
 
 MODEL = "kv-model"
 

@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from epp.sim.config import PodConfig
-from epp.sim.fleet import SimFleet
+from epp_tools.sim.config import PodConfig
+from epp_tools.sim.fleet import SimFleet
 
 MODEL = "m-8b"
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_]+="[^"]*",?)*\})? (\S+)$')

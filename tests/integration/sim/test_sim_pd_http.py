@@ -17,8 +17,8 @@ import pytest
 
 from epp.plugin import InferenceRequest, PluginBase, SchedulingResult
 from epp.plugin.registry import GROUP, PluginInfo, PluginRegistry
-from epp.sim.config import PodConfig
-from epp.sim.fleet import SimFleet
+from epp_tools.sim.config import PodConfig
+from epp_tools.sim.fleet import SimFleet
 from tests.conftest import post, registry_with_test_plugins
 
 MODEL = "sim-model"

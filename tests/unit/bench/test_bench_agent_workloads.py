@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from epp.bench.agentic import AgenticShape, build_agentic, responses_sessions
-from epp.bench.oracle import compute_oracle
-from epp.bench.pressure import PRESSURE_SHAPES, build_pressure, len_tokens
-from epp.bench.spec import BenchRequest, FleetSpec
-from epp.bench.text import message_tokens
-from epp.bench.workloads import FOREIGN_MAX_NUM_SEQS, build
-from epp.sim.openai import parse_chat, parse_responses
-from epp.sim.tokenizer import detokenize, output_seed, output_token, render_chat
+from epp_tools.bench.workloads.agentic import AgenticShape, build_agentic, responses_sessions
+from epp_tools.bench.workloads.catalog import FOREIGN_MAX_NUM_SEQS, build
+from epp_tools.bench.workloads.oracle import compute_oracle
+from epp_tools.bench.workloads.pressure import PRESSURE_SHAPES, build_pressure, len_tokens
+from epp_tools.bench.workloads.spec import BenchRequest, FleetSpec
+from epp_tools.bench.workloads.text import message_tokens
+from epp_tools.sim.openai import parse_chat, parse_responses
+from epp_tools.sim.tokenizer import detokenize, output_seed, output_token, render_chat
 
 TINY = AgenticShape(
     sessions=4, turns=5, system_tokens=40, context_median=120, context_sigma=0.2,
@@ -27,14 +27,14 @@ TINY = AgenticShape(
 
 
 def _answer(prompt: Sequence[int], n: int) -> list[int]:
-    """What the simulator's engine generates (epp.sim.engine: seed from the prompt)."""
+    """What the simulator's engine generates (epp_tools.sim.engine: seed from the prompt)."""
     seed = output_seed(prompt)
     return [output_token(seed, i) for i in range(n)]
 
 
 def _server_prompts(requests: Sequence[BenchRequest]) -> list[list[int]]:
     """Each request's prompt as one simulated pod holding every response renders it: Responses
-    follow-ups are rebuilt from the stored turn (what epp.sim.inference stores), as the server
+    follow-ups are rebuilt from the stored turn (what epp_tools.sim.inference stores), as the server
     does, from the bodies the driver sends."""
     stored: dict[str, tuple[str, list[dict[str, Any]]]] = {}
     prompts = []

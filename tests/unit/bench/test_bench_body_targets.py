@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from epp.bench import targets
-from epp.bench.replicaset import EppSet
-from epp.bench.spec import FleetSpec
-from epp.bench.workloads import build
+from epp_tools.bench.runner import targets
+from epp_tools.bench.workloads.catalog import build
+from epp_tools.bench.workloads.spec import FleetSpec
+from epp_tools.stack.replicas import EppSet
 
 
 @pytest.mark.parametrize(

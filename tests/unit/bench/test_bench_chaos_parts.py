@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from epp.bench.chaos_pods import _lag
-from epp.bench.chaos_report import Row, render
+from epp_tools.bench.chaos.pod_scenarios import _lag
+from epp_tools.bench.chaos.report import Row, render
 
 TIMELINE = [
     (0.0, frozenset({"a", "b"})),

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from epp.bench.day2 import main
-from epp.bench.day2_report import Row, render
-from epp.bench.day2_rig import Phases, pod_host
-from epp.bench.driver import Outcome
+from epp_tools.bench.day2.cli import main
+from epp_tools.bench.day2.report import Row, render
+from epp_tools.bench.day2.rig import Phases, pod_host
+from epp_tools.bench.runner.driver import Outcome
 
 
 def _o(sent: float, *, ttft: float = 0.1, ok: bool = True, cached: int = 50) -> Outcome:

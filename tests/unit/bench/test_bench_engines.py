@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from epp.bench import chunkcost, engines
-from epp.bench.cli import SUBCOMMANDS
+from epp_tools.bench.cli import SUBCOMMANDS
+from epp_tools.bench.engines import cli as engines
+from epp_tools.bench.micro import chunkcost
 
 
 def test_engines_run_tiny_and_print_every_engine_with_its_ratio() -> None:
@@ -22,7 +23,7 @@ def test_engines_run_tiny_and_print_every_engine_with_its_ratio() -> None:
         assert [r[-3] for r in rows] == list(engines.ENGINES)
         assert all(float(r[-2]) > 0.0 for r in rows)
         assert rows[-1][-1] == "1.00"  # the baseline against itself
-    assert SUBCOMMANDS["engines"] == "epp.bench.engines"
+    assert SUBCOMMANDS["engines"] == "epp_tools.bench.engines.cli"
 
 
 @pytest.mark.parametrize("name", list(engines.ENGINES))

@@ -8,10 +8,15 @@ from typing import Any
 
 import pytest
 
-from epp.bench.classes import class_stats, max_min_shares, refusal, tenant_stats
-from epp.bench.driver import Outcome
-from epp.bench.eppmetrics import DEFAULT_BAND_MAX_BYTES, QueueSampler, byte_caps, parse_queue
-from epp.bench.overload_report import (
+from epp_tools.bench.runner.classes import class_stats, max_min_shares, refusal, tenant_stats
+from epp_tools.bench.runner.driver import Outcome
+from epp_tools.bench.runner.eppmetrics import (
+    DEFAULT_BAND_MAX_BYTES,
+    QueueSampler,
+    byte_caps,
+    parse_queue,
+)
+from epp_tools.bench.runner.overload_report import (
     latency_verdict,
     memory_verdict,
     render,

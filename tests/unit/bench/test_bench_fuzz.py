@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from epp._proto import epp_extproc_v3_pb2 as pb
-from epp.bench.fuzz_drive import ANY, check_replies, demand
-from epp.bench.fuzz_gen import DUPLEX, MODE, Spec
-from epp.bench.fuzz_mutate import MUTATIONS, make_case
-from epp.bench.fuzz_run import case_rng, fuzz_config_body
+from epp_tools.bench.fuzz.drive import ANY, check_replies, demand
+from epp_tools.bench.fuzz.gen import DUPLEX, MODE, Spec
+from epp_tools.bench.fuzz.mutate import MUTATIONS, make_case
+from epp_tools.bench.fuzz.run import case_rng, fuzz_config_body
 
 SPEC = Spec(pool=("127.0.0.1:1", "127.0.0.1:2"))
 

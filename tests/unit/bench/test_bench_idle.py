@@ -1,10 +1,10 @@
-"""The process counters ``epp.bench.idle`` reads, on this test's own process."""
+"""The process counters ``epp_tools.bench.micro.idle`` reads, on this test's own process."""
 
 from __future__ import annotations
 
 import os
 
-from epp.bench.idle import IdleCost, _user_system, context_switches, run_seconds
+from epp_tools.bench.micro.idle import IdleCost, _user_system, context_switches, run_seconds
 
 
 def test_counters_of_a_running_process_are_read() -> None:

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from epp.bench.micro import ENDPOINT_COUNTS, Row, chat_body, endpoints, measure, table
 from epp.config.loader import load_config
 from epp.plugin.registry import PluginRegistry
+from epp_tools.bench.micro.cli import ENDPOINT_COUNTS, Row, chat_body, endpoints, measure, table
 from tests.builders import handle
 
 
@@ -42,7 +42,7 @@ def test_micro_inputs_have_the_requested_sizes_when_built() -> None:
 
 
 def test_wire_rows_measure_each_server_when_every_stream_is_answered() -> None:
-    from epp.bench import wire
+    from epp_tools.bench.micro import wire
 
     variants = [
         wire.Variant("epp", "epp"),
@@ -55,7 +55,7 @@ def test_wire_rows_measure_each_server_when_every_stream_is_answered() -> None:
 
 
 def test_idle_cost_reads_the_epp_process_cpu_and_the_scrapes_the_pods_answered() -> None:
-    from epp.bench.idle import idle_cost
+    from epp_tools.bench.micro.idle import idle_cost
 
     cost = idle_cost(2, seconds=1.0, warmup=0.5)
     assert 0.0 < cost.share < 2.0  # a share of one core; at most the machine's two
@@ -64,7 +64,7 @@ def test_idle_cost_reads_the_epp_process_cpu_and_the_scrapes_the_pods_answered()
 
 
 def test_scrape_rows_put_the_previous_parse_beside_the_current_one() -> None:
-    from epp.bench.micro import scrape_rows
+    from epp_tools.bench.micro.cli import scrape_rows
 
     rows = scrape_rows(3)
     assert [r.step for r in rows] == [
@@ -77,7 +77,7 @@ def test_scrape_rows_put_the_previous_parse_beside_the_current_one() -> None:
 
 
 def test_round_trip_rows_time_each_phase_when_the_server_answers_every_step() -> None:
-    from epp.bench import wire, wirelat
+    from epp_tools.bench.micro import wire, wirelat
 
     variants = [wire.Variant("epp", "epp"), wire.Variant("empty", "empty-aio")]
     trips = wirelat.measure(variants, n=3)
@@ -88,7 +88,7 @@ def test_round_trip_rows_time_each_phase_when_the_server_answers_every_step() ->
 
 
 def test_in_process_chunk_cost_is_measured_on_a_routed_stream() -> None:
-    from epp.bench import chunkcost
+    from epp_tools.bench.micro import chunkcost
 
     assert 0.0 <= chunkcost.measure(chunks=400) < 10_000.0
 
@@ -96,7 +96,7 @@ def test_in_process_chunk_cost_is_measured_on_a_routed_stream() -> None:
 def test_micro_help_names_the_default_profile_the_hot_path_loads(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from epp.bench import micro
+    from epp_tools.bench.micro import cli as micro
 
     with pytest.raises(SystemExit):
         micro.main(["--help"])

@@ -4,13 +4,13 @@ import random
 
 import pytest
 
-from epp.bench.agentic import AgenticShape, build_agentic
-from epp.bench.oracle import compute_oracle
-from epp.bench.spec import MODEL, BenchRequest, FleetSpec
-from epp.bench.text import words
-from epp.sim.config import PodConfig
-from epp.sim.engine import Engine
-from epp.sim.tokenizer import render_chat
+from epp_tools.bench.workloads.agentic import AgenticShape, build_agentic
+from epp_tools.bench.workloads.oracle import compute_oracle
+from epp_tools.bench.workloads.spec import MODEL, BenchRequest, FleetSpec
+from epp_tools.bench.workloads.text import words
+from epp_tools.sim.config import PodConfig
+from epp_tools.sim.engine import Engine
+from epp_tools.sim.tokenizer import render_chat
 
 BS = 16
 

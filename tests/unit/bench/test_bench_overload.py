@@ -8,11 +8,16 @@ from collections import Counter
 
 import pytest
 
-from epp.bench.overload import CLASSES, DURATION_S, FLEET, LEAD_IN_S, request_cost
-from epp.bench.spec import FAIRNESS_HEADER, OBJECTIVE_HEADER, BenchRequest, FleetSpec
-from epp.bench.workloads import build
 from epp.k8s.files import parse_objects
-from epp.sim.tokenizer import render_chat
+from epp_tools.bench.workloads.catalog import build
+from epp_tools.bench.workloads.overload import CLASSES, DURATION_S, FLEET, LEAD_IN_S, request_cost
+from epp_tools.bench.workloads.spec import (
+    FAIRNESS_HEADER,
+    OBJECTIVE_HEADER,
+    BenchRequest,
+    FleetSpec,
+)
+from epp_tools.sim.tokenizer import render_chat
 
 WINDOW = LEAD_IN_S + DURATION_S["default"]
 

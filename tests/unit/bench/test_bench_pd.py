@@ -11,20 +11,20 @@ from typing import Any
 import pytest
 import yaml
 
-from epp.bench import targets
-from epp.bench.driver import Outcome
-from epp.bench.fleet import SimProcess
-from epp.bench.report import render_workload
-from epp.bench.results import TargetResult, summarize
-from epp.bench.runner import Options, _skip_reason, _workload_targets, run
-from epp.bench.spec import FleetSpec
-from epp.bench.workloads import PD_ROLES, WORKLOADS, build
-from epp.localstack import cli as stack_cli
-from epp.localstack.eppconfig import unloadable_plugins
-from epp.localstack.workload import Result as StackResult
-from epp.localstack.workload import long_prompt_workload, pd_table
-from epp.localstack.workload import summarize as stack_summarize
 from epp.plugins.sources.file_discovery import parse_endpoints
+from epp_tools.bench.fleet import SimProcess, endpoints_yaml
+from epp_tools.bench.runner import targets
+from epp_tools.bench.runner.driver import Outcome
+from epp_tools.bench.runner.report import render_workload
+from epp_tools.bench.runner.results import TargetResult, summarize
+from epp_tools.bench.runner.run import Options, _skip_reason, _workload_targets, run
+from epp_tools.bench.workloads.catalog import PD_ROLES, WORKLOADS, build
+from epp_tools.bench.workloads.spec import FleetSpec
+from epp_tools.stack import cli as stack_cli
+from epp_tools.stack.eppconfig import unloadable_plugins
+from epp_tools.stack.workload import Result as StackResult
+from epp_tools.stack.workload import long_prompt_workload, pd_table
+from epp_tools.stack.workload import summarize as stack_summarize
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -90,13 +90,13 @@ def test_endpoints_file_labels_each_pod_with_its_role_when_the_fleet_is_pd(tmp_p
     spec = FleetSpec(pods=2, pod_roles=("prefill", "decode"))
     sim = SimProcess(spec, tmp_path)
     sim.pods = {"pod-0": "http://127.0.0.1:4001", "pod-1": "http://127.0.0.1:4002"}
-    endpoints = parse_endpoints(targets.endpoints_yaml(sim).encode())
+    endpoints = parse_endpoints(endpoints_yaml(sim).encode())
     assert [(e.id, e.port, dict(e.labels)) for e in endpoints] == [
         ("default/pod-0", 4001, {"llm-d.ai/role": "prefill"}),
         ("default/pod-1", 4002, {"llm-d.ai/role": "decode"}),
     ]
     sim.spec = FleetSpec(pods=2)
-    assert all(not e.labels for e in parse_endpoints(targets.endpoints_yaml(sim).encode()))
+    assert all(not e.labels for e in parse_endpoints(endpoints_yaml(sim).encode()))
 
 
 def test_pd_target_is_known_and_runs_on_the_pd_fleet_when_the_workload_has_one(

@@ -12,10 +12,10 @@ import statistics
 import orjson
 import pytest
 
-from epp.bench.rate import build_parser
-from epp.bench.rateload import PATH, Shot, bodies, open_loop, runqueue_wait_seconds
-from epp.bench.ratestats import Histogram, arrivals, format_ms, parse_histogram
-from epp.bench.ratesummary import PICK, PROCESSING, Reading, report_md, step_row
+from epp_tools.bench.rate.cli import build_parser
+from epp_tools.bench.rate.load import PATH, Shot, bodies, open_loop, runqueue_wait_seconds
+from epp_tools.bench.rate.stats import Histogram, arrivals, format_ms, parse_histogram
+from epp_tools.bench.rate.summary import PICK, PROCESSING, Reading, report_md, step_row
 
 
 def _text(a: float, b: float, c: float, d: float, s: float) -> str:

@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from epp.bench import targets
-from epp.bench.agentload import failure_kinds, hit_ratio, recovery_seconds, windows
-from epp.bench.driver import Outcome
-from epp.bench.replicas_report import render
-from epp.localstack.eppconfig import with_syncer
+from epp_tools.bench.replicas.report import render
+from epp_tools.bench.runner import targets
+from epp_tools.bench.runner.agentload import failure_kinds, hit_ratio, recovery_seconds, windows
+from epp_tools.bench.runner.driver import Outcome
+from epp_tools.stack.eppconfig import with_syncer
 
 
 def out(sent: float, prompt: int = 100, cached: int = 0, status: int = 200) -> Outcome:

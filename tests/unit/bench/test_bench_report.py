@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from epp.bench.driver import Outcome
-from epp.bench.report import render_markdown, write
-from epp.bench.results import TargetResult, add_peer_ratios, summarize
+from epp_tools.bench.runner.driver import Outcome
+from epp_tools.bench.runner.report import render_markdown, write
+from epp_tools.bench.runner.results import TargetResult, add_peer_ratios, summarize
 
 
 def _outcome(i: int, pod: str, ttft: float, *, status: int = 200, objective: str = "") -> Outcome:

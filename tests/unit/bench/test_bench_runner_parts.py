@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epp.bench import targets
-from epp.bench.cli import main
-from epp.bench.fleet import _parse_ready, stats_delta
-from epp.bench.peers import (
+from epp.config.loader import parse_config
+from epp.config.schema import DEFAULT_CONFIG_TEXT
+from epp_tools.bench.cli import main
+from epp_tools.bench.fleet import parse_ready, stats_delta
+from epp_tools.bench.peers.routers import (
     SGLANG,
     VLLM,
     PeerSpec,
@@ -19,12 +20,11 @@ from epp.bench.peers import (
     ensure_installed,
     no_egress_env,
 )
-from epp.bench.runner import Options, run
-from epp.bench.spec import FleetSpec
-from epp.config.loader import parse_config
-from epp.config.schema import DEFAULT_CONFIG_TEXT
-from epp.localstack.eppconfig import epp_config_text
-from epp.localstack.procs import Proc, cpu_seconds, peak_rss_bytes
+from epp_tools.bench.runner import targets
+from epp_tools.bench.runner.run import Options, run
+from epp_tools.bench.workloads.spec import FleetSpec
+from epp_tools.stack.eppconfig import epp_config_text
+from epp_tools.stack.procs import Proc, cpu_seconds, peak_rss_bytes
 
 
 def test_proc_readings_come_from_proc_when_the_process_exists() -> None:
@@ -56,7 +56,7 @@ def test_ready_lines_give_pod_urls_when_the_simulator_prints_them() -> None:
         "noise\n"
         "sim pod pod-1 listening on http://127.0.0.1:4002\n"
     )
-    assert _parse_ready(log) == {"pod-0": "http://127.0.0.1:4001", "pod-1": "http://127.0.0.1:4002"}
+    assert parse_ready(log) == {"pod-0": "http://127.0.0.1:4001", "pod-1": "http://127.0.0.1:4002"}
 
 
 def test_stats_delta_subtracts_numeric_counters_when_given_two_snapshots() -> None:

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import statistics
 
-from epp.bench.oracle import compute_oracle
-from epp.bench.scale.agents import Agent, Turn, harness_prompt, reusable
-from epp.bench.scale.shape import BLOCK_SIZE, AgentShape, Scaling, fleet_for, working_set_tokens
+from epp_tools.bench.scale.agents import Agent, Turn, harness_prompt, reusable
+from epp_tools.bench.scale.shape import (
+    BLOCK_SIZE,
+    AgentShape,
+    Scaling,
+    fleet_for,
+    working_set_tokens,
+)
+from epp_tools.bench.workloads.oracle import compute_oracle
 
 
 def _run_offline(shape: AgentShape, scaling: Scaling, agents: int, turns: int) -> list[Turn]:

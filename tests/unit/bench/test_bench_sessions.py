@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from epp.bench.driver import Outcome
-from epp.bench.foreign import _Window, window_stats
-from epp.bench.report import render_workload, session_columns
-from epp.bench.results import TargetResult
-from epp.bench.sessions import (
+from epp_tools.bench.runner.driver import Outcome
+from epp_tools.bench.runner.foreign import _Window, window_stats
+from epp_tools.bench.runner.report import render_workload, session_columns
+from epp_tools.bench.runner.results import TargetResult
+from epp_tools.bench.runner.sessions import (
     add_foreign_stats,
     add_session_stats,
     avoidance,
@@ -19,7 +19,7 @@ from epp.bench.sessions import (
     followups,
     routed_per_pod,
 )
-from epp.bench.spec import ForeignLoad
+from epp_tools.bench.workloads.spec import ForeignLoad
 
 
 def _o(session: str, turn: int, pod: str, *, status: int = 200, **kw: Any) -> Outcome:

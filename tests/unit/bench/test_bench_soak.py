@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from epp.bench.soak import epp_args, options
-from epp.bench.soak_report import Sample, render, verdict
+from epp_tools.bench.soak.cli import epp_args, options
+from epp_tools.bench.soak.report import Sample, render, verdict
 
 
 def _samples(rss: list[float]) -> list[Sample]:

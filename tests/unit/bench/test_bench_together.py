@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from epp.bench import together
-from epp.bench.cli import main as bench_main
-from epp.bench.driver import Outcome
+from epp_tools.bench.cli import main as bench_main
+from epp_tools.bench.runner import together
+from epp_tools.bench.runner.driver import Outcome
 
 
 @pytest.mark.parametrize(

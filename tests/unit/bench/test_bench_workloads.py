@@ -5,12 +5,17 @@ import statistics
 
 import pytest
 
-from epp.bench.agentic import AGENTIC_SHAPES, AgenticShape, build_agentic, plan_sessions
-from epp.bench.oracle import generated_ids
-from epp.bench.spec import BenchRequest, FleetSpec, limit_requests
-from epp.bench.text import message_tokens, percentile, prompt_tokens, words
-from epp.bench.workloads import build, resolve
-from epp.sim.tokenizer import detokenize, render_chat
+from epp_tools.bench.workloads.agentic import (
+    AGENTIC_SHAPES,
+    AgenticShape,
+    build_agentic,
+    plan_sessions,
+)
+from epp_tools.bench.workloads.catalog import build, resolve
+from epp_tools.bench.workloads.oracle import generated_ids
+from epp_tools.bench.workloads.spec import BenchRequest, FleetSpec, limit_requests
+from epp_tools.bench.workloads.text import message_tokens, percentile, prompt_tokens, words
+from epp_tools.sim.tokenizer import detokenize, render_chat
 
 TINY = AgenticShape(
     sessions=3,

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from epp.localstack.envoy import envoy_binary
+from epp_tools.stack.envoy import envoy_binary
 
 ROUTER = {
     "name": "envoy.filters.http.router",

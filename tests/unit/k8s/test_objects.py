@@ -17,7 +17,6 @@ from epp.k8s.objectives import decode_objective, priorities
 from epp.k8s.rewrites import decode_rewrite
 from epp.k8s.sink import ObjectSink
 from epp.k8s.source import deployment_name
-from epp.localstack.kubeobjects import objective, rewrite
 from epp.requestcontrol.objectives import ObjectiveStore
 from epp.requestcontrol.rewrites import (
     ModelRewrite,
@@ -26,6 +25,7 @@ from epp.requestcontrol.rewrites import (
     RewriteStore,
     RewriteTarget,
 )
+from epp_tools.bench.kube.objects import objective, rewrite
 
 T0 = datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC)
 

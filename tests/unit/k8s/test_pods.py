@@ -9,8 +9,8 @@ import pytest
 from epp.k8s.meta import DecodeError
 from epp.k8s.pods import PodInfo, active_ports, decode_pod, pool_endpoints
 from epp.k8s.pool import EndpointPool, decode_pool
-from epp.localstack.kubeobjects import pod, pool
 from epp.plugin.selectors import LabelSelector, parse_selector
+from epp_tools.bench.kube.objects import pod, pool
 
 POOL = EndpointPool(
     name="p",

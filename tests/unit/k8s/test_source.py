@@ -11,10 +11,10 @@ import pytest
 from epp.k8s.pool import decode_pool
 from epp.k8s.sink import ObjectSink
 from epp.k8s.source import KubernetesSource, PoolMode
-from epp.localstack.kubeobjects import pool
 from epp.plugin import APP_PROTOCOL_H2C, APP_PROTOCOL_HTTP
 from epp.plugins.parsers.openai import OpenAIParser
 from epp.plugins.parsers.passthrough import PassthroughParser
+from epp_tools.bench.kube.objects import pool
 
 BOTH = (APP_PROTOCOL_H2C, APP_PROTOCOL_HTTP)
 

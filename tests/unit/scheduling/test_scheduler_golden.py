@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from epp.bench.micro import MicroHandle, chat_body
 from epp.config.loader import load_config
 from epp.observability.decisions import EXPLAIN_KEY
 from epp.plugin import CycleState, Endpoint, InferenceRequest, Metrics, ResponseInfo, Usage
 from epp.plugin.registry import PluginRegistry
 from epp.scheduling.scheduler import Scheduler
+from epp_tools.bench.micro.cli import MicroHandle, chat_body
 
 GOLDEN = Path(__file__).with_name("golden_default_profile.json")
 REQUESTS = 150

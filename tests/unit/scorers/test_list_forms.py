@@ -11,7 +11,6 @@ import math
 import random
 from dataclasses import dataclass, replace
 
-from epp.bench.micro import MicroHandle, chat_body
 from epp.config.loader import load_config
 from epp.plugin import (
     CycleState,
@@ -26,6 +25,7 @@ from epp.plugin import (
 )
 from epp.plugin.registry import PluginRegistry
 from epp.plugin.testing import check_score_list
+from epp_tools.bench.micro.cli import MicroHandle, chat_body
 
 DEFAULT_SCORERS = {
     "kv-cache-utilization-scorer",

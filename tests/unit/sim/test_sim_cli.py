@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp.sim.cli import build_parser, configs_from_args, main
+from epp_tools.sim.cli import build_parser, configs_from_args, main
 
 
 @pytest.mark.parametrize(

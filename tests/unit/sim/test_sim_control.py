@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from epp.sim.config import PodConfig, endpoint_binds, offset_endpoint_port
-from epp.sim.control import Faults, Overrides
+from epp_tools.sim.config import PodConfig, endpoint_binds, offset_endpoint_port
+from epp_tools.sim.control import Faults, Overrides
 
 
 @pytest.mark.parametrize(

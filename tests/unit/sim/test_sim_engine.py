@@ -4,9 +4,9 @@ from typing import Any
 
 import pytest
 
-from epp.sim.config import PodConfig
-from epp.sim.engine import Engine, RequestRejected, TokenEvent
-from epp.sim.kvcache import AllBlocksCleared, BlockRemoved, BlockStored
+from epp_tools.sim.config import PodConfig
+from epp_tools.sim.engine import Engine, RequestRejected, TokenEvent
+from epp_tools.sim.kvcache import AllBlocksCleared, BlockRemoved, BlockStored
 
 BASE: dict[str, Any] = {
     "block_size": 4,

@@ -7,8 +7,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from epp.sim.kvcache import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from epp.sim.kvevents import event_map
+from epp_tools.sim.kvcache import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from epp_tools.sim.kvevents import event_map
 
 
 @pytest.mark.parametrize(

@@ -4,10 +4,10 @@ import re
 
 import pytest
 
-from epp.sim.config import PodConfig
-from epp.sim.control import Overrides
-from epp.sim.engine import Engine
-from epp.sim.metrics import MetricsRenderer, parse_text
+from epp_tools.sim.config import PodConfig
+from epp_tools.sim.control import Overrides
+from epp_tools.sim.engine import Engine
+from epp_tools.sim.metrics import MetricsRenderer, parse_text
 
 TYPE_LINE = re.compile(r"^# TYPE (\S+) (gauge|counter|histogram)$", re.M)
 

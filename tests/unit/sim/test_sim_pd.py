@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from epp.sim.cli import build_parser, configs_from_args, main
-from epp.sim.config import PodConfig
-from epp.sim.control import Overrides
-from epp.sim.disagg import cached_tokens, leg_answer_params, prefill_leg_body, prefill_target
-from epp.sim.engine import RemoteKV
-from epp.sim.kvcache import BlockStored, chain_hashes
-from epp.sim.metrics import MetricsRenderer, parse_text
+from epp_tools.sim.cli import build_parser, configs_from_args, main
+from epp_tools.sim.config import PodConfig
+from epp_tools.sim.control import Overrides
+from epp_tools.sim.disagg import cached_tokens, leg_answer_params, prefill_leg_body, prefill_target
+from epp_tools.sim.engine import RemoteKV
+from epp_tools.sim.kvcache import BlockStored, chain_hashes
+from epp_tools.sim.metrics import MetricsRenderer, parse_text
 from tests.unit.sim.test_sim_engine import finished, make_engine, prompt, run
 
 # block_size 4, prefill 1000 tok/s, decode step 10 ms + 1 ms per sequence (test_sim_engine.BASE)

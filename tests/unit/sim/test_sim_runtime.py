@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from epp.sim import runtime as sim_runtime
-from epp.sim.config import PodConfig
-from epp.sim.control import Overrides
-from epp.sim.metrics import parse_text
-from epp.sim.runtime import PodRuntime
+from epp_tools.sim import runtime as sim_runtime
+from epp_tools.sim.config import PodConfig
+from epp_tools.sim.control import Overrides
+from epp_tools.sim.metrics import parse_text
+from epp_tools.sim.runtime import PodRuntime
 
 
 def _value(page: bytes, name: str) -> float:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp.sim.tokenizer import detokenize, output_seed, output_token, render_chat, tokenize
+from epp_tools.sim.tokenizer import detokenize, output_seed, output_token, render_chat, tokenize
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,7 @@ def test_output_token_is_a_four_byte_word_when_detokenized() -> None:
 
 
 def test_bos_token_is_prepended_to_text_prompts_only_when_configured() -> None:
-    from epp.sim.openai import parse_completion
+    from epp_tools.sim.openai import parse_completion
 
     text = {"model": "m", "prompt": ["ab", "cdef"]}
     assert parse_completion(text).prompts == [tokenize("ab"), tokenize("cdef")]

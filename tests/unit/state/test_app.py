@@ -7,8 +7,8 @@ import asyncio
 import time
 from typing import Any
 
-from epp.localstack.envoy import free_port
 from epp.plugin import ProfileResult, SchedulingResult, TokenizedPrompt
+from epp_tools.stack.envoy import free_port
 from tests.builders import make_request
 from tests.conftest import metrics_text, wait_for
 

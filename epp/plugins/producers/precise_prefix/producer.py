@@ -13,8 +13,8 @@ and ``total_blocks`` the number of full blocks. Pair it with ``prefix-cache-scor
 
 The prompt's token ids come from ``TokenizedPrompt/token-producer``; they must be the engine's
 own: use ``token-producer`` with ``backend: vllm`` against vLLM. Against the simulator
-(``epp.sim``) the ``estimate`` backend is exact for completions: the simulator's tokenizer is the
-same 4-bytes-per-token rule (chat prompts differ: it renders a chat template; use ``vllm``).
+(``epp_tools.sim``) the ``estimate`` backend is exact for completions: the simulator's tokenizer is
+the same 4-bytes-per-token rule (chat prompts differ: it renders a chat template; use ``vllm``).
 
 Subscriptions: with ``discoverPods`` (default) one SUB socket per pool endpoint connects to
 ``tcp://<address>:<socketPort + rank>`` (engines bind: ``--kv-events-config`` endpoint

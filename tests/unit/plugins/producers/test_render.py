@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from epp.localstack.envoy import free_port
 from epp.plugin import Lifecycle, RequestBody, TokenizedPrompt
 from epp.plugin.params import ParamError, decode
 from epp.plugins.producers.tokens import TokenProducer, estimate
-from epp.sim.tokenizer import render_chat, tokenize
+from epp_tools.sim.tokenizer import render_chat, tokenize
+from epp_tools.stack.envoy import free_port
 from tests.builders import FakeHandle, make_request
 
 KEY = "TokenizedPrompt/token-producer"

@@ -10,10 +10,10 @@ import pytest
 
 from epp.plugins.sources.engines import build_registry
 from epp.plugins.sources.promtext import Families, LineCache, Sample, parse
-from epp.sim.config import PodConfig
-from epp.sim.control import Overrides
-from epp.sim.engine import Engine
-from epp.sim.metrics import MetricsRenderer
+from epp_tools.sim.config import PodConfig
+from epp_tools.sim.control import Overrides
+from epp_tools.sim.engine import Engine
+from epp_tools.sim.metrics import MetricsRenderer
 
 TESTDATA = Path(__file__).parent / "testdata"
 GOLDEN = ["vllm.prom", "sglang.prom", "trtllm.prom", "triton-tensorrt-llm.prom", "triton.prom"]

@@ -181,7 +181,7 @@ async def test_tls_with_ca_and_client_certificate(redis_server, tmp_path: Path) 
 
 
 async def test_unreachable_redis_raises_within_the_timeout() -> None:
-    from epp.localstack.envoy import free_port
+    from epp_tools.stack.envoy import free_port
 
     s = make(f"redis://127.0.0.1:{free_port()}", timeout="200ms")
     for call in (s.publish({"p": [1]}), s.receive(), s.replay()):

@@ -13,7 +13,6 @@ import zmq
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
-from epp.localstack.envoy import free_port
 from epp.plugin.prefix import pack_token_ids
 from epp.plugins.producers.precise_prefix.events import (
     AllBlocksCleared,
@@ -35,6 +34,7 @@ from epp.plugins.producers.precise_prefix.ingest import (
 )
 from epp.plugins.producers.precise_prefix.keys import KeyHasher
 from epp.plugins.producers.precise_prefix.kvevents import KVEventHub
+from epp_tools.stack.envoy import free_port
 from tests.conftest import wait_for
 
 EP = "default/pod-0"

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from epp.localstack.envoy import free_port
 from epp.plugin import (
     EndpointEvent,
     EndpointEventType,
@@ -25,6 +24,7 @@ from epp.plugins.producers.precise_prefix.events import BlockRemoved, BlockStore
 from epp.plugins.producers.precise_prefix.instrumented import InstrumentedIndex
 from epp.plugins.producers.precise_prefix.pool import SILENT_AFTER, PublisherWatch
 from epp.plugins.producers.precise_prefix.producer import PrecisePrefixCacheProducer
+from epp_tools.stack.envoy import free_port
 from tests.builders import FakeHandle, make_endpoint, make_request
 
 ADD, DELETE = EndpointEventType.ADD_OR_UPDATE, EndpointEventType.DELETE

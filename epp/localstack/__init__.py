@@ -1,1 +1,0 @@
-"""Local stack: a real Envoy, simulated model servers and the EPP on one machine."""

@@ -1,0 +1,1 @@
+"""``epp bench chaos``: pod, EPP and API server faults under load, in numbers."""

@@ -1,0 +1,234 @@
+"""``epp bench scale cores``: the EPP's CPU per request and per streamed chunk through the full
+stack, and the cores it would need at the rate llm-d 1.0 was shown serving.
+
+For ``--workers`` 1 and 2 (``epp --workers N``, the workers sharing state through a local
+``redis-server``): a cold simulated fleet of ``pods`` pods, the EPP with the built-in default
+config behind Envoy (full-duplex: every response chunk is an ext_proc message), one warm-up
+request, the EPP's idle CPU over ``IDLE_S`` seconds, then for each rate of ``rates``, open loop
+for ``duration`` seconds (``epp_tools.bench.rate.load``: small chat requests, ~200 prompt tokens):
+
+* once with 1 output token per request: the EPP's CPU (its process and its workers, net of the
+  idle rate) per answered request is the per-request cost;
+* once with ``chunks`` output tokens streamed one per chunk: the per-request CPU minus the first
+  run's, divided by ``chunks - 1``, is the per-chunk cost.
+
+The largest rate at which every request was answered and the achieved rate was at least 95% of
+the target gives the figures. Then, at ``big_rate`` per second, requests with a prompt of
+``big_tokens`` (195,000: the study's median main-agent request, ~780 KB of JSON) give the
+per-request cost of an agent's turn.
+
+The computed line: at llm-d's published peak (7,612 requests per minute, 6.6 million output
+tokens per minute: 126.9 requests and 110,000 streamed tokens per second, one token per chunk as
+vLLM streams them) this EPP needs ``126.9 * per_request(195k) + 110,000 * per_chunk`` cores; llm-d's
+Go EPP, from its published 37 µs per chunk, ``110,000 * 37 µs`` = 4.07 cores for the chunks alone
+(its per-request cost is not published). One worker serves at most one core, so the EPP needs
+that many workers (or active-active replicas, which share nothing on the request path either);
+that this holds is what the 1- and 2-worker measurements show: the same cost per request and per
+chunk with the work spread over two processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from epp_tools.bench.fleet import SimProcess, endpoints_yaml
+from epp_tools.bench.rate.load import Shot, bodies, open_loop
+from epp_tools.bench.rate.stats import arrivals
+from epp_tools.bench.runner.driver import warm_up
+from epp_tools.bench.scale.ramp import WORK
+from epp_tools.bench.workloads.spec import MODEL, FleetSpec
+from epp_tools.bench.workloads.text import words
+from epp_tools.stack.eppconfig import epp_config_text
+from epp_tools.stack.procs import tree_cpu_seconds
+from epp_tools.stack.replicas import EppSet
+
+OUT = Path("docs/benchmarks/scale")
+IDLE_S = 3.0
+SEED_REQUESTS_PER_S = 7_612 / 60
+SEED_CHUNKS_PER_S = 6_600_000 / 60
+GO_US_PER_CHUNK = 37.0
+REACHED_SHARE = 0.95
+
+
+@dataclass(frozen=True)
+class CoresOptions:
+    rates: tuple[float, ...] = (50.0, 100.0, 200.0, 300.0)
+    duration: float = 8.0
+    chunks: int = 64
+    big_tokens: int = 195_000
+    big_rate: float = 2.0
+    big_duration: float = 10.0
+    workers: tuple[int, ...] = (1, 2)
+    pods: int = 8
+    seed: int = 1
+    out: Path = OUT
+
+
+QUICK = CoresOptions(rates=(20.0,), duration=2.0, chunks=8, big_tokens=20_000, big_rate=2.0,
+                     big_duration=2.0, pods=2)  # fmt: skip
+
+
+def log(message: str) -> None:
+    print(f"bench scale cores: {message}", flush=True)
+
+
+def big_bodies(n: int, tokens: int, seed: int) -> list[bytes]:
+    """``n`` chat requests of about ``tokens`` prompt tokens (1 output token), distinct."""
+    rng = random.Random(seed)
+    context = words(rng, tokens)
+    out = []
+    for i in range(n):
+        messages = [{"role": "user", "content": f"q{i:04d} " + context[5:]}]
+        body = {"model": MODEL, "messages": messages, "max_tokens": 1, "stream": True}
+        out.append(orjson.dumps(body))
+    return out
+
+
+@dataclass
+class _Group:
+    eset: EppSet
+    pid: int
+    idle_cores: float = 0.0
+
+
+async def _run(group: _Group, payloads: Sequence[bytes], rate: float, duration: float) -> Any:
+    times = arrivals(rate, duration, "uniform")
+    c0, t0 = tree_cpu_seconds(group.pid), time.perf_counter()
+    shots, _ = await open_loop(group.eset.url, payloads, times, timeout=60.0, stream=True)
+    cpu = tree_cpu_seconds(group.pid) - c0 - group.idle_cores * (time.perf_counter() - t0)
+    return shots, max(0.0, cpu)
+
+
+def _ok(shots: Sequence[Shot]) -> int:
+    return sum(1 for s in shots if s.ok)
+
+
+async def _step(group: _Group, rate: float, opts: CoresOptions) -> dict[str, Any]:
+    n = max(1, math.ceil(rate * opts.duration))
+    one = bodies(n, opts.seed, max_tokens=1, stream=True)
+    many = bodies(n, opts.seed + 1, max_tokens=opts.chunks, stream=True)
+    shots1, cpu1 = await _run(group, one, rate, opts.duration)
+    shots2, cpu2 = await _run(group, many, rate, opts.duration)
+    ok1, ok2 = _ok(shots1), _ok(shots2)
+    per_req = cpu1 / max(ok1, 1)
+    per_chunk = max(0.0, cpu2 / max(ok2, 1) - per_req) / (opts.chunks - 1)
+    errors = len(shots1) - ok1 + len(shots2) - ok2
+    achieved = min(ok1, ok2) / opts.duration
+    return {
+        "rate": rate,
+        "achieved": round(achieved, 1),
+        "errors": errors,
+        "reached": errors == 0 and achieved >= REACHED_SHARE * rate,
+        "us_per_request": round(per_req * 1e6, 1),
+        "us_per_chunk": round(per_chunk * 1e6, 2),
+        "cores": round(cpu2 / opts.duration, 3),
+    }
+
+
+async def _idle(pid: int) -> float:
+    c0, t0 = tree_cpu_seconds(pid), time.perf_counter()
+    await asyncio.sleep(IDLE_S)
+    return (tree_cpu_seconds(pid) - c0) / (time.perf_counter() - t0)
+
+
+async def measure(workers: int, opts: CoresOptions, workdir: Path) -> dict[str, Any]:
+    fleet = FleetSpec(pods=opts.pods, time_scale=4.0, num_gpu_blocks=100_000,
+                      max_model_len=1 << 19)  # fmt: skip
+    sim = SimProcess(fleet, workdir)
+    eset: EppSet | None = None
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        sim.start()
+        eps = workdir / "endpoints.yaml"
+        eps.write_text(endpoints_yaml(sim))
+        eset = EppSet(workdir, epp_config_text(eps, ()), workers=workers, shared=workers > 1)
+        eset.start()
+        await warm_up(eset.url)
+        group = _Group(eset, eset.pids()["epp"])
+        group.idle_cores = await _idle(group.pid)
+        steps = []
+        for rate in opts.rates:
+            steps.append(await _step(group, rate, opts))
+            log(f"{workers} worker(s) @ {rate:g}/s: {steps[-1]}")
+        big = big_bodies(max(1, math.ceil(opts.big_rate * opts.big_duration)), opts.big_tokens,
+                         opts.seed)  # fmt: skip
+        shots, cpu = await _run(group, big, opts.big_rate, opts.big_duration)
+        big_row = {"tokens": opts.big_tokens, "rate": opts.big_rate, "answered": _ok(shots),
+                   "errors": len(shots) - _ok(shots),
+                   "us_per_request": round(cpu / max(_ok(shots), 1) * 1e6, 1)}  # fmt: skip
+        log(f"{workers} worker(s), {opts.big_tokens:,}-token prompts: {big_row}")
+        return {"workers": workers, "status": "ok", "idle_cores": round(group.idle_cores, 4),
+                "steps": steps, "big": big_row}  # fmt: skip
+    except Exception as exc:
+        log(f"{workers} worker(s): failed: {type(exc).__name__}: {exc}")
+        return {"workers": workers, "status": "failed", "reason": f"{exc}"[:500], "steps": []}
+    finally:
+        if eset is not None:
+            eset.stop()
+        sim.stop()
+
+
+def computed(group: dict[str, Any]) -> dict[str, Any]:
+    """The cores at llm-d's published peak from one group's largest reached rate."""
+    reached = [s for s in group.get("steps", []) if s["reached"]] or group.get("steps", [])
+    if not reached or not group.get("big"):
+        return {}
+    top = max(reached, key=lambda s: s["rate"])
+    per_req = group["big"]["us_per_request"] / 1e6
+    per_chunk = top["us_per_chunk"] / 1e6
+    ours = SEED_REQUESTS_PER_S * per_req + SEED_CHUNKS_PER_S * per_chunk
+    go = SEED_CHUNKS_PER_S * GO_US_PER_CHUNK / 1e6
+    return {
+        "at_rate": top["rate"],
+        "us_per_request_195k": group["big"]["us_per_request"],
+        "us_per_chunk": top["us_per_chunk"],
+        "cores": round(ours, 2),
+        "cores_requests": round(SEED_REQUESTS_PER_S * per_req, 2),
+        "cores_chunks": round(SEED_CHUNKS_PER_S * per_chunk, 2),
+        "workers_needed": math.ceil(ours),
+        "go_cores_chunks_only": round(go, 2),
+    }
+
+
+async def run(opts: CoresOptions) -> dict[str, Any]:
+    groups = [await measure(w, opts, WORK / f"cores-w{w}") for w in opts.workers]
+    for g in groups:
+        g["computed"] = computed(g)
+    seed = {"requests_per_s": SEED_REQUESTS_PER_S, "chunks_per_s": SEED_CHUNKS_PER_S,
+            "go_us_per_chunk": GO_US_PER_CHUNK}  # fmt: skip
+    return {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()},
+            "seed": seed, "groups": groups}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="epp bench scale cores", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--quick", action="store_true", help="one low rate, small prompts (CI)")
+    p.add_argument("--out", type=Path, default=OUT)
+    args = p.parse_args(argv)
+    from dataclasses import replace
+
+    from epp_tools.bench.scale.cores_report import cores_md
+
+    opts = replace(QUICK if args.quick else CoresOptions(), out=args.out)
+    report = asyncio.run(run(opts))
+    report["command"] = "epp bench scale cores" + (" --quick" if args.quick else "")
+    name = "cores-quick" if args.quick else "cores"
+    opts.out.mkdir(parents=True, exist_ok=True)
+    (opts.out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    markdown = cores_md(report)
+    (opts.out / f"{name}.md").write_text(markdown)
+    print(markdown)
+    return 0 if all(g["status"] == "ok" for g in report["groups"]) else 1
