@@ -71,14 +71,8 @@ UPSTREAM: Final[dict[str, str]] = {
     "multicluster-session-affinity-filter": "alpha",
 }  # fmt: skip
 
-_LATENCY = "needs upstream's latency-predictor sidecar (XGBoost/LightGBM models); not built"
 _MULTICLUSTER = "multi-cluster routing is not built"
 NOT_HERE: Final[dict[str, str]] = {
-    "prefix-cache-affinity-filter": "not built yet",
-    "slo-headroom-tier-filter": _LATENCY,
-    "latency-scorer": _LATENCY,
-    "predicted-latency-producer": _LATENCY,
-    "latency-slo-admitter": _LATENCY,
     "header-label-affinity-scorer": "not built yet",
     "p2p-source-producer": "peer-to-peer KV transfer is not modelled",
     "disaggregatedset-rollout-screener": "needs the DisaggregatedSet rollout objects; not built",
