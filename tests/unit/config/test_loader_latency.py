@@ -11,40 +11,9 @@ import pytest
 from epp.config.loader import ConfigError, LoadOptions, load_config
 from epp.plugin.registry import PluginRegistry
 from tests.builders import handle
+from tests.latency_configs import HELM_LATENCY, README_EXAMPLES
 
 HEAD = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
-
-# llm-d-router's chart (config/charts/routerlib/templates/_config.yaml) with
-# router.latencyPredictor.enabled, as rendered: its plugins and the default profile.
-HELM_LATENCY = """\
-plugins:
-- type: predicted-latency-producer
-- name: strict-affinity-filter
-  type: prefix-cache-affinity-filter
-  parameters:
-    affinityThreshold: 0.99
-    ttftSource: latencyPredictor
-    maxTTFTPenaltyMs: 5000
-- name: loose-affinity-filter
-  type: prefix-cache-affinity-filter
-  parameters:
-    affinityThreshold: 0.80
-    ttftSource: latencyPredictor
-    maxTTFTPenaltyMs: 5000
-- type: latency-scorer
-- type: weighted-random-picker
-- type: slo-headroom-tier-filter
-- type: latency-slo-admitter
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: predicted-latency-producer
-  - pluginRef: strict-affinity-filter
-  - pluginRef: slo-headroom-tier-filter
-  - pluginRef: loose-affinity-filter
-  - pluginRef: latency-scorer
-  - pluginRef: weighted-random-picker
-"""
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +66,11 @@ def test_a_profile_naming_a_plugin_with_no_request_role_is_still_refused(
     )
     with pytest.raises(ConfigError, match="'openai-parser' is not a filter, scorer or picker"):
         load(text, registry)
+
+
+@pytest.mark.parametrize("name", sorted(README_EXAMPLES))
+def test_upstream_readme_examples_load(registry: PluginRegistry, name: str) -> None:
+    p = load(README_EXAMPLES[name], registry)
+    types = {x.typed_name.type for x in p.producers}  # type: ignore[attr-defined]
+    assert "predicted-latency-producer" in types or name == "prefix-cache-affinity-filter"
+    assert p.profiles["default"].picker is not None  # type: ignore[attr-defined]
