@@ -12,6 +12,8 @@ prediction and the observation that grades it see the same inputs:
   (``InFlightLoad.tokens``; 0 without it);
 - ``input_token_length``: the prompt's tokens (``TokenizedPrompt``); ``prefix_cache_score``: the
   share of its blocks the endpoint caches (``PrefixCacheMatchInfo``);
+- ``pending_prefill_tokens`` (the in-process model's, not sent to a sidecar): the uncached prompt
+  tokens of this EPP's requests there without a first token yet (``tracking.RunningRequests``);
 - ``encoder_input_size`` / ``encoder_matched_size``: the request's media items and those the
   endpoint holds encoded (only with ``useEncoderCacheFeatures``);
 - ``pod_type``: the endpoint's ``endpointRoleLabel`` value (``prefill``, ``decode``, "").
@@ -19,8 +21,8 @@ prediction and the observation that grades it see the same inputs:
 The in-process model (``epp.plugins.producers.predicted_latency.online``) regresses on vectors
 derived from them, scaled to similar magnitudes (thousands of tokens, request counts, fractions)::
 
-    ttft:  1, uncached/1000, cached/1000, prefill_tokens_in_flight/1000, waiting, running, kv
-    tpot:  1, running, waiting, prefill_tokens_in_flight/1000, kv, input/1000
+    ttft:  1, uncached/1000, cached/1000, pending_prefill_tokens/1000, waiting, running, kv
+    tpot:  1, running, waiting, pending_prefill_tokens/1000, kv, input/1000
     e2e:   the ttft vector, then output/100 and running * output/1000   (non-streaming mode)
 
 with ``uncached = input * (1 - prefix_cache_score)``, ``cached`` the rest and ``output`` the
@@ -43,6 +45,7 @@ class Features:
     prefix_cache_score: float
     prefill_tokens_in_flight: int
     output_tokens: int = 0
+    pending_prefill_tokens: int = 0
     encoder_input_size: int = 0
     encoder_matched_size: int = 0
     pod_type: str = ""
@@ -75,7 +78,7 @@ class Features:
             1.0,
             uncached / 1000.0,
             cached / 1000.0,
-            self.prefill_tokens_in_flight / 1000.0,
+            self.pending_prefill_tokens / 1000.0,
             float(self.num_request_waiting),
             float(self.num_request_running),
             self.kv_cache_percentage,
@@ -86,7 +89,7 @@ class Features:
             1.0,
             float(self.num_request_running),
             float(self.num_request_waiting),
-            self.prefill_tokens_in_flight / 1000.0,
+            self.pending_prefill_tokens / 1000.0,
             self.kv_cache_percentage,
             self.input_token_length / 1000.0,
         )

@@ -8,17 +8,21 @@ trains it), each on its feature vector (``features``). Per target:
 - each endpoint gets its own model at its first observation, a copy of the pooled one as it is
   then (so it starts from what the pool knows and adapts to that endpoint: a slower GPU, a pod
   that others also send to);
-- a prediction uses the endpoint's model, else the pooled one; none until the pooled model has
-  learned from ``min_samples`` observations (the consumers then fall back to scraped metrics).
+- a prediction uses the endpoint's model once it has learned from ``min_samples`` observations of
+  its own, the pooled one before; none until the pooled model has learned from ``min_samples``
+  observations (the consumers then fall back to scraped metrics).
 
-Recursive least squares with forgetting factor ``lam`` minimises ``sum lam^(n-i) (y_i - w.x_i)^2``
-and costs O(d^2) per observation (d <= 9)::
+Recursive least squares with forgetting factor ``lam`` minimises
+``sum lam^(n-i) (y_i - w.x_i)^2 / y_i`` (each observation weighted ``1/y``, by scaling ``x`` and
+``y`` with ``1/sqrt(y)``: latencies are heavy-tailed, and unweighted the few long ones set the
+intercept so that every short request is predicted far too slow) and costs O(d^2) per
+observation (d <= 9)::
 
     k = P x / (lam + x' P x);   w += k (y - w.x);   P = (P - k (P x)') / lam
 
-``P`` starts at ``1000 I``. Forgetting stops while ``trace(P)`` exceeds ``MAX_TRACE`` (a feature
-that stopped varying would otherwise blow ``P`` up), and a model whose numbers are no longer finite
-starts again. Predictions are clamped at 0.
+``P`` starts at ``1e5 I`` (a weak prior). Forgetting stops while ``trace(P)`` exceeds
+``MAX_TRACE`` (a feature that stopped varying would otherwise blow ``P`` up), and a model whose
+numbers are no longer finite starts again. Predictions are clamped at 0.
 
 Training is off the request path: completions only append an ``Observation`` to a bounded queue
 (the oldest is dropped when it is full, and counted); ``drain`` applies the queue, called by the
@@ -35,8 +39,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-INITIAL_P: Final = 1000.0
-MAX_TRACE: Final = 1e7
+INITIAL_P: Final = 1e5
+MAX_TRACE: Final = 1e9
+MIN_WEIGHTED_MS: Final = 1.0
+"""Observations under 1 ms weigh as much as 1 ms ones."""
 
 
 class RLS:
@@ -59,10 +65,10 @@ class RLS:
         self.samples = 0
 
     def copy(self) -> RLS:
+        """The same weights and covariance, with no samples of its own yet."""
         twin = RLS(self.dim, self.lam)
         twin.w = list(self.w)
         twin.p = [list(row) for row in self.p]
-        twin.samples = self.samples
         return twin
 
     def predict(self, x: Sequence[float]) -> float:
@@ -104,10 +110,18 @@ class TargetModels:
     def predict(self, endpoint_id: str, x: Sequence[float]) -> float | None:
         if not self.ready:
             return None
-        model = self.endpoints.get(endpoint_id, self.pooled)
+        model = self.endpoints.get(endpoint_id)
+        if model is None or model.samples < self._min:
+            model = self.pooled
         return model.predict(x)
 
     def update(self, endpoint_id: str, x: Sequence[float], y: float) -> None:
+        # weight 1/y: x and y scaled by 1/sqrt(y), so a 50 ms error on a 60 ms TTFT counts more
+        # than on a 2 s one (latencies are heavy-tailed: unweighted, the long ones set the
+        # intercept and every short request is predicted far too slow)
+        scale = 1.0 / math.sqrt(max(y, MIN_WEIGHTED_MS))
+        x = [v * scale for v in x]
+        y = y * scale
         model = self.endpoints.get(endpoint_id)
         if model is None:
             model = self.endpoints[endpoint_id] = self.pooled.copy()

@@ -236,6 +236,7 @@ class PredictedLatencyProducer(PluginBase):
                 prefix_cache_score=prefix_score(prefix, e.id),
                 prefill_tokens_in_flight=load.tokens if load is not None else 0,
                 output_tokens=output,
+                pending_prefill_tokens=self._running.pending_prefill(e.id),
                 encoder_input_size=mm.total_size if mm is not None else 0,
                 encoder_matched_size=mm.matched_size if mm is not None else 0,
                 pod_type=e.labels.get(role_label, "") if role_label else "",
@@ -304,7 +305,11 @@ class PredictedLatencyProducer(PluginBase):
         ctx.target = target
         ctx.ttft_endpoint = prefill.targets[0].id if prefill and prefill.targets else target
         ctx.dispatched_at = self.handle.clock()
-        self._running.add(target, request.request_id, ctx.tpot_slo, ctx.dispatched_at)
+        features = ctx.features.get(target)
+        pending = 0  # the prompt this endpoint computes (none when a prefill endpoint does)
+        if features is not None and ctx.ttft_endpoint == target:
+            pending = round(features.input_token_length * (1.0 - features.prefix_cache_score))
+        self._running.add(target, request.request_id, ctx.tpot_slo, ctx.dispatched_at, pending)
 
     def response_streaming(self, request: InferenceRequest, response: ResponseInfo) -> None:
         ctx: RequestContext | None = request.attributes.get(self._ctx_key)
@@ -313,6 +318,7 @@ class PredictedLatencyProducer(PluginBase):
         ctx.chunks += 1
         if not ctx.first_chunk_at and not response.end_of_stream:
             ctx.first_chunk_at = self.handle.clock()
+            self._running.prefilled(request.request_id)
 
     def response_complete(self, request: InferenceRequest, response: ResponseInfo) -> None:
         ctx: RequestContext | None = request.attributes.pop(self._ctx_key, None)

@@ -7,7 +7,10 @@ endpoint, and how well its predictions turned out.
 - ``RunningRequests``: per endpoint, this EPP's requests dispatched there and not complete, each
   with its TPOT SLO: their count is ``LatencyPredictionInfo.dispatched_request_count`` and the
   tightest positive SLO among them bounds a new request's TPOT headroom there (a new request
-  must not slow the batch below what its members were promised). Completion removes a request;
+  must not slow the batch below what its members were promised). It also sums the uncached
+  prompt tokens of those without a first token yet (the prefill queued ahead of a new request,
+  which the in-process model reads; a model server answers the response headers at once, so
+  the in-flight producer's count, released there, misses it). Completion removes a request;
   one older than ``contextTTL`` is dropped anyway (upstream's context cache expiry), so a
   completion that never comes cannot leak.
 - ``ErrorStats``: prediction error of the chosen endpoint's prediction against what was measured,
@@ -45,18 +48,43 @@ class RunningRequests:
         self._by_endpoint: dict[str, dict[str, tuple[float, float]]] = {}
         self._min: dict[str, float] = {}
         self._where: dict[str, str] = {}
+        self._prefill_of: dict[str, int] = {}
+        self._prefill: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._where)
 
-    def add(self, endpoint_id: str, request_id: str, tpot_slo: float, now: float) -> None:
+    def add(
+        self, endpoint_id: str, request_id: str, tpot_slo: float, now: float, prefill: int = 0
+    ) -> None:
+        """A request dispatched to ``endpoint_id``, with ``prefill`` uncached prompt tokens the
+        endpoint has still to compute for it."""
         self.remove(request_id)
         self._by_endpoint.setdefault(endpoint_id, {})[request_id] = (tpot_slo, now)
         self._where[request_id] = endpoint_id
         if tpot_slo > 0 and endpoint_id in self._min:
             self._min[endpoint_id] = min(self._min[endpoint_id], tpot_slo)
+        if prefill > 0:
+            self._prefill_of[request_id] = prefill
+            self._prefill[endpoint_id] = self._prefill.get(endpoint_id, 0) + prefill
+
+    def prefilled(self, request_id: str) -> None:
+        """The request's first token came: its prompt is no longer pending prefill."""
+        tokens = self._prefill_of.pop(request_id, 0)
+        if tokens:
+            endpoint_id = self._where[request_id]
+            left = self._prefill[endpoint_id] - tokens
+            if left > 0:
+                self._prefill[endpoint_id] = left
+            else:
+                del self._prefill[endpoint_id]
+
+    def pending_prefill(self, endpoint_id: str) -> int:
+        """Uncached prompt tokens of this EPP's requests there that have no first token yet."""
+        return self._prefill.get(endpoint_id, 0)
 
     def remove(self, request_id: str) -> None:
+        self.prefilled(request_id)
         endpoint_id = self._where.pop(request_id, None)
         if endpoint_id is None:
             return

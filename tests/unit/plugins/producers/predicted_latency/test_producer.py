@@ -115,26 +115,41 @@ def _serve(
     producer.response_complete(request, response)
 
 
-def _true_ttft_ms(tokens: int, cached: float, in_flight: int, slow: bool) -> float:
-    """The synthetic server: 30 ms plus 0.1 ms per uncached and 0.05 per queued token, 1.5x on
-    the slow pod."""
-    ms = 30.0 + 0.1 * tokens * (1.0 - cached) + 0.05 * in_flight
+def _true_ttft_ms(tokens: int, cached: float, queued: int, slow: bool) -> float:
+    """The synthetic server: 30 ms plus 0.1 ms per uncached token of the request and 0.05 per
+    token of prefill queued ahead of it, 1.5x on the slow pod."""
+    ms = 30.0 + 0.1 * tokens * (1.0 - cached) + 0.05 * queued
     return ms * (1.5 if slow else 1.0)
+
+
+async def _queue_prefill(
+    producer: PredictedLatencyProducer, rid: str, tokens: int, at: Endpoint
+) -> InferenceRequest:
+    """Dispatch a request of ``tokens`` uncached tokens to ``at`` that has no first token yet."""
+    blocker = _request(rid, tokens)
+    await producer.produce(blocker, EPS)
+    producer.pre_request(blocker, _routed(at))
+    return blocker
+
+
+def _drop(producer: PredictedLatencyProducer, request: InferenceRequest) -> None:
+    """End a request without anything to learn (a failed answer)."""
+    producer.response_complete(request, ResponseInfo(request.request_id, {}, status=500))
 
 
 async def _teach(producer: PredictedLatencyProducer, h: FakeHandle, n: int, seed: int = 1) -> None:
     rng = random.Random(seed)
     for k in range(n):
         i = rng.randrange(len(EPS))
-        tokens, cached, queued = (
-            rng.randint(100, 3000),
-            rng.choice([0.0, 0.5, 0.9]),
-            rng.randint(0, 4000),
-        )
-        request = _request(f"t{k}", tokens, cached={i: cached}, in_flight={i: queued})
+        tokens, cached = rng.randint(100, 3000), rng.choice([0.0, 0.5, 0.9])
+        queued = rng.choice([0, 0, 1000, 4000])
+        blocker = await _queue_prefill(producer, f"b{k}", queued, EPS[i]) if queued else None
+        request = _request(f"t{k}", tokens, cached={i: cached})
         await producer.produce(request, EPS)
         ttft = _true_ttft_ms(tokens, cached, queued, slow=i == 2) / 1000.0
         _serve(producer, h, request, EPS[i], ttft=ttft, e2e=ttft + 10 * 0.008)
+        if blocker is not None:
+            _drop(producer, blocker)
         if k % 20 == 19:  # what the training task does every trainingInterval
             producer.train_now()
     producer.train_now()
@@ -151,7 +166,8 @@ async def test_learns_ttft_and_tpot_from_completions_and_predicts_each_endpoint(
     h = FakeHandle()
     producer = _producer(h, streamingMode=True)
     await _teach(producer, h, 300)
-    request = _request("q", 2000, cached={0: 0.5}, in_flight={1: 2000})
+    await _queue_prefill(producer, "blocker", 2000, EPS[1])
+    request = _request("q", 2000, cached={0: 0.5})
     await check_producer(producer, request, EPS)
     infos = request.attributes[KEY]
     expected = [_true_ttft_ms(2000, 0.5, 0, False), _true_ttft_ms(2000, 0.0, 2000, False),
