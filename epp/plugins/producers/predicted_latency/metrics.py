@@ -1,9 +1,10 @@
 """Upstream's predicted-latency metric families, recorded by ``predicted-latency-producer``.
 
-This module is the one place the producer records metrics. The families carry llm-d-router's
-names, label sets and buckets (its ``predictedlatency/metrics.go``); ``metric_family`` returns a
-family already registered on the App's registry under that name, so when the EPP's own metrics
-(``epp.observability``) define them, the producer records into those.
+This module is the one place the producer records metrics (``LatencyMetrics``, whose methods are
+named after what they record). The families carry llm-d-router's names, label sets and buckets
+(its ``predictedlatency/metrics.go``); ``metric_family`` returns a family already registered on
+the App's registry under that name, so when the EPP's own metrics (``epp.observability``) declare
+them, the producer records into those.
 
 =================================================================  =====================
 family                                                             labels
@@ -33,6 +34,7 @@ from typing import Any, Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from epp.plugin.metrics import metric_family
+from epp.plugin.types import TypedName
 
 _MODEL: Final = ("model_name", "target_model_name")
 _PLUGIN: Final = ("plugin_name", "plugin_type", *_MODEL)
@@ -100,45 +102,62 @@ _FAMILIES: Final[dict[str, tuple[type[Any], str, str, tuple[str, ...], tuple[flo
 
 
 class LatencyMetrics:
-    """The families above, bound to one producer instance (its name and type)."""
+    """The families above, recorded under one producer's ``plugin_name`` and ``plugin_type``.
+    Times in seconds; a negative value is not recorded (the call returns ``False``)."""
 
-    def __init__(self, registry: CollectorRegistry, plugin_name: str, plugin_type: str) -> None:
-        self._plugin = (plugin_name, plugin_type)
+    def __init__(self, registry: CollectorRegistry, plugin: TypedName) -> None:
+        self._plugin = (plugin.name, plugin.type)
         self._f: dict[str, Any] = {}
         for key, (kind, name, doc, labels, buckets) in _FAMILIES.items():
             extra = {"buckets": buckets} if buckets else {}
             self._f[key] = metric_family(registry, kind, name, doc, labels, **extra)
 
-    def _gauge(self, model: tuple[str, str], kind: str, value: float) -> None:
-        self._f["gauge"].labels(*self._plugin, *model, kind).set(value)
-        self._f["old_gauge"].labels(*model, kind).set(value)
+    def _gauge(self, model: str, target: str, kind: str, value: float) -> None:
+        self._f["gauge"].labels(*self._plugin, model, target, kind).set(value)
+        self._f["old_gauge"].labels(model, target, kind).set(value)
 
-    def measured(self, target: str, model: tuple[str, str], seconds: float) -> None:
-        """A request's measured TTFT (``target="ttft"``) or TPOT (``"tpot"``)."""
+    def _observe(self, key: str, model: str, target: str, seconds: float) -> bool:
         if seconds < 0:
-            return
-        self._f[f"old_{target}"].labels(*model).observe(seconds)
-        self._gauge(model, target, seconds)
+            return False
+        if key in self._f:  # the measured TTFT and TPOT have only the deprecated family
+            self._f[key].labels(*self._plugin, model, target).observe(seconds)
+        self._f[f"old_{key}"].labels(model, target).observe(seconds)
+        self._gauge(model, target, key.replace("_duration", "_prediction_duration"), seconds)
+        return True
 
-    def predicted(self, target: str, model: tuple[str, str], seconds: float) -> None:
-        if seconds < 0:
-            return
-        self._f[f"predicted_{target}"].labels(*self._plugin, *model).observe(seconds)
-        self._f[f"old_predicted_{target}"].labels(*model).observe(seconds)
-        self._gauge(model, f"predicted_{target}", seconds)
+    def ttft(self, model: str, target: str, seconds: float) -> bool:
+        """A measured time to first token."""
+        return self._observe("ttft", model, target, seconds)
 
-    def prediction_duration(self, model: tuple[str, str], seconds: float) -> None:
-        """One prediction call's duration: upstream records it as both the TTFT and the TPOT
-        prediction duration (one call predicts both)."""
-        for target in ("ttft", "tpot"):
-            self._f[f"{target}_duration"].labels(*self._plugin, *model).observe(seconds)
-            self._f[f"old_{target}_duration"].labels(*model).observe(seconds)
-            self._gauge(model, f"{target}_prediction_duration", seconds)
+    def tpot(self, model: str, target: str, seconds: float) -> bool:
+        """A measured time per output token."""
+        return self._observe("tpot", model, target, seconds)
 
-    def slo(self, target: str, model: tuple[str, str], measured_ms: float, slo_ms: float) -> None:
-        """Compare a measurement with its SLO (both in ms): a violation is counted."""
-        violated = measured_ms > slo_ms
+    def predicted_ttft(self, model: str, target: str, seconds: float) -> bool:
+        return self._observe("predicted_ttft", model, target, seconds)
+
+    def predicted_tpot(self, model: str, target: str, seconds: float) -> bool:
+        return self._observe("predicted_tpot", model, target, seconds)
+
+    def ttft_prediction_duration(self, model: str, target: str, seconds: float) -> bool:
+        return self._observe("ttft_duration", model, target, seconds)
+
+    def tpot_prediction_duration(self, model: str, target: str, seconds: float) -> bool:
+        return self._observe("tpot_duration", model, target, seconds)
+
+    def ttft_slo(self, model: str, target: str, seconds: float, slo: float) -> bool:
+        """A measured TTFT against its SLO (same unit): over it counts a ``ttft`` violation."""
+        return self._slo("ttft", model, target, seconds, slo)
+
+    def tpot_slo(self, model: str, target: str, seconds: float, slo: float) -> bool:
+        return self._slo("tpot", model, target, seconds, slo)
+
+    def _slo(self, kind: str, model: str, target: str, value: float, slo: float) -> bool:
+        if value < 0:
+            return False
+        violated = value > slo
         if violated:
-            self._f["violations"].labels(*self._plugin, *model, target).inc()
-            self._f["old_violations"].labels(*model, target).inc()
-        self._gauge(model, f"{target}_slo_violation", 1.0 if violated else 0.0)
+            self._f["violations"].labels(*self._plugin, model, target, kind).inc()
+            self._f["old_violations"].labels(model, target, kind).inc()
+        self._gauge(model, target, f"{kind}_slo_violation", 1.0 if violated else 0.0)
+        return True

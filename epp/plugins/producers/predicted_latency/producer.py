@@ -168,7 +168,7 @@ class PredictedLatencyProducer(PluginBase):
         )
         self._running = RunningRequests()
         self._errors = {"ttft": ErrorStats(), "tpot": ErrorStats()}
-        self._metrics = LatencyMetrics(handle.registry, self.typed_name.name, self.TYPE)
+        self._metrics = LatencyMetrics(handle.registry, self.typed_name)
         self._task: asyncio.Task[None] | None = None
 
     # ---- declarations ------------------------------------------------------------------------
@@ -203,8 +203,14 @@ class PredictedLatencyProducer(PluginBase):
         predictions = await self._predict(ctx, endpoints)
         if predictions is None:
             return
-        model = (request.incoming_model, request.target_model)
-        self._metrics.prediction_duration(model, max(0.0, self.handle.clock() - started))
+        seconds = max(0.0, self.handle.clock() - started)
+        # one call predicts both, and upstream records it as both durations
+        self._metrics.ttft_prediction_duration(
+            request.incoming_model, request.target_model, seconds
+        )
+        self._metrics.tpot_prediction_duration(
+            request.incoming_model, request.target_model, seconds
+        )
         ctx.predictions = predictions
         request.attributes[self._key] = {
             e.id: self._info(ctx, e, predictions[e.id]) for e in endpoints
@@ -355,13 +361,19 @@ class PredictedLatencyProducer(PluginBase):
         slo: float,
     ) -> None:
         """Record one measurement: metrics, prediction error, and an observation to learn."""
-        self._metrics.measured(target, model, measured_ms / 1000.0)
+        metrics = self._metrics
+        measured, predicted_of, slo_of = (
+            (metrics.ttft, metrics.predicted_ttft, metrics.ttft_slo)
+            if target == "ttft"
+            else (metrics.tpot, metrics.predicted_tpot, metrics.tpot_slo)
+        )
+        measured(*model, measured_ms / 1000.0)
         if slo > 0:
-            self._metrics.slo(target, model, measured_ms, slo)
+            slo_of(*model, measured_ms / 1000.0, slo / 1000.0)
         prediction = ctx.predictions.get(endpoint_id)
         predicted = None if prediction is None else prediction[0 if target == "ttft" else 1]
         if predicted is not None and not math.isnan(predicted):
-            self._metrics.predicted(target, model, predicted / 1000.0)
+            predicted_of(*model, predicted / 1000.0)
             self._errors[target].add(predicted, measured_ms)
         features = ctx.features.get(endpoint_id)
         if features is None:
