@@ -73,3 +73,148 @@ schedulingProfiles:
       - pluginRef: latency-admitter
 """,
 }
+
+# The EndpointPickerConfigs of llm-d's predicted-latency routing guide
+# (llm-d/llm-d guides/predicted-latency-routing/router/*.values.yaml, router.epp
+# pluginsCustomConfig), as the guide ships them.
+GUIDE_CONFIGS = {
+    "predicted-latency": """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: approx-prefix-cache-producer
+  parameters:
+    maxPrefixTokensToMatch: 262144
+- type: predicted-latency-producer
+- type: prefix-cache-affinity-filter
+  name: loose-affinity-filter
+  parameters:
+    affinityThreshold: 0.8
+    ttftSource: latencyPredictor
+    maxTTFTPenaltyMs: 5000
+- type: latency-scorer
+- type: weighted-random-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: loose-affinity-filter
+  - pluginRef: latency-scorer
+  - pluginRef: weighted-random-picker
+""",
+    "predicted-latency-slo": """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: approx-prefix-cache-producer
+  parameters:
+    maxPrefixTokensToMatch: 262144
+- type: predicted-latency-producer
+  parameters:
+    streamingMode: true
+- type: prefix-cache-affinity-filter
+  name: strict-affinity-filter
+  parameters:
+    affinityThreshold: 0.99
+    ttftSource: latencyPredictor
+    maxTTFTPenaltyMs: 5000
+- type: prefix-cache-affinity-filter
+  name: loose-affinity-filter
+  parameters:
+    affinityThreshold: 0.8
+    ttftSource: latencyPredictor
+    maxTTFTPenaltyMs: 5000
+- type: latency-scorer
+- type: weighted-random-picker
+- type: slo-headroom-tier-filter
+- type: latency-slo-admitter
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: strict-affinity-filter
+  - pluginRef: slo-headroom-tier-filter
+  - pluginRef: loose-affinity-filter
+  - pluginRef: latency-scorer
+  - pluginRef: weighted-random-picker
+""",
+    "predicted-latency-pd": """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: always-disagg-pd-decider
+- type: disagg-profile-handler
+  parameters:
+    deciders:
+      prefill: always-disagg-pd-decider
+- type: prefill-filter
+- type: decode-filter
+- type: approx-prefix-cache-producer
+  parameters:
+    maxPrefixTokensToMatch: 131072
+- type: predicted-latency-producer
+  parameters:
+    streamingMode: true
+- type: prefix-cache-affinity-filter
+  name: loose-affinity-filter
+  parameters:
+    affinityThreshold: 0.8
+    ttftSource: latencyPredictor
+    maxTTFTPenaltyMs: 5000
+- type: latency-scorer
+  name: ttft-scorer
+  parameters:
+    ttftWeight: 1
+    tpotWeight: 0
+- type: latency-scorer
+  name: tpot-scorer
+  parameters:
+    ttftWeight: 0
+    tpotWeight: 1
+- type: weighted-random-picker
+schedulingProfiles:
+- name: prefill
+  plugins:
+  - pluginRef: prefill-filter
+  - pluginRef: loose-affinity-filter
+  - pluginRef: ttft-scorer
+  - pluginRef: weighted-random-picker
+- name: decode
+  plugins:
+  - pluginRef: decode-filter
+  - pluginRef: tpot-scorer
+  - pluginRef: weighted-random-picker
+""",
+    "predicted-latency-multimodal": """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: token-producer
+  parameters:
+    estimate:
+      image:
+        mode: dynamic
+        defaultResolution:
+          width: 1280
+          height: 720
+        dynamic:
+          factor: 1024
+- type: approx-prefix-cache-producer
+  parameters:
+    maxPrefixTokensToMatch: 131072
+- type: predicted-latency-producer
+- type: prefix-cache-affinity-filter
+  name: loose-affinity-filter
+  parameters:
+    affinityThreshold: 0.6
+    ttftSource: latencyPredictor
+    maxTTFTPenaltyMs: 30000
+- type: latency-scorer
+- type: weighted-random-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: predicted-latency-producer
+  - pluginRef: loose-affinity-filter
+  - pluginRef: latency-scorer
+  - pluginRef: weighted-random-picker
+""",
+}

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.conftest import COMPLETION, metrics_text, post, set_overrides, wait_for
-from tests.latency_configs import HELM_LATENCY, README_EXAMPLES
+from tests.latency_configs import GUIDE_CONFIGS, HELM_LATENCY, README_EXAMPLES
 from tests.latency_sidecar import SidecarServer
 
 pytestmark = [pytest.mark.envoy]
@@ -237,3 +237,25 @@ async def test_helm_latency_config_with_a_sidecar_routes(
             assert status == 200, body
         assert len(sidecar.predict_calls) == 6
     assert _producer(app).dump_state()["predictionError"]["ttft"]["n"] == 6
+
+
+@pytest.mark.parametrize(
+    "name", ["predicted-latency", "predicted-latency-slo", "predicted-latency-pd"]
+)
+async def test_llm_d_guide_configs_start_and_route(
+    name: str, start_app: Any, sim_pods: Any, envoy: Any
+) -> None:
+    """llm-d's predicted-latency routing guide, each of its configs unchanged (the fixture adds
+    file discovery); pod-0 is a prefill pod and pod-1 a decode pod, as the P/D variant needs."""
+    fleet = await sim_pods(4)
+    doc = yaml.safe_load(GUIDE_CONFIGS[name])
+    config = yaml.safe_dump({k: v for k, v in doc.items() if k not in ("apiVersion", "kind")})
+    roles = {0: {"llm-d.ai/role": "prefill"}, 1: {"llm-d.ai/role": "decode"}}
+    app = await start_app(fleet.ports, config, labels=roles)
+    proxy = envoy(app)
+    headers = {"x-llm-d-slo-ttft-ms": "2000", "x-llm-d-slo-tpot-ms": "200"}
+    for i in range(6):
+        body = {"model": "sim-model", "messages": [{"role": "user", "content": f"hi {i}"}],
+                "max_tokens": 4, "stream": True}  # fmt: skip
+        status, _, text = await post(f"{proxy.url}/v1/chat/completions", body, headers)
+        assert status == 200 and b"[DONE]" in text, text[:300]
