@@ -32,6 +32,16 @@ schedulingProfiles:
   - pluginRef: latency-scorer
   - pluginRef: max-score-picker
 """
+# SLO_ROUTING with a saturation detector that never reports the pool saturated, so that legacy
+# shedding (which fails closed on a late scrape) never answers before the admitter does.
+SHEDDING = (
+    SLO_ROUTING.replace(
+        "- type: latency-slo-admitter\n",
+        "- type: latency-slo-admitter\n- type: concurrency-detector\n"
+        "  parameters: {maxConcurrency: 100000}\n",
+    )
+    + "saturationDetector: {pluginRef: concurrency-detector}\n"
+)
 STREAMING = """\
 plugins:
 - type: predicted-latency-producer
@@ -179,10 +189,10 @@ async def test_sidecar_verdict_sheds_sheddable_requests_only(
     async with SidecarServer() as sidecar:
         monkeypatch.setenv("PREDICTION_SERVER_URL", sidecar.url)
         fleet = await sim_pods(2)
-        # busy (neither idle nor cold) yet below the saturation that sheds before any admitter
+        # busy: neither idle nor cold
         busy = {"num_requests_waiting": 4, "num_requests_running": 4, "kv_cache_usage_perc": 0.5}
         await _overrides(fleet, {0: busy, 1: busy})
-        app = await start_app(fleet.ports, SLO_ROUTING, objectives_files=(str(objectives),))
+        app = await start_app(fleet.ports, SHEDDING, objectives_files=(str(objectives),))
         await _scraped(app, fleet, {0: 4, 1: 4})
         proxy = envoy(app)
         url = f"{proxy.url}/v1/completions"
