@@ -37,6 +37,7 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import mul
 from typing import Final
 
 INITIAL_P: Final = 1e5
@@ -72,7 +73,8 @@ class RLS:
         return twin
 
     def predict(self, x: Sequence[float]) -> float:
-        return max(0.0, sum(wi * xi for wi, xi in zip(self.w, x, strict=True)))
+        total: float = sum(map(mul, self.w, x))
+        return max(0.0, total)
 
     def update(self, x: Sequence[float], y: float) -> None:
         p, dim = self.p, self.dim
