@@ -269,3 +269,32 @@ async def test_llm_d_guide_configs_start_and_route(
                 "max_tokens": 4, "stream": True}  # fmt: skip
         status, _, text = await post(f"{proxy.url}/v1/chat/completions", body, headers)
         assert status == 200 and b"[DONE]" in text, text[:300]
+
+
+async def test_prefix_affinity_filter_keeps_a_shared_prompt_on_the_pod_that_caches_it(
+    start_app: Any, sim_pods: Any, envoy: Any
+) -> None:
+    """Under a random picker, requests sharing a long prompt prefix all go where the first one
+    went once that pod caches it: the filter narrows the candidates to it."""
+    config = """\
+plugins:
+- type: prefix-cache-affinity-filter
+  parameters: {affinityThreshold: 0.8}
+- type: random-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefix-cache-affinity-filter
+  - pluginRef: random-picker
+"""
+    fleet = await sim_pods(4)
+    app = await start_app(fleet.ports, config)
+    proxy = envoy(app)
+    shared = "the same long system prompt " * 60
+    pods = []
+    for i in range(12):
+        body = {**COMPLETION, "prompt": shared + f"question {i}"}
+        status, headers, _ = await post(f"{proxy.url}/v1/completions", body)
+        assert status == 200
+        pods.append(headers["x-sim-pod"])
+    assert len(set(pods[1:])) == 1 and pods[1] == pods[0], pods
