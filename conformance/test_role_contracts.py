@@ -68,6 +68,8 @@ PARSER_SAMPLES: dict[str, tuple[str, bytes, bytes | None]] = {
 DEGRADED_PRODUCERS: dict[str, str] = {
     "mm-embeddings-cache-producer": "publishes only for requests with image, audio or video parts",
     "p2p-source-producer": "publishes only when a candidate caches part of the prompt",
+    "predicted-latency-producer": "publishes once its in-process model has learned from completed "
+    "requests (or its sidecar answers); warmed up, it is checked in its unit tests",
 }
 METRICS = b"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 3\n"
 # extractor type -> a payload of its source

@@ -71,13 +71,7 @@ UPSTREAM: Final[dict[str, str]] = {
     "multicluster-session-affinity-filter": "alpha",
 }  # fmt: skip
 
-_LATENCY = "needs upstream's latency-predictor sidecar (XGBoost/LightGBM models); not built"
 NOT_HERE: Final[dict[str, str]] = {
-    "prefix-cache-affinity-filter": "not built yet",
-    "slo-headroom-tier-filter": _LATENCY,
-    "latency-scorer": _LATENCY,
-    "predicted-latency-producer": _LATENCY,
-    "latency-slo-admitter": _LATENCY,
     "sglanghttp-parser": "not built yet (openai-parser serves SGLang's OpenAI API)",
     "vllmgrpc-parser": "gRPC model servers are not supported",
     "vertexai-parser": "not built yet",

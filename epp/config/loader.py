@@ -68,6 +68,7 @@ DEFAULT_PRODUCERS = {
     # upstream's name of the SessionID data type (attrsession.SessionIDDataKey)
     "SessionIDDataKey": "session-id-producer",
     "MultiModalEncoderCacheMatchInfoKey": "mm-embeddings-cache-producer",
+    "LatencyPredictionInfo": "predicted-latency-producer",
 }
 
 

@@ -9,6 +9,12 @@ A config that declares no filter, scorer or picker at all (say, only a discovery
 route at random. It gets this EPP's built-in default scheduling instead (the plugins and weights
 of ``DEFAULT_CONFIG_TEXT``'s profile), and the log says what was filled in. A profile that ends up
 without any scorer is logged as a warning, naming it.
+
+A profile may name a plugin with no scheduling role but another one (a data producer, an admitter,
+a request hook), as llm-d's latency-predictor config names ``predicted-latency-producer``: it runs
+in its own roles, is left out of the profile and logged as a warning (upstream's loader ignores it
+silently). A plugin with no role at all, or one that fails a scheduling role's declaration, is
+refused.
 """
 
 from __future__ import annotations
@@ -22,10 +28,32 @@ from epp.config.schema import (
     ProfilePluginRef,
     SchedulingProfileSpec,
 )
-from epp.plugin import Filter, Picker, Profile, ProfileHandler, Scorer
+from epp.plugin import (
+    Admitter,
+    DataProducer,
+    Filter,
+    Picker,
+    PreRequest,
+    Profile,
+    ProfileHandler,
+    ResponseComplete,
+    ResponseHeaders,
+    ResponseStreaming,
+    Scorer,
+)
 from epp.plugin.conformance import explain_refusal, scheduling_roles
 
 log = logging.getLogger(__name__)
+
+_OTHER_ROLES = (
+    DataProducer,
+    Admitter,
+    PreRequest,
+    ResponseHeaders,
+    ResponseStreaming,
+    ResponseComplete,
+)
+"""Roles a plugin named in a profile may have instead of a scheduling one (it is left out)."""
 
 
 def build_profiles(
@@ -90,11 +118,8 @@ def _profiles(b: Builder, specs: tuple[SchedulingProfileSpec, ...]) -> dict[str,
             inst = b.ref(ref.plugin_ref, f"{where}.plugins[{j}]")
             roles = scheduling_roles(inst)
             if not roles:
-                why = explain_refusal(inst)
-                raise ConfigError(
-                    f"config: {where}.plugins[{j}]: {ref.plugin_ref!r} is not a filter, "
-                    "scorer or picker" + (f" ({why})" if why else "")
-                )
+                _not_scheduling(inst, ref.plugin_ref, spec.name, f"{where}.plugins[{j}]")
+                continue
             if "filter" in roles:
                 filters.append(inst)
             if "scorer" in roles:
@@ -109,6 +134,25 @@ def _profiles(b: Builder, specs: tuple[SchedulingProfileSpec, ...]) -> dict[str,
         picker = pickers[0] if pickers else first_picker
         profiles[spec.name] = Profile(spec.name, tuple(filters), tuple(scorers), picker)
     return profiles
+
+
+def _not_scheduling(inst: object, ref: str, profile: str, where: str) -> None:
+    """A profile names a plugin that is no filter, scorer or picker. One that tries to be one and
+    fails is refused with the reason; any other plugin (a data producer, an admitter: llm-d's
+    latency-predictor config lists ``predicted-latency-producer`` in its profile) runs in its own
+    roles and is left out of the profile, as upstream's loader does, with a warning."""
+    why = explain_refusal(inst)
+    if why or not any(isinstance(inst, role) for role in _OTHER_ROLES):
+        raise ConfigError(
+            f"config: {where}: {ref!r} is not a filter, scorer or picker"
+            + (f" ({why})" if why else "")
+        )
+    log.warning(
+        "scheduling profile %r names %r, which is not a filter, scorer or picker: it runs in its "
+        "own roles and is left out of the profile",
+        profile,
+        ref,
+    )
 
 
 def profile_handler(b: Builder, profiles: dict[str, Profile]) -> ProfileHandler:

@@ -327,3 +327,30 @@ async def test_diagnostic_headers_echo_body_hash_and_prefiller_when_present(
         assert resp.headers["x-sim-role"] == "both"
         for header in ("x-sim-request-sha256", "x-sim-saw-prefiller", "x-sim-prefill-pod"):
             assert header not in resp.headers
+
+
+async def test_chat_stream_opens_with_the_first_token_when_the_prefill_is_long() -> None:
+    """As vLLM does, the assistant role chunk goes out with the first token's chunk, after the
+    prefill, not as soon as the request arrives: the first chunk marks the time to first token."""
+    config = PodConfig(name="pod-a", model=MODEL, time_scale=1.0, prefill_tokens_per_s=4000.0)
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "word " * 2000}],  # ~2,500 tokens: ~0.6 s
+        "max_tokens": 2,
+        "stream": True,
+    }
+    loop = asyncio.get_running_loop()
+    async with SimFleet([config]) as f, aiohttp.ClientSession(base_url=f.urls[0]) as http:
+        sent = loop.time()
+        async with http.post("/v1/chat/completions", json=body) as resp:
+            headers_at = loop.time()
+            role = await resp.content.readuntil(b"\n\n")
+            role_at = loop.time()
+            token = await resp.content.readuntil(b"\n\n")
+            token_at = loop.time()
+            await resp.read()
+    assert b'"role":"assistant"' in role and b'"content":""' in role
+    assert b'"content":"' in token and b'"content":""' not in token
+    assert headers_at - sent < role_at - headers_at  # the headers did not wait for the prefill
+    assert role_at - headers_at > 0.3  # the role chunk did
+    assert token_at - role_at < role_at - headers_at  # and came with the first token

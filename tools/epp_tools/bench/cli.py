@@ -74,6 +74,11 @@ fleet with KV capacity and preemption; ``epp bench scale growth`` and ``epp benc
 measure how the EPP's cost grows and the cores it needs at llm-d's published rate, see
 ``tools/epp_tools/bench/scale/__init__.py``.
 
+``epp bench latency [--rate R] [--duration S] [--seeds 1,2,3]`` runs a workload with TTFT and TPOT
+SLOs against upstream's default profile, llm-d's latency-predictor profile and
+``deploy/configs/latency-slo.yaml`` (both with the in-process model) and reports the SLO
+attainment and the prediction error, see ``epp/bench/latency.py``.
+
 ``epp bench together --workload a --targets epp,sglang [--burners N]`` drives two or more targets
 at the same time, each on its own fleet, optionally beside N busy-looping processes, so that they
 meet the same machine load, see ``tools/epp_tools/bench/runner/together.py``.
@@ -150,6 +155,7 @@ SUBCOMMANDS = {
     "together": "epp_tools.bench.runner.together",
     "engines": "epp_tools.bench.engines.cli",
     "scale": "epp_tools.bench.scale.cli",
+    "latency": "epp_tools.bench.latency",
 }
 """``epp bench <name>``: the module whose ``main(argv)`` runs it (imported only when asked)."""
 

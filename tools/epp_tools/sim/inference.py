@@ -219,10 +219,14 @@ async def _stream(
     writer = _ChunkWriter(response, runtime.faults.die_mid_stream_after_chunks)
     limit = fmt.parsed.max_tokens or runtime.config.default_max_tokens
     try:
-        await writer.send(fmt.start())
+        opening = fmt.start()
+        if not fmt.start_with_first_token:
+            await writer.send(opening)
+            opening = []
         for _ in range(limit):
             chunks, finished = _drain(fmt, await channel.get(), channel)
-            await writer.send(chunks)
+            await writer.send(opening + chunks)
+            opening = []
             if finished:
                 break
         tail = fmt.finish() + ([DONE] if fmt.done_marker else [])

@@ -5,6 +5,9 @@ with ``stream_options.include_usage`` a last chunk carries ``usage`` and empty `
 (``continuous_usage_stats`` adds the running usage to every chunk). The Responses API streams
 typed events (``event: response.output_text.delta`` ...) ending with ``response.completed``,
 whose response object carries the usage, and has no ``[DONE]``.
+
+A streamed chat answer opens with the assistant role chunk, which vLLM sends with the first
+token's output (``start_with_first_token``), so the first chunk marks the time to first token.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ DONE = b"data: [DONE]\n\n"
 
 
 class _Base:
+    start_with_first_token = False
+    """``start()``'s chunks go out with the first token's rather than before it."""
+
     def __init__(self, parsed: Parsed, request_id: str) -> None:
         self.parsed = parsed
         self.id = request_id
@@ -85,6 +91,7 @@ class CompletionFormat(_Base):
 
 class ChatFormat(_Base):
     done_marker = True
+    start_with_first_token = True
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
         choice: dict[str, Any] = {
