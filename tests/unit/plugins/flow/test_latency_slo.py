@@ -7,11 +7,11 @@ import dataclasses
 from typing import Any
 
 import pytest
-from epp.plugin.testing import check_admitter
 
 from epp.plugin import DropReason, Endpoint, ErrorCode
 from epp.plugin.latency import LATENCY_PREDICTION_INFO, LatencyPredictionInfo
 from epp.plugin.params import decode
+from epp.plugin.testing import check_admitter
 from epp.plugins.flow.latency_slo import LatencySLOAdmitter
 from tests.builders import FakeHandle, make_cycle, make_endpoint, make_request
 

@@ -9,7 +9,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
-from epp.plugin.testing import check_hooks, check_producer
 
 from epp.plugin import (
     PREFIX_MATCH_INFO,
@@ -28,6 +27,7 @@ from epp.plugin import (
 from epp.plugin.inflight import INFLIGHT_LOAD, InFlightLoad
 from epp.plugin.latency import LATENCY_PREDICTION_INFO, LatencyPredictionInfo
 from epp.plugin.params import decode
+from epp.plugin.testing import check_hooks, check_producer
 from epp.plugins.producers.predicted_latency.producer import PredictedLatencyProducer
 from tests.builders import FakeHandle, make_endpoint, make_request
 from tests.latency_sidecar import SidecarServer
