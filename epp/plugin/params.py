@@ -71,6 +71,9 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
+        present = [arg for arg in args if arg is not type(None)]
+        if len(present) == 1:  # an optional field: its own error, with its own path
+            return _convert(present[0], value, path)
         errors = []
         for arg in args:
             if arg is type(None):

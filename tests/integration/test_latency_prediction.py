@@ -249,14 +249,13 @@ async def test_helm_latency_config_with_a_sidecar_routes(
     assert _producer(app).dump_state()["predictionError"]["ttft"]["n"] == 6
 
 
-@pytest.mark.parametrize(
-    "name", ["predicted-latency", "predicted-latency-slo", "predicted-latency-pd"]
-)
+@pytest.mark.parametrize("name", sorted(GUIDE_CONFIGS))
 async def test_llm_d_guide_configs_start_and_route(
     name: str, start_app: Any, sim_pods: Any, envoy: Any
 ) -> None:
     """llm-d's predicted-latency routing guide, each of its configs unchanged (the fixture adds
-    file discovery); pod-0 is a prefill pod and pod-1 a decode pod, as the P/D variant needs."""
+    file discovery); pod-0 is a prefill pod and pod-1 a decode pod, as the P/D variant needs. The
+    multimodal variant's requests carry an image."""
     fleet = await sim_pods(4)
     doc = yaml.safe_load(GUIDE_CONFIGS[name])
     config = yaml.safe_dump({k: v for k, v in doc.items() if k not in ("apiVersion", "kind")})
@@ -265,7 +264,11 @@ async def test_llm_d_guide_configs_start_and_route(
     proxy = envoy(app)
     headers = {"x-llm-d-slo-ttft-ms": "2000", "x-llm-d-slo-tpot-ms": "200"}
     for i in range(6):
-        body = {"model": "sim-model", "messages": [{"role": "user", "content": f"hi {i}"}],
+        content: Any = f"hi {i}"
+        if name.endswith("multimodal"):
+            image = {"type": "image_url", "image_url": {"url": f"https://example.com/{i}.png"}}
+            content = [{"type": "text", "text": content}, image]
+        body = {"model": "sim-model", "messages": [{"role": "user", "content": content}],
                 "max_tokens": 4, "stream": True}  # fmt: skip
         status, _, text = await post(f"{proxy.url}/v1/chat/completions", body, headers)
         assert status == 200 and b"[DONE]" in text, text[:300]

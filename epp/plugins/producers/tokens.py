@@ -23,9 +23,11 @@ approximate prefix matching needs. What is serialised, per API:
 A media item (``image_url``, ``video_url``, ``input_audio``, ``audio_url``, Anthropic ``image``)
 starts on a token boundary and becomes N copies of one pseudo-token, the low 32 bits of
 xxh64(its URL or data), so the same asset matches and different assets do not. N estimates its
-size in tokens: 225 for an image (a 640x360 picture at 1024 pixels per token), 4500 for a video
-(10 s sampled at 2 fps), ``14 + 12.5 * seconds`` for audio (seconds from the base64 payload at
-16 kB/s, 10 s when it has none).
+size in tokens as upstream does (``epp.plugins.producers.media_estimate``: by default 225 for an
+image of unknown size, width x height / 1024 for a base64 PNG, GIF or JPEG, 4500 for a video,
+``14 + 12.5 * seconds`` for audio), tuned by the ``estimate`` parameter and, for videos, by the
+request's ``x-llm-d-video-duration-seconds``, ``x-llm-d-video-resolution`` and
+``x-llm-d-video-fps`` headers.
 
 The simulator (``epp_tools.sim``) tokenizes with the same 4-bytes-per-token rule, so against it the
 estimate is exact for completions (chat differs: the simulator renders a chat template).
@@ -38,12 +40,17 @@ fall back to the estimate; failures are logged at debug level and counted in
 ``llm_d_epp_token_producer_fallbacks_total{plugin_name, reason}``. The director bounds every
 producer with its own timeout (0.4 s), which a slower render also hits.
 
-Parameters:
+Parameters (upstream's, plus ``backend``):
 
-- ``backend`` (``estimate`` | ``vllm``, default ``estimate``).
-- ``modelName`` (string, default ""; required with ``vllm``): the model the render asks for.
+- ``modelName`` (string, default ""): the model the render asks for. Setting it, or ``vllm``,
+  selects the ``vllm`` backend, as upstream.
 - ``vllm``: ``url`` (default ``http://localhost:8000``), ``timeout`` (``5s``), ``mmTimeout``
   (``30s``, for requests with media).
+- ``estimate``: the media estimates of the ``estimate`` backend (``image``, ``video``: see
+  ``media_estimate``). Upstream refuses it beside ``vllm`` or ``modelName``; so does this EPP,
+  unless ``backend: vllm`` says the estimate is the fallback it tunes.
+- ``backend`` (``estimate`` | ``vllm``; this EPP's, optional): names the backend outright. When
+  unset it follows from the parameters above (``estimate`` when none is set).
 
 ``tokenizer`` is upstream's deprecated name of this type (deprecated in v0.9.0): the same
 producer with the same parameters, publishing under its own instance name
@@ -58,13 +65,19 @@ YAML::
           backend: vllm
           modelName: meta-llama/Llama-3.1-8B-Instruct
           vllm: {url: "http://127.0.0.1:8000", timeout: 2s}
+      - type: token-producer
+        name: estimate-hd
+        parameters:
+          estimate:
+            image: {defaultResolution: {width: 1280, height: 720}}
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar, Final, Literal
 
 import orjson
@@ -85,14 +98,16 @@ from epp.plugin import (
 from epp.plugin.metrics import metric_family
 from epp.plugin.prefix import TOKEN_BYTES, pack_token_ids
 from epp.plugin.units import parse_duration
+from epp.plugins.producers.media_estimate import (
+    MediaEstimate,
+    audio_tokens,
+    base64_image_size,
+    data_url_size,
+    video_meta,
+)
 from epp.plugins.producers.render import RenderClient, RenderError
 
 IMAGE_PLACEHOLDERS: Final = 640 * 360 // 1024
-VIDEO_PLACEHOLDERS: Final = 10 * 2 * IMAGE_PLACEHOLDERS
-AUDIO_OVERHEAD_TOKENS: Final = 14
-AUDIO_TOKENS_PER_SECOND: Final = 12.5
-AUDIO_BYTES_PER_SECOND: Final = 16000
-AUDIO_DEFAULT_SECONDS: Final = 10.0
 ANTHROPIC_BILLING_PREFIX: Final = "x-anthropic-billing-header"
 
 
@@ -118,13 +133,28 @@ class TokenProducer(PluginBase):
 
     @dataclass(frozen=True)
     class Params:
-        backend: Literal["estimate", "vllm"] = "estimate"
+        backend: Literal["estimate", "vllm"] | None = None
         model_name: str = ""
-        vllm: VllmBackendConfig = field(default_factory=VllmBackendConfig)
+        vllm: VllmBackendConfig | None = None
+        estimate: MediaEstimate | None = None
 
         def __post_init__(self) -> None:
-            if self.backend == "vllm" and not self.model_name:
-                raise ValueError("modelName is required with backend 'vllm'")
+            implied = self.vllm is not None or bool(self.model_name)
+            if self.backend is None and implied and self.estimate is not None:
+                raise ValueError(
+                    "only one of 'estimate' and 'vllm'/'modelName' may be set "
+                    "(or say 'backend: vllm' to tune the estimate it falls back to)"
+                )
+            if self.selected == "vllm" and not self.model_name:
+                raise ValueError("modelName is required with the vllm backend")
+
+        @property
+        def selected(self) -> Literal["estimate", "vllm"]:
+            """The backend: ``backend`` if set, else ``vllm`` when ``vllm`` or ``modelName``
+            is (upstream's rule), else ``estimate``."""
+            if self.backend is not None:
+                return self.backend
+            return "vllm" if self.vllm is not None or self.model_name else "estimate"
 
     params: Params
 
@@ -133,8 +163,9 @@ class TokenProducer(PluginBase):
         self._key = TOKENIZED_PROMPT.key(self.typed_name.name)
         self._log = handle.logger(self.typed_name)
         self._render: RenderClient | None = None
-        if self.params.backend == "vllm":
-            cfg = self.params.vllm
+        self._media = self.params.estimate or MediaEstimate()
+        if self.params.selected == "vllm":
+            cfg = self.params.vllm or VllmBackendConfig()
             self._render = RenderClient(
                 url=cfg.url,
                 model=self.params.model_name,
@@ -180,23 +211,51 @@ class TokenProducer(PluginBase):
                 self._fallbacks.labels(self.typed_name.name, exc.reason).inc()
                 self._log.debug("request %s: render failed (%s)", request.request_id, exc)
         if prompt is None:
-            prompt = estimate(body)
+            prompt = estimate(body, self._media, request.headers)
         if prompt is not None:
             request.attributes[self._key] = prompt
         elif self._log.isEnabledFor(logging.DEBUG):
             self._log.debug("request %s (%s): nothing to tokenize", request.request_id, body.kind)
 
 
-def estimate(body: RequestBody) -> TokenizedPrompt | None:
-    """The ``estimate`` backend: a request body → its pseudo-token prompt(s), or ``None``."""
+_DEFAULT_MEDIA: Final = MediaEstimate()
+_NO_HEADERS: Final[Mapping[str, str]] = MappingProxyType({})
+
+
+def estimate(
+    body: RequestBody,
+    media: MediaEstimate = _DEFAULT_MEDIA,
+    headers: Mapping[str, str] = _NO_HEADERS,
+) -> TokenizedPrompt | None:
+    """The ``estimate`` backend: a request body → its pseudo-token prompt(s), or ``None``.
+    ``media`` sizes the media items; ``headers`` are the request's (its video headers)."""
     if body.token_ids is not None:
         return TokenizedPrompt((pack_token_ids(body.token_ids),), body.cache_salt)
     payload = body.payload
     serialise = _SERIALISERS.get(body.kind)
     if payload is None or serialise is None:
         return None
-    prompts = serialise(payload)
+    prompts = serialise(payload, _Media(media, headers))
     return TokenizedPrompt(tuple(_aligned(p) for p in prompts), body.cache_salt)
+
+
+class _Media:
+    """One request's media sizing: the configured estimates and its video headers."""
+
+    __slots__ = ("_config", "_headers")
+
+    def __init__(self, config: MediaEstimate, headers: Mapping[str, str]) -> None:
+        self._config = config
+        self._headers = headers
+
+    def image(self, url: str) -> int:
+        return self._config.image.tokens(data_url_size(url))
+
+    def base64_image(self, data: str) -> int:
+        return self._config.image.tokens(base64_image_size(data))
+
+    def video(self) -> int:
+        return self._config.video.tokens(video_meta(self._headers))
 
 
 def _aligned(raw: bytes | bytearray) -> bytes:
@@ -208,7 +267,7 @@ def _json(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
-def _chat(payload: Mapping[str, Any]) -> list[bytes | bytearray]:
+def _chat(payload: Mapping[str, Any], media: _Media) -> list[bytes | bytearray]:
     out = bytearray()
     tools = payload.get("tools")
     if tools:
@@ -220,28 +279,29 @@ def _chat(payload: Mapping[str, Any]) -> list[bytes | bytearray]:
             out += content.encode()
         else:
             for block in _objects(content):
-                _chat_block(out, block)
+                _chat_block(out, block, media)
     return [out]
 
 
-def _chat_block(out: bytearray, block: Mapping[str, Any]) -> None:
+def _chat_block(out: bytearray, block: Mapping[str, Any], media: _Media) -> None:
     kind = block.get("type")
     if kind == "text":
         _append_text(out, block.get("text"))
     elif kind == "image_url":
-        _placeholders(out, _url(block.get("image_url")), IMAGE_PLACEHOLDERS)
+        url = _url(block.get("image_url"))
+        _placeholders(out, url, media.image(url))
     elif kind == "video_url":
-        _placeholders(out, _url(block.get("video_url")), VIDEO_PLACEHOLDERS)
+        _placeholders(out, _url(block.get("video_url")), media.video())
     elif kind == "audio_url":
-        _placeholders(out, _url(block.get("audio_url")), _audio_tokens(""))
+        _placeholders(out, _url(block.get("audio_url")), audio_tokens(""))
     elif kind == "input_audio":
         audio = block.get("input_audio")
         audio = audio if isinstance(audio, Mapping) else {}
         data, fmt = str(audio.get("data") or ""), str(audio.get("format") or "")
-        _placeholders(out, data + fmt, _audio_tokens(data))
+        _placeholders(out, data + fmt, audio_tokens(data))
 
 
-def _completions(payload: Mapping[str, Any]) -> list[bytes | bytearray]:
+def _completions(payload: Mapping[str, Any], media: _Media) -> list[bytes | bytearray]:
     prompt = payload.get("prompt")
     if isinstance(prompt, str):
         return [prompt.encode()]
@@ -250,7 +310,7 @@ def _completions(payload: Mapping[str, Any]) -> list[bytes | bytearray]:
     return []
 
 
-def _responses(payload: Mapping[str, Any]) -> list[bytes | bytearray]:
+def _responses(payload: Mapping[str, Any], media: _Media) -> list[bytes | bytearray]:
     parts: list[dict[str, Any]] = []
     for key in ("instructions", "tools"):
         if payload.get(key) is not None:
@@ -259,7 +319,7 @@ def _responses(payload: Mapping[str, Any]) -> list[bytes | bytearray]:
     return [_json(parts)]
 
 
-def _anthropic(payload: Mapping[str, Any]) -> list[bytes | bytearray]:
+def _anthropic(payload: Mapping[str, Any], media: _Media) -> list[bytes | bytearray]:
     out = bytearray()
     tools = payload.get("tools")
     if tools:
@@ -284,18 +344,18 @@ def _anthropic(payload: Mapping[str, Any]) -> list[bytes | bytearray]:
             out += content.encode()
         else:
             for block in _objects(content):
-                _anthropic_block(out, block)
+                _anthropic_block(out, block, media)
     return [out]
 
 
-def _anthropic_block(out: bytearray, block: Mapping[str, Any]) -> None:
+def _anthropic_block(out: bytearray, block: Mapping[str, Any], media: _Media) -> None:
     kind = block.get("type")
     if kind == "text":
         _append_text(out, block.get("text"))
     elif kind == "thinking":
         _append_text(out, block.get("thinking"))
     elif kind == "image":
-        _anthropic_image(out, block.get("source"))
+        _anthropic_image(out, block.get("source"), media)
     elif kind == "tool_use":
         _append_text(out, block.get("id"))
         _append_text(out, block.get("name"))
@@ -311,15 +371,17 @@ def _anthropic_block(out: bytearray, block: Mapping[str, Any]) -> None:
             out += "\n".join(t for t in texts if isinstance(t, str)).encode()
             for item in items:
                 if item.get("type") == "image":
-                    _anthropic_image(out, item.get("source"))
+                    _anthropic_image(out, item.get("source"), media)
 
 
-def _anthropic_image(out: bytearray, source: Any) -> None:
+def _anthropic_image(out: bytearray, source: Any, media: _Media) -> None:
     if not isinstance(source, Mapping):
         return
-    content = source.get("url") or source.get("data")
-    if isinstance(content, str) and content:
-        _placeholders(out, content, IMAGE_PLACEHOLDERS)
+    url, data = source.get("url"), source.get("data")
+    if isinstance(url, str) and url:
+        _placeholders(out, url, media.image(url))
+    elif isinstance(data, str) and data:
+        _placeholders(out, data, media.base64_image(data))
 
 
 def _objects(value: Any) -> list[Mapping[str, Any]]:
@@ -340,11 +402,6 @@ def _url(value: Any) -> str:
     return url if isinstance(url, str) else ""
 
 
-def _audio_tokens(data: str) -> int:
-    seconds = len(data) * 3 / 4 / AUDIO_BYTES_PER_SECOND if data else AUDIO_DEFAULT_SECONDS
-    return max(1, AUDIO_OVERHEAD_TOKENS + int(AUDIO_TOKENS_PER_SECOND * seconds))
-
-
 def _placeholders(out: bytearray, content: str, count: int) -> None:
     """Align to a token boundary (media never shares a pseudo-token with text), then append
     ``count`` copies of the asset's pseudo-token."""
@@ -353,11 +410,12 @@ def _placeholders(out: bytearray, content: str, count: int) -> None:
     out += token * count
 
 
-_SERIALISERS: Final[Mapping[str, Callable[[Mapping[str, Any]], list[bytes | bytearray]]]] = {
+_Serialiser = Callable[[Mapping[str, Any], _Media], list[bytes | bytearray]]
+_SERIALISERS: Final[Mapping[str, _Serialiser]] = {
     "chat": _chat,
     "completions": _completions,
-    "embeddings": lambda p: [_json(p.get("input"))],
-    "conversations": lambda p: [_json(p.get("items"))],
+    "embeddings": lambda p, _: [_json(p.get("input"))],
+    "conversations": lambda p, _: [_json(p.get("items"))],
     "responses": _responses,
     "anthropic-messages": _anthropic,
 }

@@ -86,6 +86,52 @@ def test_no_profiles_puts_every_scorer_in_default_profile_with_weight_one(
     ]
 
 
+# llm-d's multimodal precise-affinity guide (guides/multimodal/precise-affinity), unchanged: its
+# token producer names a model and a render URL and no backend, which selects vLLM's render.
+PRECISE_AFFINITY_GUIDE = """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+  - type: token-producer
+    parameters:
+      modelName: Qwen/Qwen3-VL-32B-Instruct
+      vllm:
+        url: http://localhost:8000
+  - type: mm-embeddings-cache-producer
+    parameters:
+      cacheSizeInMBPerServer: 2048
+  - type: mm-embeddings-cache-scorer
+  - type: kv-cache-utilization-scorer
+  - type: queue-scorer
+  - type: no-hit-lru-scorer
+  - type: decode-filter
+  - type: max-score-picker
+  - type: single-profile-handler
+schedulingProfiles:
+  - name: default
+    plugins:
+      - pluginRef: decode-filter
+      - pluginRef: queue-scorer
+        weight: 2.0
+      - pluginRef: kv-cache-utilization-scorer
+        weight: 2.0
+      - pluginRef: mm-embeddings-cache-scorer
+        weight: 10.0
+      - pluginRef: no-hit-lru-scorer
+        weight: 1.0
+      - pluginRef: max-score-picker
+"""
+
+
+def test_multimodal_guide_selects_the_vllm_render_backend(registry: PluginRegistry) -> None:
+    p = load(PRECISE_AFFINITY_GUIDE, registry)
+    (producer,) = [x for x in p.producers if x.typed_name.type == "token-producer"]
+    assert producer.params.selected == "vllm"
+    assert producer.params.vllm.url == "http://localhost:8000"
+    weights = {s.typed_name.type: w for s, w in p.profiles["default"].scorers}
+    assert weights["mm-embeddings-cache-scorer"] == 10
+
+
 def test_deprecated_api_version_is_accepted(registry: PluginRegistry) -> None:
     text = "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
     old, default = load(text, registry), load(None, registry)

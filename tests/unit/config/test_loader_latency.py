@@ -76,9 +76,12 @@ def test_upstream_readme_examples_load(registry: PluginRegistry, name: str) -> N
     assert p.profiles["default"].picker is not None  # type: ignore[attr-defined]
 
 
-# predicted-latency-multimodal is left out: its token-producer `estimate.image` parameters are not
-# accepted by this EPP's token-producer yet.
-GUIDES = ["predicted-latency", "predicted-latency-slo", "predicted-latency-pd"]
+GUIDES = [
+    "predicted-latency",
+    "predicted-latency-slo",
+    "predicted-latency-pd",
+    "predicted-latency-multimodal",
+]
 
 
 @pytest.mark.parametrize("name", GUIDES)

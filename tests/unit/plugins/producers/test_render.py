@@ -176,7 +176,7 @@ def test_vllm_backend_is_a_lifecycle_plugin_with_its_timeout_when_configured() -
     [
         pytest.param(
             {"backend": "vllm"},
-            "modelName is required with backend 'vllm'",
+            "modelName is required with the vllm backend",
             id="model-name-missing",
         ),
         pytest.param(

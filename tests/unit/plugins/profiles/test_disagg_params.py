@@ -88,7 +88,7 @@ def test_flat_format_maps_to_nested(params: dict[str, Any], expected: Effective)
             {"stageOrder": "prefill-first", "deciderPluginName": "x"},
             "prefill decider is not supported",
         ),
-        ({"profiles": {"verify": "x"}}, r"profiles: unknown field \(known: decode, encode"),
+        ({"profiles": {"verify": "x"}}, r"profiles.verify: unknown field \(known: decode, encode"),
         ({"primaryPort": 8000}, "primaryPort: unknown field"),
     ],
 )
