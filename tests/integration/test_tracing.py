@@ -192,3 +192,7 @@ async def test_disaggregation_spans_carry_pd_and_mm_attributes_when_traced(
     assert (attrs["mm.modality"], attrs["mm.hash_count"]) == ("image", 2)
     assert {s.name for s in spans["run_scheduler_profile"]} == {"run_scheduler_profile"}
     assert len(spans["pick_endpoints"]) == 2  # one per profile run
+    picks = [_attributes(s) for s in spans["pick_disagg_profile"]]
+    decisions = [p["llm_d.epp.profile_handler.decision"] for p in picks]
+    assert sorted(decisions) == ["complete", "run_decode", "run_prefill"]
+    assert all(p["mm.modality"] == "image" for p in picks)

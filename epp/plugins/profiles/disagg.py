@@ -18,7 +18,9 @@ decision_type}`` (``decode-only``, ``prefill-decode``, ``encode-decode``,
 ``encode-prefill-decode``; a stage counts when it picked an endpoint; an empty model reads
 ``unknown``) and its deprecated twin ``llm_d_inference_scheduler_disagg_decision_total{model_name,
 decision_type}``. Unlike upstream, ``model_name`` takes at most 1000 distinct values per handler
-(clients choose model names); later ones read ``other``.
+(clients choose model names); later ones read ``other``. On a traced request each pick records
+upstream's ``pick_disagg_profile`` span (``pick_pd_profile`` for ``pd-profile-handler``) with
+``llm_d.epp.profile_handler.decision`` and the request's ``gen_ai.*`` and ``mm.*`` attributes.
 
 The scheduling result holds decode (primary) and the prefill and encode results that exist. As a
 PreRequest plugin the handler then sets, on the request the decode pod receives,
@@ -78,6 +80,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
@@ -102,8 +105,11 @@ from epp.plugin import (
 )
 from epp.plugin.metrics import metric_family
 from epp.plugin.roles import PEER_ENDPOINT, write_disagg_headers
+from epp.plugin.spans import request_span_attributes, request_spans
 from epp.plugins.profiles.deciders import PREFIX_KEY, TOKENS_KEY, DeciderRef, RateLimitedLog, ask
 from epp.plugins.profiles.disagg_params import PREFILL_FIRST, DisaggParams
+
+DECISION_ATTRIBUTE: Final = "llm_d.epp.profile_handler.decision"
 
 DATA_PARALLEL_HEADER: Final = "x-data-parallel-host-port"
 NO_DECODE = "failed to find target endpoint: failed to find available decode workers"
@@ -121,6 +127,7 @@ MODEL_LABEL_CAP: Final = 1000
 ``other`` (model names come from clients)."""
 MAX_MODEL_LABEL_CHARS: Final = 256
 """A longer model name reads ``other`` (so 1000 labels stay a few hundred KB of ``/metrics``)."""
+
 
 def decision_type(encode_used: bool, prefill_used: bool) -> str:
     """Upstream's ``DisaggDecisionType``."""
@@ -226,9 +233,34 @@ class DisaggProfileHandler(PluginBase):
         profiles: Mapping[str, Profile],
         results: Results,
     ) -> Mapping[str, Profile]:
+        spans = request_spans(request)
+        start = time.time_ns() if spans is not None else 0
         if self.stage_order == PREFILL_FIRST:
-            return self._pick_prefill_first(cycle, request, profiles, results)
-        return self._pick_decode_first(cycle, request, profiles, results)
+            chosen = self._pick_prefill_first(cycle, request, profiles, results)
+        else:
+            chosen = self._pick_decode_first(cycle, request, profiles, results)
+        if spans is not None:
+            attributes = request_span_attributes(request)
+            attributes.update(self._decision(profiles, results, chosen))
+            spans.add_span("pick_disagg_profile", start, time.time_ns(), attributes)
+        return chosen
+
+    def _decision(
+        self, profiles: Mapping[str, Profile], results: Results, chosen: Mapping[str, Profile]
+    ) -> dict[str, Any]:
+        """Upstream's ``llm_d.epp.profile_handler.*`` attributes of one pick."""
+        for stage, name in (
+            ("decode", self.decode_profile),
+            ("encode", self.encode_profile),
+            ("prefill", self.prefill_profile),
+        ):
+            if name in chosen:
+                return {DECISION_ATTRIBUTE: f"run_{stage}"}
+        if self.decode_profile not in profiles:
+            return {DECISION_ATTRIBUTE: "error_missing_decode_profile"}
+        decode = results.get(self.decode_profile)
+        failed = self.decode_profile in results and (decode is None or not decode.targets)
+        return {DECISION_ATTRIBUTE: "complete", "llm_d.epp.profile_handler.decode_failed": failed}
 
     def _pick_decode_first(
         self,
@@ -396,23 +428,48 @@ class PdProfileHandler(PluginBase):
         profiles: Mapping[str, Profile],
         results: Results,
     ) -> Mapping[str, Profile]:
+        spans = request_spans(request)
+        start = time.time_ns() if spans is not None else 0
+        chosen, decision = self._pick(cycle, request, profiles, results)
+        if spans is not None:
+            attributes = request_span_attributes(request)
+            attributes["llm_d.epp.profile_handler.total_profiles"] = len(profiles)
+            attributes["llm_d.epp.profile_handler.executed_profiles"] = len(results)
+            attributes[DECISION_ATTRIBUTE] = decision
+            if chosen:
+                attributes["llm_d.epp.profile_handler.selected_profile"] = next(iter(chosen))
+            if decision == "complete":
+                decode = results.get(self.params.decode_profile)
+                attributes["llm_d.epp.profile_handler.decode_failed"] = decode is None
+            spans.add_span("pick_pd_profile", start, time.time_ns(), attributes)
+        return chosen
+
+    def _pick(
+        self,
+        cycle: CycleState,
+        request: InferenceRequest,
+        profiles: Mapping[str, Profile],
+        results: Results,
+    ) -> tuple[Mapping[str, Profile], str]:
+        """The profiles to run next and upstream's name of the decision."""
         decode_name, prefill_name = self.params.decode_profile, self.params.prefill_profile
         if decode_name not in results:
             decode_profile = profiles.get(decode_name)
-            return {decode_name: decode_profile} if decode_profile is not None else {}
+            chosen = {decode_name: decode_profile} if decode_profile is not None else {}
+            return chosen, "run_decode"
         decode = results[decode_name]
         if decode is None or not decode.targets or prefill_name in results:
-            return {}
+            return {}, "complete"
         if len(profiles) == len(results):  # as upstream: every configured profile ran
-            return {}
+            return {}, "complete"
         decider = self._decider.get()
         prefill = profiles.get(prefill_name)
         approved = ask(decider, cycle, request, decode.targets[0], self._errors)
         if prefill is not None and approved:
             self._decisions.record(request.target_model, "prefill-decode")
-            return {prefill_name: prefill}
+            return {prefill_name: prefill}, "prefill_decode"
         self._decisions.record(request.target_model, "decode-only")
-        return {}
+        return {}, "decode_only"
 
     def process_results(
         self, cycle: CycleState, request: InferenceRequest, results: Results

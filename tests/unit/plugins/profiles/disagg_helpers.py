@@ -97,3 +97,17 @@ def schedule(
         count_error=lambda *_: None,
     )
     return scheduler.schedule(make_cycle(), request, endpoints), ran
+
+
+class SpanSink:
+    """Records the spans a traced request's plugins add (``epp.plugin.spans``)."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, int, int, dict[str, Any]]] = []
+
+    def add_span(self, name: str, start_ns: int, end_ns: int, attributes: Any) -> None:
+        self.spans.append((name, start_ns, end_ns, dict(attributes)))
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        assert all(0 < start <= end for _, start, end, _ in self.spans)
+        return [attrs for n, _, _, attrs in self.spans if n == name]

@@ -15,6 +15,7 @@ from epp.plugin import (
 )
 from epp.plugin.params import decode
 from epp.plugin.roles import PEER_ENDPOINT
+from epp.plugin.spans import SPAN_SINK
 from epp.plugin.testing import check_plugin_class
 from epp.plugins.profiles.disagg import DisaggProfileHandler
 from tests.builders import make_request
@@ -24,6 +25,7 @@ from tests.unit.plugins.profiles.disagg_helpers import (
     PREFILL_EP,
     PROFILES,
     PluginsHandle,
+    SpanSink,
     StubDecider,
     schedule,
 )
@@ -223,3 +225,27 @@ def test_decisions_cap_model_labels() -> None:
     handler._decisions._models = {f"m{i}" for i in range(1000)}
     schedule(handler, make_request(target_model="new"))
     assert _decisions(h, "decode-only", model="other") == 1
+
+
+def test_traced_request_gets_a_pick_disagg_profile_span_per_pick() -> None:
+    handler, _ = _handler({"deciders": {"prefill": "pd", "encode": "no"}}, pd=StubDecider(True),
+                          no=StubDecider(False))  # fmt: skip
+    sink = SpanSink()
+    request = make_request(target_model="m", attributes={SPAN_SINK: sink})
+    schedule(handler, request)
+    picks = sink.named("pick_disagg_profile")
+    decision = "llm_d.epp.profile_handler.decision"
+    assert [p[decision] for p in picks] == ["run_decode", "run_prefill", "complete"]
+    assert picks[-1]["llm_d.epp.profile_handler.decode_failed"] is False
+    assert all(p["gen_ai.request.model"] == "m" and p["mm.modality"] == "none" for p in picks)
+
+
+def test_pick_span_says_decode_failed_when_decode_picked_nothing() -> None:
+    handler, _ = _handler()
+    sink = SpanSink()
+    request = make_request(target_model="m", attributes={SPAN_SINK: sink})
+    with pytest.raises(InferenceError):
+        schedule(handler, request, endpoints=(PREFILL_EP,))
+    last = sink.named("pick_disagg_profile")[-1]
+    assert last["llm_d.epp.profile_handler.decision"] == "complete"
+    assert last["llm_d.epp.profile_handler.decode_failed"] is True

@@ -18,6 +18,7 @@ from epp.plugin import (
 )
 from epp.plugin.params import ParamError, decode
 from epp.plugin.roles import PEER_ENDPOINT
+from epp.plugin.spans import SPAN_SINK
 from epp.plugin.testing import check_plugin_class
 from epp.plugins.profiles.disagg import PdProfileHandler
 from tests.builders import make_request
@@ -26,6 +27,7 @@ from tests.unit.plugins.profiles.disagg_helpers import (
     PREFILL_EP,
     PROFILES,
     PluginsHandle,
+    SpanSink,
     StubDecider,
     schedule,
 )
@@ -140,3 +142,26 @@ def test_deprecated_unused_parameters_are_accepted() -> None:
         {"prefixPluginType": "prefix-cache-scorer", "prefixPluginName": "x"},
     )
     assert params.prefix_plugin_name == "x"
+
+
+@pytest.mark.parametrize(
+    ("approve", "decisions"),
+    [(True, ["run_decode", "prefill_decode", "complete"]), (False, ["run_decode", "decode_only"])],
+)
+def test_traced_request_gets_a_pick_pd_profile_span_per_pick(
+    approve: bool, decisions: list[str]
+) -> None:
+    handler, _ = _handler({"deciderPluginName": "d"}, d=StubDecider(approve))
+    sink = SpanSink()
+    request = make_request(target_model="m", attributes={SPAN_SINK: sink})
+    schedule(handler, request, profiles=PD_PROFILES)
+    picks = sink.named("pick_pd_profile")
+    assert [p["llm_d.epp.profile_handler.decision"] for p in picks] == decisions
+    assert picks[0]["llm_d.epp.profile_handler.selected_profile"] == "decode"
+    assert picks[0]["llm_d.epp.profile_handler.total_profiles"] == 2
+    assert [p["llm_d.epp.profile_handler.executed_profiles"] for p in picks] == list(
+        range(len(decisions))
+    )
+    if approve:
+        assert picks[1]["llm_d.epp.profile_handler.selected_profile"] == "prefill"
+        assert picks[2]["llm_d.epp.profile_handler.decode_failed"] is False
