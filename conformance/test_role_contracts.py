@@ -62,6 +62,11 @@ PARSER_SAMPLES: dict[str, tuple[str, bytes, bytes | None]] = {
         b'{"model":"m","token_ids":[1,2,3],"sampling_params":{"max_tokens":16}}',
         b'{"model":"m","token_ids":"1,2,3"}',
     ),
+    "sglanghttp-parser": (
+        "/generate",
+        b'{"input_ids":[1,2,3],"sampling_params":{"max_new_tokens":16}}',
+        b'{"text":"no input_ids"}',
+    ),
     "passthrough-parser": ("/v1/anything", b"any bytes at all", None),  # accepts every body
 }
 # producer type -> why it may publish nothing for the sample chat request

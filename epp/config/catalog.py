@@ -72,7 +72,6 @@ UPSTREAM: Final[dict[str, str]] = {
 }  # fmt: skip
 
 NOT_HERE: Final[dict[str, str]] = {
-    "sglanghttp-parser": "not built yet (openai-parser serves SGLang's OpenAI API)",
     "vllmgrpc-parser": "gRPC model servers are not supported",
     "vertexai-parser": "not built yet",
 }
