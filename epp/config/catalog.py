@@ -73,7 +73,6 @@ UPSTREAM: Final[dict[str, str]] = {
 
 NOT_HERE: Final[dict[str, str]] = {
     "vllmgrpc-parser": "gRPC model servers are not supported",
-    "vertexai-parser": "not built yet",
 }
 
 _KINDS: Final = (

@@ -144,3 +144,28 @@ def test_resolve_ignores_empty_claims_when_claim_is_only_slashes() -> None:
     router = ParserRouter([blank, PASSTHROUGH])
     assert router.resolve({":path": "/other"})[1] is PASSTHROUGH
     assert router.resolve({":path": "/v1/real"})[1] is blank
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        pytest.param("/google.cloud.aiplatform.v1.PredictionService/ChatCompletions", "vertex"),
+        pytest.param("/google.cloud.aiplatform.v1beta1.PredictionService/RawPredict", "vertex"),
+        pytest.param("/PredictionService/RawPredict", "vertex", id="unqualified-service"),
+        pytest.param("/vllm.grpc.engine.VllmEngine/Generate", "vllm", id="full-service-name"),
+        pytest.param("/engine.VllmEngine/Generate", "fallback", id="package-differs"),
+        pytest.param("/x.PredictionServiceX/RawPredict", "fallback", id="other-service"),
+        pytest.param("/v1/x.ChatCompletions", "fallback", id="last-segment-compared-whole"),
+        pytest.param("/a.b/chat/completions", "openai", id="dotted-segment-not-before-method"),
+    ],
+)
+def test_resolve_matches_grpc_service_by_unqualified_name(path: str, expected: str) -> None:
+    router = ParserRouter(
+        [
+            claiming("vertex", "PredictionService/ChatCompletions", "PredictionService/RawPredict"),
+            claiming("vllm", "vllm.grpc.engine.VllmEngine/Generate"),
+            claiming("openai", "chat/completions"),
+            claiming("fallback"),
+        ]
+    )
+    assert router.resolve({":path": path})[1].typed_name.name == expected
