@@ -18,6 +18,7 @@ import pytest
 
 from conformance.test_plugin_contract import TYPES, build
 from epp._proto import epp_vertexai_v1_pb2 as vertex
+from epp._proto import epp_vllmgrpc_v1_pb2 as vllm
 from epp.plugin import Endpoint, Lifecycle, ProfileResult, SchedulingResult
 from epp.plugin.conformance import ROLES, SCHEDULING_ROLES, refusals, slotted_roles
 from epp.plugin.protocols import Profile
@@ -75,6 +76,15 @@ PARSER_SAMPLES: dict[str, tuple[str, bytes, bytes | None]] = {
             vertex.ChatCompletionsRequest(http_body=vertex.HttpBody(data=CHAT)).SerializeToString()
         ),
         frame(b"\x12\x03{}]"),  # an HttpBody whose JSON is no chat request
+    ),
+    "vllmgrpc-parser": (
+        "/vllm.grpc.engine.VllmEngine/Generate",
+        frame(
+            vllm.GenerateRequest(
+                tokenized=vllm.TokenizedInput(input_ids=[1, 2, 3])
+            ).SerializeToString()
+        ),
+        frame(vllm.GenerateRequest(request_id="no input").SerializeToString()),
     ),
     "passthrough-parser": ("/v1/anything", b"any bytes at all", None),  # accepts every body
 }

@@ -9,6 +9,9 @@ from epp.plugin import ErrorCode, InferenceError, Parser, TypedName
 from epp.plugins.parsers.anthropic import AnthropicParser
 from epp.plugins.parsers.openai import OpenAIParser
 from epp.plugins.parsers.passthrough import PassthroughParser
+from epp.plugins.parsers.sglanghttp import SGLangHttpParser
+from epp.plugins.parsers.vertexai import VertexAIParser
+from epp.plugins.parsers.vllmgrpc import VllmGrpcParser
 from epp.plugins.parsers.vllmhttp import VllmHttpParser
 from epp.requestcontrol.parsers import ParserRouter, request_path
 
@@ -169,3 +172,17 @@ def test_resolve_matches_grpc_service_by_unqualified_name(path: str, expected: s
         ]
     )
     assert router.resolve({":path": path})[1].typed_name.name == expected
+
+
+def test_every_built_in_parser_routes_its_own_paths() -> None:
+    sglang, vertex, grpc = build(SGLangHttpParser), build(VertexAIParser), build(VllmGrpcParser)
+    router = ParserRouter([OPENAI, ANTHROPIC, VLLM, sglang, vertex, grpc])
+    for path, expected in [
+        ("/generate", sglang),
+        ("/inference/v1/generate", VLLM),
+        ("/vllm.grpc.engine.VllmEngine/Generate", grpc),
+        ("/vllm.grpc.engine.VllmEngine/Embed", grpc),
+        ("/google.cloud.aiplatform.v1.PredictionService/StreamRawPredict", vertex),
+        ("/v1/chat/completions", OPENAI),
+    ]:
+        assert router.resolve_path(path) is expected, path
