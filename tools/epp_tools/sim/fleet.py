@@ -123,7 +123,8 @@ class SimFleet:
                 build_app(runtime, port), access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S
             )
             await runner.setup()
-            site = SniffingSite(runner, sock, grpc_handlers(runtime))
+            tags = [("x-sim-pod", config.name), ("x-sim-role", config.role)]
+            site = SniffingSite(runner, sock, grpc_handlers(runtime), tags)
             sock = None  # the site owns the socket from here on and closes it on cleanup
             await site.start()
         except BaseException:

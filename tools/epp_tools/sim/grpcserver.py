@@ -2,7 +2,8 @@
 hands an HTTP/2 connection (its preface, prior knowledge) to ``GrpcConnection`` and anything
 else to aiohttp, so one port serves the OpenAI API, ``/metrics`` and gRPC alike.
 
-``GrpcConnection`` (hyper's ``h2``) serves unary-request methods: a request's body is collected to
+``GrpcConnection`` (hyper's ``h2``) serves unary-request methods (the answers carry the pod's
+``x-sim-pod`` and ``x-sim-role`` headers, as its HTTP answers do): a request's body is collected to
 its end, its one gRPC message handed to the handler of its ``:path``, and each message the
 handler sends goes out as a DATA frame (flow control honoured), then the trailers with
 ``grpc-status`` (0; 12 for an unknown method; 3 for a request that is not one uncompressed
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,11 +63,17 @@ def _unframe(body: bytes) -> bytes:
 class GrpcConnection(asyncio.Protocol):
     """One HTTP/2 connection carrying gRPC calls."""
 
-    def __init__(self, handlers: Mapping[str, Handler], live: set[GrpcConnection]) -> None:
+    def __init__(
+        self,
+        handlers: Mapping[str, Handler],
+        live: set[GrpcConnection],
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> None:
         config = h2.config.H2Configuration(client_side=False, header_encoding=None)
         self._conn = h2.connection.H2Connection(config=config)
         self._handlers = handlers
         self._live = live
+        self._headers = [(":status", "200"), ("content-type", "application/grpc"), *headers]
         self._streams: dict[int, _Stream] = {}
         self._window = asyncio.Event()
         self._transport: asyncio.Transport | None = None
@@ -130,9 +137,7 @@ class GrpcConnection(asyncio.Protocol):
 
     async def _serve(self, stream_id: int, stream: _Stream) -> None:
         status, message = 0, ""
-        self._conn.send_headers(
-            stream_id, [(":status", "200"), ("content-type", "application/grpc")]
-        )
+        self._conn.send_headers(stream_id, self._headers)
         self._flush()
 
         async def send(payload: bytes) -> None:
@@ -217,24 +222,31 @@ class _Sniffer(asyncio.Protocol):
 
 
 class SniffingSite(web.SockSite):
-    """A ``SockSite`` whose connections are HTTP/1.1 (aiohttp) or gRPC over h2c (``handlers``);
-    ``stop`` also closes the open HTTP/2 connections."""
+    """A ``SockSite`` whose connections are HTTP/1.1 (aiohttp) or gRPC over h2c (``handlers``,
+    whose answers carry ``headers``); ``stop`` also closes the open HTTP/2 connections."""
 
-    __slots__ = ("_handlers", "_live")
+    __slots__ = ("_handlers", "_headers", "_live")
 
-    def __init__(self, runner: web.BaseRunner, sock: Any, handlers: Mapping[str, Handler]) -> None:
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        sock: Any,
+        handlers: Mapping[str, Handler],
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> None:
         super().__init__(runner, sock, backlog=1024)
         self._handlers = handlers
+        self._headers = tuple(headers)
         self._live: set[GrpcConnection] = set()
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
         server = self._runner.server
         assert server is not None
-        handlers, live = self._handlers, self._live
+        handlers, live, headers = self._handlers, self._live, self._headers
 
         def factory() -> asyncio.Protocol:
-            return _Sniffer(server, lambda: GrpcConnection(handlers, live))
+            return _Sniffer(server, lambda: GrpcConnection(handlers, live, headers))
 
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(factory, sock=self._sock, backlog=self._backlog)
