@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 
 from conformance.test_plugin_contract import TYPES, build
+from epp._proto import epp_vertexai_v1_pb2 as vertex
+from epp._proto import epp_vllmgrpc_v1_pb2 as vllm
 from epp.plugin import Endpoint, Lifecycle, ProfileResult, SchedulingResult
 from epp.plugin.conformance import ROLES, SCHEDULING_ROLES, refusals, slotted_roles
 from epp.plugin.protocols import Profile
@@ -47,6 +49,7 @@ from epp.plugin.testing import (
     sample_queue,
     sample_request,
 )
+from epp.plugins.parsers.grpcwire import frame
 
 CHAT = b'{"model":"m","messages":[{"role":"user","content":"Hello there, how are you today?"}]}'
 # parser type -> (path, a valid body, a malformed body or None when every body is valid)
@@ -61,6 +64,27 @@ PARSER_SAMPLES: dict[str, tuple[str, bytes, bytes | None]] = {
         "/inference/v1/generate",
         b'{"model":"m","token_ids":[1,2,3],"sampling_params":{"max_tokens":16}}',
         b'{"model":"m","token_ids":"1,2,3"}',
+    ),
+    "sglanghttp-parser": (
+        "/generate",
+        b'{"input_ids":[1,2,3],"sampling_params":{"max_new_tokens":16}}',
+        b'{"text":"no input_ids"}',
+    ),
+    "vertexai-parser": (
+        "/google.cloud.aiplatform.v1.PredictionService/ChatCompletions",
+        frame(
+            vertex.ChatCompletionsRequest(http_body=vertex.HttpBody(data=CHAT)).SerializeToString()
+        ),
+        frame(b"\x12\x03{}]"),  # an HttpBody whose JSON is no chat request
+    ),
+    "vllmgrpc-parser": (
+        "/vllm.grpc.engine.VllmEngine/Generate",
+        frame(
+            vllm.GenerateRequest(
+                tokenized=vllm.TokenizedInput(input_ids=[1, 2, 3])
+            ).SerializeToString()
+        ),
+        frame(vllm.GenerateRequest(request_id="no input").SerializeToString()),
     ),
     "passthrough-parser": ("/v1/anything", b"any bytes at all", None),  # accepts every body
 }

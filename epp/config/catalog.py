@@ -71,11 +71,7 @@ UPSTREAM: Final[dict[str, str]] = {
     "multicluster-session-affinity-filter": "alpha",
 }  # fmt: skip
 
-NOT_HERE: Final[dict[str, str]] = {
-    "sglanghttp-parser": "not built yet (openai-parser serves SGLang's OpenAI API)",
-    "vllmgrpc-parser": "gRPC model servers are not supported",
-    "vertexai-parser": "not built yet",
-}
+NOT_HERE: Final[dict[str, str]] = {}
 
 _KINDS: Final = (
     ("filters.sheddable_eviction:", "flow control / admission"),  # an eviction filter
@@ -114,13 +110,17 @@ def _upstream(type_name: str) -> str:
 
 
 def render_markdown(registry: PluginRegistry) -> str:
-    """The installed types, then the llm-d-router types not provided here and why."""
+    """The installed types, then the llm-d-router types not provided here and why (or that
+    there are none)."""
     lines = ["| type | kind | stability | in llm-d-router |", "|---|---|---|---|"]
     for type_name in registry.types():
         kind = kind_of(registry.info(type_name).target)
         stability = _stability(registry, type_name)
         lines.append(f"| `{type_name}` | {kind} | {stability} | {_upstream(type_name)} |")
     missing = sorted(t for t in UPSTREAM if t not in registry)
+    if not missing:
+        lines += ["", f"Every one of llm-d-router's {len(UPSTREAM)} types is provided here."]
+        return "\n".join(lines) + "\n"
     lines += ["", "| llm-d-router type not provided here | why |", "|---|---|"]
     lines += [f"| `{t}` | {NOT_HERE.get(t, 'not built yet')} |" for t in missing]
     return "\n".join(lines) + "\n"

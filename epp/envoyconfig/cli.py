@@ -21,7 +21,7 @@ from epp.envoyconfig.bootstrap import bootstrap
 from epp.envoyconfig.clusters import clusters
 from epp.envoyconfig.filters import http_filters
 from epp.envoyconfig.istio import Context, IstioOptions, envoy_filter
-from epp.envoyconfig.options import BodyMode, EnvoyOptions, TlsMode, parse_hostport
+from epp.envoyconfig.options import AppProtocol, BodyMode, EnvoyOptions, TlsMode, parse_hostport
 from epp.envoyconfig.render import Format, as_dict, dump, dump_all
 
 
@@ -146,6 +146,13 @@ def _pool_flags(p: argparse.ArgumentParser) -> None:
         "/health), so retries skip addresses with no ready server; default: none",
     )
     p.add_argument(
+        "--app-protocol",
+        choices=["http", "h2c"],
+        default="http",
+        help="how Envoy speaks to the model servers, as the InferencePool's appProtocol: http "
+        "(HTTP/1.1, default) or h2c (HTTP/2 without TLS: gRPC model servers)",
+    )
+    p.add_argument(
         "--retries",
         type=int,
         default=2,
@@ -200,6 +207,7 @@ def options(args: argparse.Namespace) -> EnvoyOptions:
         report_served=args.report_served,
         pool=args.pool_endpoint,
         pool_health_path=args.pool_health_path,
+        app_protocol=cast(AppProtocol, args.app_protocol),
         retries=args.retries,
     )
 

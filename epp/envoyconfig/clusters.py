@@ -1,10 +1,12 @@
 """The clusters: the EPP (HTTP/2, plaintext/TLS/mTLS, health-checked replicas), the model
 servers (ORIGINAL_DST on the destination header the EPP sets, or the known pool with the
-override-host policy and outlier detection) and the fail-open fallback."""
+override-host policy and outlier detection; HTTP/1.1, or HTTP/2 without TLS for ``h2c``) and the
+fail-open fallback."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any as AnyValue
 
 from envoy_data_plane.envoy.config.cluster.v3 import (
     Cluster,
@@ -117,6 +119,19 @@ def _pool_health_check(path: str) -> HealthCheck:
     )
 
 
+def model_server_options(opts: EnvoyOptions | None) -> dict[str, AnyValue]:
+    """The typed protocol options of a model-server cluster: HTTP/2 for ``h2c`` (else none:
+    Envoy's default HTTP/1.1)."""
+    if opts is None or opts.app_protocol != "h2c":
+        return {}
+    options = HttpProtocolOptions(
+        explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
+            http2_protocol_options=Http2ProtocolOptions()
+        )
+    )
+    return {_HTTP_OPTIONS: Any.pack(options)}
+
+
 def _addresses_type(endpoints: Sequence[HostPort]) -> ClusterDiscoveryType:
     if all(is_ip(h) for h, _ in endpoints):
         return ClusterDiscoveryType.STATIC
@@ -162,6 +177,7 @@ def pool_cluster(opts: EnvoyOptions | None = None) -> Cluster:
             name=POOL_CLUSTER,
             type=_addresses_type(opts.pool),
             connect_timeout=seconds(2.0),
+            typed_extension_protocol_options=model_server_options(opts),
             load_assignment=load_assignment(POOL_CLUSTER, opts.pool),
             load_balancing_policy=override_host_policy(),
             outlier_detection=outlier_detection(),
@@ -174,6 +190,7 @@ def pool_cluster(opts: EnvoyOptions | None = None) -> Cluster:
         type=ClusterDiscoveryType.ORIGINAL_DST,
         lb_policy=ClusterLbPolicy.CLUSTER_PROVIDED,
         connect_timeout=seconds(2.0),
+        typed_extension_protocol_options=model_server_options(opts),
         original_dst_lb_config=ClusterOriginalDstLbConfig(
             use_http_header=True, http_header_name=DESTINATION_HEADER
         ),
@@ -181,14 +198,19 @@ def pool_cluster(opts: EnvoyOptions | None = None) -> Cluster:
 
 
 def static_cluster(
-    name: str, endpoints: Sequence[HostPort], lb_policy: str = "ROUND_ROBIN"
+    name: str,
+    endpoints: Sequence[HostPort],
+    lb_policy: str = "ROUND_ROBIN",
+    opts: EnvoyOptions | None = None,
 ) -> Cluster:
-    """A plain cluster over fixed endpoints (the fail-open fallback; Envoy alone, as a baseline)."""
+    """A plain cluster over fixed endpoints (the fail-open fallback; Envoy alone, as a baseline);
+    ``opts``: model servers spoken to by its ``app_protocol``."""
     return Cluster(
         name=name,
         type=_addresses_type(endpoints),
         lb_policy=ClusterLbPolicy[lb_policy],
         connect_timeout=seconds(2.0),
+        typed_extension_protocol_options=model_server_options(opts),
         load_assignment=load_assignment(name, endpoints),
     )
 
@@ -196,5 +218,5 @@ def static_cluster(
 def clusters(opts: EnvoyOptions) -> list[Cluster]:
     out = [pool_cluster(opts), epp_cluster(opts)]
     if opts.fail_open:
-        out.insert(0, static_cluster(FALLBACK_CLUSTER, opts.fallback))
+        out.insert(0, static_cluster(FALLBACK_CLUSTER, opts.fallback, opts=opts))
     return out

@@ -70,7 +70,7 @@ def envoy_filter(opts: EnvoyOptions, istio: IstioOptions) -> dict[str, Any]:
     ]
     clusters = [epp_cluster(opts), pool_cluster(opts)]
     if opts.fail_open:
-        clusters.append(static_cluster(FALLBACK_CLUSTER, opts.fallback))
+        clusters.append(static_cluster(FALLBACK_CLUSTER, opts.fallback, opts=opts))
     patches += [_cluster_patch(istio.context, as_dict(c)) for c in clusters]
     if istio.route:
         if opts.fail_open:

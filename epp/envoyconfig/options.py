@@ -14,6 +14,7 @@ from typing import Literal
 HostPort = tuple[str, int]
 TlsMode = Literal["plaintext", "tls", "mtls"]
 BodyMode = Literal["full-duplex", "buffered", "streamed"]
+AppProtocol = Literal["http", "h2c"]
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 """The header the EPP sets and the ORIGINAL_DST model-server cluster routes on."""
@@ -92,6 +93,11 @@ class EnvoyOptions:
     """With ``pool``: an HTTP path Envoy checks each model server on every second (``/health`` on
     vLLM and SGLang), so that retries and the fallback pick skip addresses with no ready server
     behind them (a static list that names pods not started yet, or gone). Empty: none."""
+    app_protocol: AppProtocol = "http"
+    """How Envoy speaks to the model servers, as the InferencePool's ``appProtocol``: ``http``
+    (HTTP/1.1, Envoy's default for a cluster) or ``h2c`` (``kubernetes.io/h2c``: HTTP/2 without
+    TLS, which gRPC model servers such as vLLM's gRPC engine and Vertex AI's PredictionService
+    need). Applies to the model-server and fallback clusters."""
     retries: int = 2
     """Retries of a request that failed before its answer started (``epp.envoyconfig.retries``);
     0: none."""

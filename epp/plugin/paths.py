@@ -4,6 +4,11 @@ A parser's ``claims()`` are path suffixes made of whole segments (``chat/complet
 framework's parser router and the parsers themselves match them with ``SuffixTable``, so both
 agree on what a claim means: ``/v1/chat/completions`` matches ``chat/completions`` and
 ``completions``, and the longest claim wins; ``/v1/xcompletions`` matches neither.
+
+gRPC paths are ``/<package>.<Service>/<Method>``: a segment followed by another one also matches
+by its part after the last dot, so the claim ``PredictionService/ChatCompletions`` matches
+``/google.cloud.aiplatform.v1.PredictionService/ChatCompletions`` (the full name matches too:
+``vllm.grpc.engine.VllmEngine/Generate``). The last segment is always compared whole.
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ class SuffixTable(Generic[T]):
         for _ in range(self._depth):
             start = path.rfind("/", 0, end)
             hit = self._by_suffix.get(path[start + 1 :])
+            if hit is None and end < len(path):
+                dot = path.rfind(".", start + 1, end)
+                if dot >= 0:  # a gRPC service segment, by its unqualified name
+                    hit = self._by_suffix.get(path[dot + 1 :])
             if hit is not None:
                 found = hit
             if start < 0:

@@ -85,7 +85,10 @@ class RequestBody:
 
     ``kind`` names the API: ``chat``, ``completions``, ``responses``, ``embeddings``,
     ``conversations``, ``images``, ``anthropic-messages``, ``anthropic-count-tokens``,
-    ``vllm-generate`` or ``raw``. ``payload`` is the decoded JSON object (``None`` for raw bodies).
+    ``vllm-generate``, ``sglang-generate`` or ``raw``. ``payload`` is the decoded JSON object
+    (``None`` for raw bodies). For a body that is not JSON on the wire (gRPC), ``raw`` is what the
+    client sent and ``payload`` the request as the API it carries would have it: a vLLM gRPC
+    ``Generate`` is ``completions`` with ``prompt``, Vertex AI's ``HttpBody`` its JSON.
     """
 
     kind: str

@@ -5,7 +5,9 @@ The path is the first non-empty header of ``:path``, ``x-original-path``, ``x-fo
 the longest claimed suffix that matches the path's trailing segments wins, so
 ``/v1/chat/completions`` goes to the ``chat/completions`` claim rather than ``completions``.
 Claims are compared with leading and trailing ``/`` trimmed, and a claim matches whole segments
-only: ``/v1/xcompletions`` does not match ``completions`` (a plain string-suffix test would).
+only: ``/v1/xcompletions`` does not match ``completions`` (a plain string-suffix test would). A
+gRPC service segment (``/google.cloud.aiplatform.v1.PredictionService/RawPredict``) also matches
+by its unqualified name (``PredictionService/RawPredict``), see ``epp.plugin.paths``.
 
 Registration follows the configured order:
 

@@ -22,6 +22,10 @@ def test_generated_modules_are_not_stale(tmp_path: Path) -> None:
         "epp_admin_v1_pb2.pyi",
         "epp_extproc_v3_pb2.py",
         "epp_extproc_v3_pb2.pyi",
+        "epp_vertexai_v1_pb2.py",
+        "epp_vertexai_v1_pb2.pyi",
+        "epp_vllmgrpc_v1_pb2.py",
+        "epp_vllmgrpc_v1_pb2.pyi",
     }
     for fresh in written:
         committed = REPO / "epp" / "_proto" / fresh.name

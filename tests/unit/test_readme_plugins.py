@@ -26,3 +26,11 @@ def test_every_missing_upstream_type_says_why_when_listed() -> None:
     missing = {t for t in UPSTREAM if t not in registry}
     assert missing <= set(NOT_HERE), sorted(missing - set(NOT_HERE))
     assert not set(NOT_HERE) & set(registry.types())  # no stale reason for a type we now have
+
+
+def test_every_upstream_type_is_provided() -> None:
+    """``epp plugins list`` shows all of llm-d-router's plugin types."""
+    registry = PluginRegistry.from_entry_points()
+    assert len(UPSTREAM) == 97
+    assert sorted(t for t in UPSTREAM if t not in registry) == []
+    assert "Every one of llm-d-router's 97 types is provided here." in render_markdown(registry)

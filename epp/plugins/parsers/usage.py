@@ -1,4 +1,4 @@
-"""Token-usage extraction from model-server responses (OpenAI and Anthropic dialects).
+"""Token-usage extraction from model-server responses (OpenAI, Anthropic and SGLang dialects).
 
 Two entry points:
 
@@ -32,6 +32,21 @@ Anthropic:
   ``message_delta`` gives ``usage.output_tokens``. These usually arrive in different chunks, so a
   chunk reports only the fields it saw and leaves ``total_tokens`` at 0 unless it saw both halves;
   ``Usage.merge`` on the caller's side then derives the total. Streamed events are not counted.
+
+SGLang (``/generate``):
+
+* JSON body: ``meta_info.prompt_tokens``, ``meta_info.completion_tokens``,
+  ``meta_info.cached_tokens``; total = prompt + completion.
+* SSE: the first ``data: `` event whose ``meta_info.finish_reason`` is not null (SGLang's
+  ``meta_info`` counts are running totals; the finishing event has the final ones). Events whose
+  ``finish_reason`` is null are never decoded. Streamed events are not counted. Example::
+
+      data: {"text":"Hi","meta_info":{"finish_reason":null,"prompt_tokens":5,"completion_tokens":1}}
+
+      data: {"text":"Hi!","meta_info":{"finish_reason":{"type":"length","length":2},
+             "prompt_tokens":5,"completion_tokens":2,"cached_tokens":3}}
+
+      data: [DONE]
 
 Responses API ids (OpenAI dialect): a JSON body whose ``object`` is ``response`` gives its ``id``;
 in a stream, the ``response.created`` and ``response.completed`` events give ``response.id``. A
@@ -123,6 +138,11 @@ class OpenAIDialect:
     counts_events: Final = True
 
     @staticmethod
+    def wants(content: bytes) -> bool:
+        """Whether an SSE event may carry usage or a response id (else it is never decoded)."""
+        return b"usage" in content or _RESPONSE_EVENT_MARK in content
+
+    @staticmethod
     def body_usage(obj: Any) -> Usage | None:
         usage = obj.get("usage") if isinstance(obj, dict) else None
         return openai_usage(usage) if isinstance(usage, dict) else None
@@ -164,6 +184,10 @@ class AnthropicDialect:
     """Usage extraction for Anthropic Messages responses."""
 
     counts_events: Final = False
+
+    @staticmethod
+    def wants(content: bytes) -> bool:
+        return b"usage" in content
 
     @staticmethod
     def body_response_id(obj: Any) -> str:
@@ -212,7 +236,56 @@ class AnthropicDialect:
         return found
 
 
-Dialect = type[OpenAIDialect] | type[AnthropicDialect]
+_UNFINISHED: Final = (b'"finish_reason":null', b'"finish_reason": null')
+
+
+def _meta_usage(obj: Any) -> Usage | None:
+    meta = obj.get("meta_info") if isinstance(obj, dict) else None
+    if not isinstance(meta, dict):
+        return None
+    if meta.get("prompt_tokens") is None and meta.get("completion_tokens") is None:
+        return None
+    prompt = to_int(meta.get("prompt_tokens"))
+    completion = to_int(meta.get("completion_tokens"))
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        cached_tokens=to_int(meta.get("cached_tokens")),
+        total_tokens=prompt + completion,
+    )
+
+
+class SGLangDialect:
+    """Usage extraction for SGLang ``/generate`` responses (``meta_info``)."""
+
+    counts_events: Final = False
+
+    @staticmethod
+    def wants(content: bytes) -> bool:
+        return b'"finish_reason"' in content and not any(m in content for m in _UNFINISHED)
+
+    @staticmethod
+    def body_response_id(obj: Any) -> str:
+        return ""
+
+    @staticmethod
+    def events_response_id(events: Iterable[dict[str, Any]]) -> str:
+        return ""
+
+    @staticmethod
+    def body_usage(obj: Any) -> Usage | None:
+        return _meta_usage(obj)
+
+    @staticmethod
+    def events_usage(events: Iterable[dict[str, Any]]) -> Usage | None:
+        for event in events:
+            meta = event.get("meta_info")
+            if isinstance(meta, dict) and meta.get("finish_reason") is not None:
+                return _meta_usage(event)
+        return None
+
+
+Dialect = type[OpenAIDialect] | type[AnthropicDialect] | type[SGLangDialect]
 
 
 def _decode(data: bytes) -> Any:
@@ -235,7 +308,7 @@ def _scan_lines(dialect: Dialect, lines: Iterable[bytes]) -> ParsedResponse:
         events += 1
         # Cheap substring tests first: most events carry neither usage nor a response id and
         # are never decoded.
-        if b"usage" in content or _RESPONSE_EVENT_MARK in content:
+        if dialect.wants(content):
             event = _decode(content)
             if isinstance(event, dict):
                 decoded.append(event)
@@ -321,8 +394,7 @@ class ResponseUsageState:
             and chunk.startswith(DATA_PREFIX)
             and chunk.endswith(b"\n\n")
             and chunk.count(b"\n") == 2
-            and b"usage" not in chunk
-            and _RESPONSE_EVENT_MARK not in chunk
+            and not self._dialect.wants(chunk)
         ):
             # A streamed answer's usual chunk, one token: a single whole ``data:`` event with
             # neither usage nor a response id. The general path below gives the same result.

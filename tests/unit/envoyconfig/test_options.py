@@ -138,3 +138,36 @@ def test_output_file(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # t
     assert (
         yaml.safe_load(out.read_text())["admin"]["address"]["socket_address"]["port_value"] == 19000
     )
+
+
+_H2 = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+@pytest.mark.parametrize(
+    "pool",
+    [
+        pytest.param([], id="original-dst"),
+        pytest.param(["--pool-endpoint", "10.0.0.7:8000"], id="pool"),
+    ],
+)
+def test_h2c_app_protocol_speaks_http2_to_the_model_servers(
+    pool: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    fail_open = ["--body", "buffered", "--fail-open", "--fallback", "10.0.0.9:8000"]
+    assert main([*EPP, *pool, *fail_open, "--app-protocol", "h2c", "--part", "clusters"]) == 0
+    (clusters,) = yaml.safe_load_all(capsys.readouterr().out)
+    by_name = {c["name"]: c for c in clusters}
+    for name in ("pool", "fallback"):
+        options = by_name[name]["typed_extension_protocol_options"][_H2]
+        assert "http2_protocol_options" in options["explicit_http_config"], name
+    assert main([*EPP, *pool, "--part", "clusters"]) == 0  # http (the default): HTTP/1.1
+    (clusters,) = yaml.safe_load_all(capsys.readouterr().out)
+    pool_cluster = next(c for c in clusters if c["name"] == "pool")
+    assert "typed_extension_protocol_options" not in pool_cluster
+
+
+def test_unknown_app_protocol_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([*EPP, "--app-protocol", "h3"])
+    assert info.value.code == 2
+    assert "invalid choice: 'h3'" in capsys.readouterr().err

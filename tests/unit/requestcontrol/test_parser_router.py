@@ -9,6 +9,9 @@ from epp.plugin import ErrorCode, InferenceError, Parser, TypedName
 from epp.plugins.parsers.anthropic import AnthropicParser
 from epp.plugins.parsers.openai import OpenAIParser
 from epp.plugins.parsers.passthrough import PassthroughParser
+from epp.plugins.parsers.sglanghttp import SGLangHttpParser
+from epp.plugins.parsers.vertexai import VertexAIParser
+from epp.plugins.parsers.vllmgrpc import VllmGrpcParser
 from epp.plugins.parsers.vllmhttp import VllmHttpParser
 from epp.requestcontrol.parsers import ParserRouter, request_path
 
@@ -144,3 +147,42 @@ def test_resolve_ignores_empty_claims_when_claim_is_only_slashes() -> None:
     router = ParserRouter([blank, PASSTHROUGH])
     assert router.resolve({":path": "/other"})[1] is PASSTHROUGH
     assert router.resolve({":path": "/v1/real"})[1] is blank
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        pytest.param("/google.cloud.aiplatform.v1.PredictionService/ChatCompletions", "vertex"),
+        pytest.param("/google.cloud.aiplatform.v1beta1.PredictionService/RawPredict", "vertex"),
+        pytest.param("/PredictionService/RawPredict", "vertex", id="unqualified-service"),
+        pytest.param("/vllm.grpc.engine.VllmEngine/Generate", "vllm", id="full-service-name"),
+        pytest.param("/engine.VllmEngine/Generate", "fallback", id="package-differs"),
+        pytest.param("/x.PredictionServiceX/RawPredict", "fallback", id="other-service"),
+        pytest.param("/v1/x.ChatCompletions", "fallback", id="last-segment-compared-whole"),
+        pytest.param("/a.b/chat/completions", "openai", id="dotted-segment-not-before-method"),
+    ],
+)
+def test_resolve_matches_grpc_service_by_unqualified_name(path: str, expected: str) -> None:
+    router = ParserRouter(
+        [
+            claiming("vertex", "PredictionService/ChatCompletions", "PredictionService/RawPredict"),
+            claiming("vllm", "vllm.grpc.engine.VllmEngine/Generate"),
+            claiming("openai", "chat/completions"),
+            claiming("fallback"),
+        ]
+    )
+    assert router.resolve({":path": path})[1].typed_name.name == expected
+
+
+def test_every_built_in_parser_routes_its_own_paths() -> None:
+    sglang, vertex, grpc = build(SGLangHttpParser), build(VertexAIParser), build(VllmGrpcParser)
+    router = ParserRouter([OPENAI, ANTHROPIC, VLLM, sglang, vertex, grpc])
+    for path, expected in [
+        ("/generate", sglang),
+        ("/inference/v1/generate", VLLM),
+        ("/vllm.grpc.engine.VllmEngine/Generate", grpc),
+        ("/vllm.grpc.engine.VllmEngine/Embed", grpc),
+        ("/google.cloud.aiplatform.v1.PredictionService/StreamRawPredict", vertex),
+        ("/v1/chat/completions", OPENAI),
+    ]:
+        assert router.resolve_path(path) is expected, path

@@ -23,6 +23,8 @@ import zmq
 from aiohttp import web
 
 from epp_tools.sim.config import PodConfig
+from epp_tools.sim.grpcapi import handlers as grpc_handlers
+from epp_tools.sim.grpcserver import SniffingSite
 from epp_tools.sim.kvevents import KVEventPublisher
 from epp_tools.sim.runtime import PodRuntime
 from epp_tools.sim.server import build_app
@@ -121,7 +123,8 @@ class SimFleet:
                 build_app(runtime, port), access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S
             )
             await runner.setup()
-            site = web.SockSite(runner, sock, backlog=1024)
+            tags = [("x-sim-pod", config.name), ("x-sim-role", config.role)]
+            site = SniffingSite(runner, sock, grpc_handlers(runtime), tags)
             sock = None  # the site owns the socket from here on and closes it on cleanup
             await site.start()
         except BaseException:

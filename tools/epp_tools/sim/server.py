@@ -9,7 +9,11 @@ Routes (vLLM-compatible unless noted):
   vLLM's render endpoints answer; ``POST /tokenize`` (``{"count", "max_model_len", "tokens"}``);
 * ``GET /v1/models``, ``/health``, ``/ping``, ``/version``, ``/metrics``;
   ``POST /reset_prefix_cache`` (emits ``AllBlocksCleared``; 409 while blocks are in use);
-* SGLang-shaped ``GET /server_info``, ``/model_info``, ``/get_model_info``;
+* SGLang-shaped ``GET /server_info``, ``/model_info``, ``/get_model_info``, and SGLang's native
+  ``POST /generate`` (``epp_tools.sim.sglang``);
+* on the same port, gRPC over h2c (``epp_tools.sim.grpcserver``): vLLM's
+  ``vllm.grpc.engine.VllmEngine`` ``Generate``/``Embed`` and Vertex AI's ``PredictionService``
+  ``ChatCompletions``/``RawPredict``/``StreamRawPredict`` (``epp_tools.sim.grpcapi``);
 * simulator control (ours): ``GET|POST /sim/overrides``, ``GET|POST /sim/faults``,
   ``GET /sim/stats``.
 
@@ -46,6 +50,7 @@ from epp_tools.sim.inference import (
 )
 from epp_tools.sim.openai import ApiError, Parsed, parse_chat, parse_completion
 from epp_tools.sim.runtime import PodRuntime
+from epp_tools.sim.sglang import handle_generate as sglang_generate
 
 _STALL_LIMIT_S = 60.0  # a stalled /metrics answers at the latest after this long
 _GARBAGE = b"\x00\xff{not: metrics}\nvllm:num_requests_waiting{ one two\n\x1b[2J" * 64
@@ -273,6 +278,7 @@ def build_app(runtime: PodRuntime, port: int) -> web.Application:
     r.add_get("/version", _version)
     r.add_get("/metrics", _metrics)
     r.add_post("/reset_prefix_cache", _reset_prefix_cache)
+    r.add_post("/generate", sglang_generate)
     r.add_get("/server_info", _server_info)
     r.add_get("/get_server_info", _server_info)
     r.add_get("/model_info", _get_model_info)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epp.envoyconfig.bootstrap import baseline_bootstrap, bootstrap
-from epp.envoyconfig.options import EnvoyOptions
+from epp.envoyconfig.options import AppProtocol, EnvoyOptions
 from epp.envoyconfig.render import as_dict, dump
 
 CONFIGS = ("full-duplex", "buffered-failopen", "streamed", "round-robin")
@@ -94,6 +94,7 @@ def render(
     epp_max_streams: int = 0,
     epp_max_requests_per_connection: int = 0,
     pool: Sequence[tuple[str, int]] = (),
+    app_protocol: AppProtocol = "http",
 ) -> str:
     """The Envoy config ``name`` (one of ``CONFIGS``) for EPPs on 127.0.0.1. ``epp_replicas`` are
     the ext_proc ports of further EPP replicas (active-active): Envoy then balances ext_proc
@@ -104,7 +105,8 @@ def render(
     over the workers); ``epp_max_requests_per_connection`` > 0 caps the streams a connection
     carries in all. ``pool``: the model servers' addresses, so that a retry goes to another pod
     and a failing pod is ejected (``epp.envoyconfig.retries``), each health-checked on the
-    simulator's ``/health`` (a listed address may have no pod yet); empty: ORIGINAL_DST."""
+    simulator's ``/health`` (a listed address may have no pod yet); empty: ORIGINAL_DST.
+    ``app_protocol``: ``h2c`` speaks HTTP/2 without TLS to the model servers (gRPC APIs)."""
     listen, admin = (LOCAL, listen_port), (LOCAL, admin_port)
     if name == "round-robin":
         return dump(as_dict(baseline_bootstrap(listen, admin, fallback, lb_policy)))
@@ -127,6 +129,7 @@ def render(
         message_timeout=5.0 if name == "streamed" else 0.0,
         pool=pool,
         pool_health_path="/health" if pool else "",
+        app_protocol=app_protocol,
     )
     return dump(as_dict(bootstrap(opts)))
 
@@ -148,6 +151,8 @@ class Envoy:
     """ext_proc streams one connection to the EPP carries; 0: unlimited (``render``)."""
     pool: Sequence[tuple[str, int]] = ()
     """The model servers' addresses Envoy knows (see ``render``)."""
+    app_protocol: AppProtocol = "http"
+    """How Envoy speaks to the model servers (see ``render``)."""
     config_text: str = ""
     """A whole config to run instead of ``config_name`` (its listener and admin ports must be
     ``listen_port`` and ``admin_port``, which must then be given)."""
@@ -199,6 +204,7 @@ class Envoy:
             epp_max_streams=self.epp_max_streams,
             epp_max_requests_per_connection=self.epp_max_requests_per_connection,
             pool=self.pool,
+            app_protocol=self.app_protocol,
         )
 
     def _wait_ready(self, timeout: float) -> None:
