@@ -146,13 +146,16 @@ def bootstrap(opts: EnvoyOptions) -> Bootstrap:
 
 
 def baseline_bootstrap(
-    listen: HostPort, admin: HostPort, endpoints: Sequence[HostPort], lb_policy: str = "ROUND_ROBIN"
+    listen: HostPort,
+    admin: HostPort,
+    endpoints: Sequence[HostPort],
+    lb_policy: str = "ROUND_ROBIN",
+    route_timeout: float = 300.0,
 ) -> Bootstrap:
     """Envoy alone, balancing over ``endpoints`` with its own ``lb_policy``: the baseline the
-    benchmarks compare the EPP with."""
-    route = Route(
-        match=RouteMatch(prefix="/"), route=RouteAction(cluster=POOL_CLUSTER, timeout=seconds(300))
-    )
+    benchmarks compare the EPP with (``route_timeout`` seconds, as the EPP's Envoy)."""
+    action = RouteAction(cluster=POOL_CLUSTER, timeout=seconds(route_timeout))
+    route = Route(match=RouteMatch(prefix="/"), route=action)
     hcm = connection_manager(None, [router_filter()], [route])
     return Bootstrap(
         admin=Admin(address=socket(*admin)),

@@ -114,11 +114,21 @@ def _proxy_flags(p: argparse.ArgumentParser) -> None:
         help="gRPC health checks of the EPP (default: with several --epp-address)",
     )
     p.add_argument(
+        "--max-concurrent-requests",
+        type=int,
+        default=100_000,
+        metavar="N",
+        help="requests the gateway holds in flight: Envoy's circuit breakers on every cluster "
+        "(Envoy's default, 1024, answers 503 past 1024 requests in flight, since each holds an "
+        "ext_proc stream)",
+    )
+    p.add_argument(
         "--max-streams-per-connection",
         type=int,
         default=0,
         metavar="N",
-        help="open a further connection to the EPP past N streams (epp --workers)",
+        help="open a further connection to the EPP past N streams (epp --workers; default: the "
+        "EPP's own limit, 1000)",
     )
     p.add_argument(
         "--no-report-served",
@@ -204,6 +214,7 @@ def options(args: argparse.Namespace) -> EnvoyOptions:
         message_timeout=args.message_timeout,
         health_checks=args.health_checks,
         max_streams_per_connection=args.max_streams_per_connection,
+        max_concurrent_requests=args.max_concurrent_requests,
         report_served=args.report_served,
         pool=args.pool_endpoint,
         pool_health_path=args.pool_health_path,

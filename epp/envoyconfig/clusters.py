@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from typing import Any as AnyValue
 
 from envoy_data_plane.envoy.config.cluster.v3 import (
+    CircuitBreakers,
+    CircuitBreakersThresholds,
     Cluster,
     ClusterCommonLbConfig,
     ClusterDiscoveryType,
@@ -52,6 +54,26 @@ from epp.envoyconfig.retries import outlier_detection, override_host_policy
 POOL_CLUSTER = "pool"
 FALLBACK_CLUSTER = "fallback"
 _HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+DEFAULT_MAX_CONCURRENT_REQUESTS = 100_000
+EPP_MAX_CONCURRENT_STREAMS = 1000
+"""The streams per connection the EPP's server advertises and enforces
+(``epp.server.h2limits.MAX_CONCURRENT_STREAMS``; the generator stands apart from the server)."""
+
+
+def circuit_breakers(limit: int) -> CircuitBreakers:
+    """Connections, pending and active requests up to ``limit`` (Envoy's default is 1,024 each,
+    which caps a gateway at 1,024 requests in flight: each holds an ext_proc stream and, over
+    HTTP/1.1, a model-server connection). Retries keep Envoy's default budget."""
+    threshold = CircuitBreakersThresholds(
+        max_connections=limit, max_pending_requests=limit, max_requests=limit
+    )
+    return CircuitBreakers(thresholds=[threshold])
+
+
+def _limit(opts: EnvoyOptions | None) -> int:
+    return opts.max_concurrent_requests if opts is not None else DEFAULT_MAX_CONCURRENT_REQUESTS
 
 
 def socket(host: str, port: int) -> Address:
@@ -143,9 +165,12 @@ def epp_cluster(opts: EnvoyOptions) -> Cluster:
     with most replicas out (dead, draining) Envoy sends every stream to the ones left rather than
     spread them over dead ones, and with every replica out a request fails at once (or fails open
     to the fallback)."""
-    h2 = Http2ProtocolOptions()
-    if opts.max_streams_per_connection > 0:
-        h2.max_concurrent_streams = opts.max_streams_per_connection
+    # Envoy does not hold to the stream limit the EPP advertises: past it, its streams on one
+    # connection were refused (24 failed requests of 1,100 in flight), so it is set here too,
+    # and Envoy opens a further connection instead.
+    h2 = Http2ProtocolOptions(
+        max_concurrent_streams=opts.max_streams_per_connection or EPP_MAX_CONCURRENT_STREAMS
+    )
     options = HttpProtocolOptions(
         explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(http2_protocol_options=h2)
     )
@@ -157,6 +182,7 @@ def epp_cluster(opts: EnvoyOptions) -> Cluster:
         name=EPP_CLUSTER,
         type=_addresses_type(opts.epp),
         connect_timeout=seconds(2.0),
+        circuit_breakers=circuit_breakers(_limit(opts)),
         typed_extension_protocol_options={_HTTP_OPTIONS: Any.pack(options)},
         load_assignment=load_assignment(EPP_CLUSTER, opts.epp),
     )
@@ -177,6 +203,7 @@ def pool_cluster(opts: EnvoyOptions | None = None) -> Cluster:
             name=POOL_CLUSTER,
             type=_addresses_type(opts.pool),
             connect_timeout=seconds(2.0),
+            circuit_breakers=circuit_breakers(_limit(opts)),
             typed_extension_protocol_options=model_server_options(opts),
             load_assignment=load_assignment(POOL_CLUSTER, opts.pool),
             load_balancing_policy=override_host_policy(),
@@ -190,6 +217,7 @@ def pool_cluster(opts: EnvoyOptions | None = None) -> Cluster:
         type=ClusterDiscoveryType.ORIGINAL_DST,
         lb_policy=ClusterLbPolicy.CLUSTER_PROVIDED,
         connect_timeout=seconds(2.0),
+        circuit_breakers=circuit_breakers(_limit(opts)),
         typed_extension_protocol_options=model_server_options(opts),
         original_dst_lb_config=ClusterOriginalDstLbConfig(
             use_http_header=True, http_header_name=DESTINATION_HEADER
@@ -210,6 +238,7 @@ def static_cluster(
         type=_addresses_type(endpoints),
         lb_policy=ClusterLbPolicy[lb_policy],
         connect_timeout=seconds(2.0),
+        circuit_breakers=circuit_breakers(_limit(opts)),
         typed_extension_protocol_options=model_server_options(opts),
         load_assignment=load_assignment(name, endpoints),
     )

@@ -80,10 +80,17 @@ class EnvoyOptions:
     there are several EPP replicas."""
     health_interval: float = 5.0
     max_streams_per_connection: int = 0
-    """> 0: Envoy opens a further connection to the EPP past this many concurrent streams
-    (``epp --workers``: the kernel spreads connections, not streams, over the workers)."""
+    """Envoy opens a further connection to the EPP past this many concurrent streams (``epp
+    --workers``: the kernel spreads connections, not streams, over the workers); 0: the limit
+    the EPP advertises, 1,000 (Envoy does not hold to an advertised limit by itself)."""
     max_requests_per_connection: int = 0
     """> 0: a connection to the EPP carries at most this many ext_proc streams."""
+    max_concurrent_requests: int = 100_000
+    """Envoy's circuit breakers on every cluster (connections, pending and active requests): how
+    many requests the gateway holds in flight. Envoy's own default is 1,024 per cluster, and every
+    request in flight holds an ext_proc stream to the EPP for its whole length (and, over
+    HTTP/1.1, a connection to its model server), so left at that default a gateway answers 503
+    past 1,024 requests in flight, however idle the EPP and the pods are."""
     pool: Sequence[HostPort] = ()
     """The model servers' addresses, when Envoy should know them (fixed addresses, or a headless
     Service name resolved by DNS): the model-server cluster then routes with the override-host
@@ -128,6 +135,8 @@ class EnvoyOptions:
             raise ValueError("--fail-open needs --fallback HOST:PORT (where requests go then)")
         if self.retries < 0:
             raise ValueError("retries must be >= 0")
+        if self.max_concurrent_requests < 1:
+            raise ValueError("max concurrent requests must be >= 1")
         for name in ("route_timeout", "message_timeout", "grpc_timeout", "health_interval"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")

@@ -171,3 +171,41 @@ def test_unknown_app_protocol_is_refused(capsys: pytest.CaptureFixture[str]) -> 
         main([*EPP, "--app-protocol", "h3"])
     assert info.value.code == 2
     assert "invalid choice: 'h3'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "limit"),
+    [pytest.param([], 100_000, id="default"), (["--max-concurrent-requests", "5000"], 5000)],
+)
+def test_every_cluster_holds_more_than_envoys_1024_requests_in_flight(
+    extra: list[str], limit: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fail_open = ["--body", "buffered", "--fail-open", "--fallback", "10.0.0.9:8000"]
+    for pool in ([], ["--pool-endpoint", "10.0.0.7:8000"]):
+        assert main([*EPP, *pool, *fail_open, *extra, "--part", "clusters"]) == 0
+        (clusters,) = yaml.safe_load_all(capsys.readouterr().out)
+        assert {c["name"] for c in clusters} == {"epp", "pool", "fallback"}
+        for cluster in clusters:
+            (threshold,) = cluster["circuit_breakers"]["thresholds"]
+            for key in ("max_connections", "max_pending_requests", "max_requests"):
+                assert threshold[key] == limit, (cluster["name"], key)
+
+
+def test_max_concurrent_requests_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*EPP, "--max-concurrent-requests", "0"]) == 2
+    assert "max concurrent requests must be >= 1" in capsys.readouterr().err
+
+
+def test_envoy_opens_a_further_connection_at_the_epps_stream_limit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from epp.envoyconfig.clusters import EPP_MAX_CONCURRENT_STREAMS
+    from epp.server.h2limits import MAX_CONCURRENT_STREAMS
+
+    assert EPP_MAX_CONCURRENT_STREAMS == MAX_CONCURRENT_STREAMS
+    for extra, limit in (([], MAX_CONCURRENT_STREAMS), (["--max-streams-per-connection", "4"], 4)):
+        assert main([*EPP, *extra, "--part", "clusters"]) == 0
+        (clusters,) = yaml.safe_load_all(capsys.readouterr().out)
+        epp = next(c for c in clusters if c["name"] == "epp")
+        options = epp["typed_extension_protocol_options"][_H2]["explicit_http_config"]
+        assert options["http2_protocol_options"]["max_concurrent_streams"] == limit

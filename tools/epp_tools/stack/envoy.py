@@ -95,6 +95,7 @@ def render(
     epp_max_requests_per_connection: int = 0,
     pool: Sequence[tuple[str, int]] = (),
     app_protocol: AppProtocol = "http",
+    route_timeout: float = 300.0,
 ) -> str:
     """The Envoy config ``name`` (one of ``CONFIGS``) for EPPs on 127.0.0.1. ``epp_replicas`` are
     the ext_proc ports of further EPP replicas (active-active): Envoy then balances ext_proc
@@ -106,10 +107,11 @@ def render(
     carries in all. ``pool``: the model servers' addresses, so that a retry goes to another pod
     and a failing pod is ejected (``epp.envoyconfig.retries``), each health-checked on the
     simulator's ``/health`` (a listed address may have no pod yet); empty: ORIGINAL_DST.
-    ``app_protocol``: ``h2c`` speaks HTTP/2 without TLS to the model servers (gRPC APIs)."""
+    ``app_protocol``: ``h2c`` speaks HTTP/2 without TLS to the model servers (gRPC APIs).
+    ``route_timeout``: the seconds a request may take end to end (``epp envoy-config``'s)."""
     listen, admin = (LOCAL, listen_port), (LOCAL, admin_port)
     if name == "round-robin":
-        return dump(as_dict(baseline_bootstrap(listen, admin, fallback, lb_policy)))
+        return dump(as_dict(baseline_bootstrap(listen, admin, fallback, lb_policy, route_timeout)))
     if name not in CONFIGS:
         raise ValueError(f"unknown Envoy config {name!r}; known: {', '.join(CONFIGS)}")
     buffered = name == "buffered-failopen"
@@ -130,6 +132,7 @@ def render(
         pool=pool,
         pool_health_path="/health" if pool else "",
         app_protocol=app_protocol,
+        route_timeout=route_timeout,
     )
     return dump(as_dict(bootstrap(opts)))
 
@@ -153,6 +156,8 @@ class Envoy:
     """The model servers' addresses Envoy knows (see ``render``)."""
     app_protocol: AppProtocol = "http"
     """How Envoy speaks to the model servers (see ``render``)."""
+    route_timeout: float = 300.0
+    """Seconds a request may take end to end (see ``render``)."""
     config_text: str = ""
     """A whole config to run instead of ``config_name`` (its listener and admin ports must be
     ``listen_port`` and ``admin_port``, which must then be given)."""
@@ -205,6 +210,7 @@ class Envoy:
             epp_max_requests_per_connection=self.epp_max_requests_per_connection,
             pool=self.pool,
             app_protocol=self.app_protocol,
+            route_timeout=self.route_timeout,
         )
 
     def _wait_ready(self, timeout: float) -> None:

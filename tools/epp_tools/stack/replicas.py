@@ -94,6 +94,8 @@ class EppSet:
     """Each EPP gets ``--seed <i+1>``."""
     extra_args: Sequence[str] = ()
     envoy_max_streams: int = 0
+    envoy_route_timeout: float = 300.0
+    """Seconds Envoy lets a request take end to end."""
     envoy_config: str = "full-duplex"
     """The ``deploy/envoy`` config Envoy runs (``buffered-failopen`` fails open to ``fallback``)."""
     fallback: Sequence[tuple[str, int]] = ()
@@ -181,6 +183,7 @@ class EppSet:
             epp_replicas=[p.grpc for p in self.ports[1:]],
             epp_max_streams=self.envoy_max_streams,
             pool=self.envoy_pool,
+            route_timeout=self.envoy_route_timeout,
         ).start()
         return self.envoy
 

@@ -261,9 +261,12 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"targets {', '.join(run['targets'])}.",
         "",
         *(
-            [f"Command: `{run['command']}`. Machine: {run['machine']}; load average "
-             f"{' / '.join(map(str, run['load_average'][:3]))} at the start, "
-             f"{' / '.join(map(str, run['load_average'][3:]))} at the end.", ""]
+            [
+                f"Command: `{run['command']}`. Machine: {run['machine']}; load average "
+                f"{' / '.join(map(str, run['load_average'][:3]))} at the start, "
+                f"{' / '.join(map(str, run['load_average'][3:]))} at the end.",
+                "",
+            ]
             if "command" in run
             else []
         ),

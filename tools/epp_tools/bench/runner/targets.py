@@ -200,6 +200,7 @@ def _start_epp(
         workers=shape.workers,
         extra_args=args,
         envoy_max_streams=WORKER_STREAMS if shape.workers > 1 else 0,
+        envoy_route_timeout=workload.gateway_timeout,
     )
     if key in BUFFERED:
         group.envoy_config = "buffered-failopen"
@@ -213,8 +214,10 @@ def _start_epp(
     return Running(group.url, group.pids(), [group.stop], group.metrics_url(0), config_text)
 
 
-def _start_envoy(fleet: SimProcess, lb_policy: str) -> Running:
-    envoy = Envoy("round-robin", fallback=fleet.hostports, lb_policy=lb_policy).start()
+def _start_envoy(fleet: SimProcess, lb_policy: str, route_timeout: float) -> Running:
+    envoy = Envoy(
+        "round-robin", fallback=fleet.hostports, lb_policy=lb_policy, route_timeout=route_timeout
+    ).start()
     return Running(envoy.url, {"envoy": envoy.proc.pid if envoy.proc else 0}, [envoy.stop])
 
 
@@ -257,9 +260,9 @@ def start(key: str, fleet: SimProcess, workload: Workload, workdir: Path) -> Run
     if is_pd(key):
         return _start_epp(fleet, workload, workdir, pd_config(key).read_text())
     if key == "rr":
-        return _start_envoy(fleet, "ROUND_ROBIN")
+        return _start_envoy(fleet, "ROUND_ROBIN", workload.gateway_timeout)
     if key == "lr":
-        return _start_envoy(fleet, "LEAST_REQUEST")
+        return _start_envoy(fleet, "LEAST_REQUEST", workload.gateway_timeout)
     if key in PEERS:
         return _start_peer(PEERS[key], fleet, workdir)
     raise ValueError(f"unknown target {key!r} (known: {', '.join(TARGETS)})")

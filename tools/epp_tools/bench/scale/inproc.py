@@ -64,9 +64,7 @@ def config_text(endpoints_file: Path) -> str:
 
 
 def _headers(pairs: Sequence[tuple[str, str]]) -> pb.HeaderMap:
-    return pb.HeaderMap(
-        headers=[pb.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs]
-    )
+    return pb.HeaderMap(headers=[pb.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs])
 
 
 def request_messages(path: str, body: bytes) -> list[bytes]:

@@ -67,7 +67,12 @@ def log(message: str) -> None:
     print(f"bench scale: {message}", flush=True)
 
 
-def _workload(fleet: FleetSpec) -> Workload:
+GATEWAY_TIMEOUT_S = 300.0
+"""The Envoy targets' route timeout in simulated seconds (``epp envoy-config``'s default): a
+real gateway's 300 s, so turns that last as long as real ones are not cut in slowed time."""
+
+
+def _workload(fleet: FleetSpec, time_scale: float) -> Workload:
     return Workload(
         name="scale",
         title="coding agents at scale",
@@ -76,6 +81,7 @@ def _workload(fleet: FleetSpec) -> Workload:
         fleet=fleet,
         concurrency=0,
         objectives=OBJECTIVES,
+        gateway_timeout=GATEWAY_TIMEOUT_S / time_scale,
     )
 
 
@@ -173,7 +179,7 @@ async def run_target(key: str, opts: RampOptions, workdir: Path) -> dict[str, An
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         sim.start()
-        running = targets.start(key, sim, _workload(fleet), workdir)
+        running = targets.start(key, sim, _workload(fleet, opts.scaling.time_scale), workdir)
         await warm_up(running.url)
         idle = await _idle_cores(running)
         async with AgentPool(running.url, opts.shape, opts.scaling, opts.seed) as pool:

@@ -270,6 +270,8 @@ class Workload:
     """Pod roles the P/D targets run with (empty: the workload has no P/D fleet)."""
     extra_targets: tuple[str, ...] = ()
     """Targets a run without ``--targets`` adds for this workload (e.g. ``epp-pd``)."""
+    gateway_timeout: float = 300.0
+    """Wall seconds the Envoy targets let a request take end to end (their route timeout)."""
 
     @property
     def pd_fleet(self) -> FleetSpec | None:
