@@ -47,8 +47,10 @@ async def test_idle_pods_cost_little_cpu_when_nothing_is_running() -> None:
 async def test_only_the_pod_whose_kv_runs_out_preempts_and_its_metrics_count_it() -> None:
     # pod "small" holds 24 blocks of 16 tokens; six requests of 3 prompt blocks each growing by
     # 40 tokens outgrow it while running (vLLM's RECOMPUTE preemption); "large" holds them all
-    small = PodConfig(name="small", model=MODEL, time_scale=200.0, num_gpu_blocks=24)
-    large = PodConfig(name="large", model=MODEL, time_scale=200.0, num_gpu_blocks=400)
+    # at a slow enough clock (2x real time, each request about 120 ms) that the six run together
+    # even when the machine is busy: at 200x they finished one by one and none was preempted
+    small = PodConfig(name="small", model=MODEL, time_scale=2.0, num_gpu_blocks=24)
+    large = PodConfig(name="large", model=MODEL, time_scale=2.0, num_gpu_blocks=400)
     async with SimFleet([small, large]) as fleet, aiohttp.ClientSession() as http:
 
         async def ask(url: str, i: int) -> int:
