@@ -43,6 +43,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="epp envoy-config", description=__doc__.split("\n\n")[0])
     _epp_flags(p)
     _proxy_flags(p)
+    _connection_flags(p)
     _pool_flags(p)
     _output_flags(p)
     return p
@@ -112,23 +113,6 @@ def _proxy_flags(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="gRPC health checks of the EPP (default: with several --epp-address)",
-    )
-    p.add_argument(
-        "--max-concurrent-requests",
-        type=int,
-        default=100_000,
-        metavar="N",
-        help="requests the gateway holds in flight: Envoy's circuit breakers on every cluster "
-        "(Envoy's default, 1024, answers 503 past 1024 requests in flight, since each holds an "
-        "ext_proc stream)",
-    )
-    p.add_argument(
-        "--max-streams-per-connection",
-        type=int,
-        default=0,
-        metavar="N",
-        help="open a further connection to the EPP past N streams (epp --workers; default: the "
-        "EPP's own limit, 1000)",
     )
     p.add_argument(
         "--no-report-served",
@@ -255,3 +239,23 @@ def main(argv: Sequence[str]) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _connection_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-concurrent-requests",
+        type=int,
+        default=100_000,
+        metavar="N",
+        help="requests the gateway holds in flight: Envoy's circuit breakers on every cluster "
+        "(Envoy's default, 1024, answers 503 past 1024 requests in flight, since each holds an "
+        "ext_proc stream)",
+    )
+    p.add_argument(
+        "--max-streams-per-connection",
+        type=int,
+        default=0,
+        metavar="N",
+        help="open a further connection to the EPP past N streams (epp --workers; default: the "
+        "EPP's own limit, 1000)",
+    )
