@@ -60,13 +60,15 @@ class KVTracker:
         self._in_flight: dict[str, int] = {}  # endpoint id → tokens of its open requests
         # endpoint id → (completion time, dispatch time, tokens), in completion order
         self._done: dict[str, deque[tuple[float, float, int]]] = {}
-        self._versions: dict[str, int] = {}  # endpoint id → changes to its records
         # endpoint id → [scrape time, change since it]: kept up to date by every dispatch and
         # completion, computed again (a walk of the records) only for a newer scrape
         self._since: dict[str, list[float]] = {}
-        # endpoint id → (metrics, version, valid until, usage): ``usages``' last value
-        self._usage_memo: dict[str, tuple[object, int, float, float]] = {}
-        self._room_memo: dict[str, tuple[object, int, float, float, float | None]] = {}
+        # endpoint id → (metrics, valid until, usage): ``usages``' last value, kept while the
+        # endpoint's metrics are the same object and the time is before ``valid until``; a change
+        # to its records here drops it (``_bump``); ``rooms``' likewise, with its ``max_usage``
+        self._usage_memo: dict[str, tuple[object, float, float]] = {}
+        self._room_memo: dict[str, tuple[object, float, float, float | None]] = {}
+        self._usage_staleness = STALENESS_SECONDS
         self._swept_at = 0.0
 
     def __len__(self) -> int:
@@ -141,21 +143,23 @@ class KVTracker:
         """``usage_now`` of each endpoint, in order. An endpoint's value is computed again only
         when its metrics, its records here or (through its scrape's age) the time have changed:
         with every pod busy, a request pays a lookup per pod, not a correction."""
-        memo, versions = self._usage_memo, self._versions
+        memo = self._usage_memo
+        if staleness != self._usage_staleness:  # the memo holds values for one staleness
+            memo.clear()
+            self._usage_staleness = staleness
         out: list[float] = []
         for ep in endpoints:
             m = ep.metrics
             if m is None:
                 out.append(1.0)
                 continue
-            version = versions.get(ep.id, 0)
             held = memo.get(ep.id)
-            if held is not None and held[0] is m and held[1] == version and now <= held[2]:
-                out.append(held[3])
+            if held is not None and held[0] is m and now <= held[1]:
+                out.append(held[2])
                 continue
             value = usage_now(ep, now, self, staleness)
             fresh = m.update_time > 0.0 and now - m.update_time <= staleness
-            memo[ep.id] = (m, version, m.update_time + staleness if fresh else math.inf, value)
+            memo[ep.id] = (m, m.update_time + staleness if fresh else math.inf, value)
             out.append(value)
         return out
 
@@ -164,20 +168,13 @@ class KVTracker:
     ) -> list[float | None]:
         """Tokens each endpoint can still take: ``max_usage * capacity - demand`` (``demand_now``
         in tokens); None without a KV size. Kept per endpoint as ``usages`` keeps its value."""
-        memo, versions = self._room_memo, self._versions
+        memo = self._room_memo
         out: list[float | None] = []
         for ep in endpoints:
             m = ep.metrics
             held = memo.get(ep.id)
-            version = versions.get(ep.id, 0)
-            if (
-                held is not None
-                and held[0] is m
-                and held[1] == version
-                and now <= held[2]
-                and held[3] == max_usage
-            ):
-                out.append(held[4])
+            if held is not None and held[0] is m and now <= held[1] and held[2] == max_usage:
+                out.append(held[3])
                 continue
             capacity = capacity_tokens(ep)
             room: float | None = None
@@ -187,12 +184,14 @@ class KVTracker:
                 room = max_usage * capacity - demand
                 if m.update_time > 0.0 and now - m.update_time <= self.horizon:
                     until = m.update_time + self.horizon
-            memo[ep.id] = (m, version, until, max_usage, room)
+            memo[ep.id] = (m, until, max_usage, room)
             out.append(room)
         return out
 
     def _bump(self, endpoint_id: str) -> None:
-        self._versions[endpoint_id] = self._versions.get(endpoint_id, 0) + 1
+        """The endpoint's records changed: its memos no longer hold."""
+        self._usage_memo.pop(endpoint_id, None)
+        self._room_memo.pop(endpoint_id, None)
 
     def _forget(self, request_id: str) -> _Open | None:
         entry = self._open.pop(request_id, None)
@@ -215,8 +214,8 @@ class KVTracker:
         return entry
 
     def _sweep(self, now: float) -> None:
-        """Drop the completion records of endpoints nobody scores any more, and the counters of
-        endpoints with nothing left (a version and its memo go together: no stale hit)."""
+        """Drop the completion records of endpoints nobody scores any more, and the memos of
+        endpoints that left (bounded by ``MAX_OPEN``)."""
         self._swept_at = now
         for endpoint_id in list(self._done):
             done = self._done[endpoint_id]
@@ -225,11 +224,8 @@ class KVTracker:
             self._bump(endpoint_id)
             if not done:
                 del self._done[endpoint_id]
-        for endpoint_id in [e for e in self._versions if not self.tracks(e)]:
-            del self._versions[endpoint_id]
-            self._since.pop(endpoint_id, None)
-            self._usage_memo.pop(endpoint_id, None)
-            self._room_memo.pop(endpoint_id, None)
+        for endpoint_id in [e for e in self._since if not self.tracks(e)]:
+            del self._since[endpoint_id]
         if len(self._usage_memo) + len(self._room_memo) > MAX_OPEN:  # pods that left the pool
             self._usage_memo.clear()
             self._room_memo.clear()

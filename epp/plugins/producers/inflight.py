@@ -169,11 +169,11 @@ class InflightLoadProducer(PluginBase):
         # endpoint id → (completion time, dispatch time) of recent completions, completion order
         self._completed: dict[str, deque[tuple[float, float]]] = {}
         self._swept_at = 0.0
-        # endpoint id → count of its dispatches and completions (what its estimate depends on
-        # besides its metrics and the peers); endpoint id → (metrics, that count, the peers'
-        # generation, valid until, estimate): the last estimate, reused while none has changed
-        self._versions: dict[str, int] = {}
-        self._memo: dict[str, tuple[object, int, int, float, float]] = {}
+        # endpoint id → (metrics, valid until, estimate): the last estimate, reused while the
+        # endpoint's metrics are the same object and the time is before ``valid until``; a
+        # dispatch or completion there drops it, a change of the peers' loads drops them all
+        self._memo: dict[str, tuple[object, float, float]] = {}
+        self._memo_generation = 0
         # endpoint id → [scrape time, this replica's dispatches there since it and still in
         # flight, completions since it of requests sent before it]: updated by every dispatch
         # and completion, counted again (a walk of the records) only for a newer scrape
@@ -243,7 +243,7 @@ class InflightLoadProducer(PluginBase):
         if opened is None:
             opened = self._dispatched[eid] = {}
         now = opened[rid] = self.handle.clock()
-        self._versions[eid] = self._versions.get(eid, 0) + 1
+        self._memo.pop(eid, None)
         since = self._since.get(eid)
         if since is not None and now > since[0]:
             since[1] += 1
@@ -277,7 +277,7 @@ class InflightLoadProducer(PluginBase):
         eid, tokens = entry
         self._gauges.add(self._series.pop(rid), -1, -tokens)
         now = self.handle.clock()
-        self._versions[eid] = self._versions.get(eid, 0) + 1
+        self._memo.pop(eid, None)
         if self._sync:
             self._publisher.touch(eid)
         opened = self._dispatched.get(eid, {})
@@ -310,23 +310,19 @@ class InflightLoadProducer(PluginBase):
         them has changed (``_memo``), so a request costs one lookup per endpoint whose state is
         as it was, however many endpoints there are."""
         now = self.handle.clock()
-        memo, versions, generation = self._memo, self._versions, self._peers.generation
+        memo = self._memo
+        if self._memo_generation != self._peers.generation:
+            memo.clear()
+            self._memo_generation = self._peers.generation
         out: dict[str, float] = {}
         for e in endpoints:
             eid, m = e.id, e.metrics
-            version = versions.get(eid, 0)
             held = memo.get(eid)
-            if (
-                held is not None
-                and held[0] is m
-                and held[1] == version
-                and held[2] == generation
-                and now <= held[3]
-            ):
-                out[eid] = held[4]
+            if held is not None and held[0] is m and now <= held[1]:
+                out[eid] = held[2]
                 continue
             value, until = self._estimate_fresh(e, now)
-            memo[eid] = (m, version, generation, until, value)
+            memo[eid] = (m, until, value)
             out[eid] = value
         return out
 
@@ -400,10 +396,13 @@ class InflightLoadProducer(PluginBase):
                 self._since.pop(eid, None)
             if not done:
                 del self._completed[eid]
-        for eid in [e for e in self._versions if e not in self._dispatched]:
-            if eid not in self._completed:  # its version and memo go together: no stale hit
-                del self._versions[eid]
-                self._memo.pop(eid, None)
+        memo = self._memo
+        idle = [e for e in {*memo, *self._since} if e not in self._dispatched]
+        for eid in idle:
+            held = memo.get(eid)
+            # gone endpoints' entries do not pile up; a memo still valid stays
+            if eid not in self._completed and (held is None or not now < held[1] < math.inf):
+                memo.pop(eid, None)
                 self._since.pop(eid, None)
 
     def _uncached_tokens(self, request: InferenceRequest, endpoint_id: str) -> int:

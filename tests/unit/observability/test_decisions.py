@@ -49,3 +49,26 @@ def test_the_top_candidates_are_ranked_as_a_stable_sort_would_rank_them() -> Non
     assert [s["endpoint"] for s in entry["profiles"]["default"]["scores"]] == [
         next(e.hostport for e in eps if e.id == eid) for eid, _ in ranked
     ]
+
+
+def test_a_scheduled_entry_written_on_read_is_the_entry_of_the_decision() -> None:
+    from epp.observability.decisions import EXPLAIN_KEY, decision_entry
+    from epp.plugin import ProfileResult, SchedulingResult
+    from tests.builders import make_endpoint
+
+    eps = [make_endpoint(i) for i in range(30)]
+    totals = {e.id: i / 30 for i, e in enumerate(eps)}
+    result = SchedulingResult({"default": ProfileResult((eps[29],), scores=totals)}, "default")
+    request = make_request(request_id="r1")
+    request.attributes[EXPLAIN_KEY] = {eps[29].id: {"s/a": 1.0}}
+    log = DecisionLog(capacity=4)
+    log.record(request, result, eps, 0.002)
+    want = decision_entry(request, result, eps, 0.002)
+    got = log.get("r1")
+    assert got is not None
+    assert {**got, "time": 0} == {**want, "time": 0}
+    assert got["profiles"]["default"]["scores"][0]["scorers"] == {"s/a": 1.0}
+    assert log.get("r1") is got  # written once
+    log.record_error(make_request(request_id="r2"), 400, "bad", None)
+    assert [e["requestId"] for e in log.latest(10)] == ["r2", "r1"]
+    assert [e["requestId"] for e in log.latest(0)] == ["r2", "r1"]  # limit <= 0: all, as before

@@ -115,3 +115,35 @@ def test_without_a_kv_size_or_fresh_metrics_the_scrape_is_taken_as_it_is() -> No
     stale = _ep(kv=0.3, scraped_at=T0)
     assert usage_now(stale, T0 + 2.5, tracker) == pytest.approx(0.3)
     assert usage_now(dataclasses.replace(bare, metrics=None), T0, tracker) == 1.0
+
+
+def test_usages_and_rooms_memos_follow_every_change_and_each_staleness() -> None:
+    """The memoised values equal ``usage_now``/``demand_now`` whatever happened in between: a
+    dispatch, a completion, a new scrape, the time passing the scrape's staleness, and a caller
+    asking with another staleness."""
+    import random
+
+    rng = random.Random(5)
+    tracker = KVTracker()
+    eps = [dataclasses.replace(_ep(kv=0.1 * i), id=f"p{i}") for i in range(4)]
+    now, open_ids, n = T0, [], 0
+    for _ in range(600):
+        now += rng.uniform(0.0, 0.05)
+        roll = rng.random()
+        i = rng.randrange(4)
+        if roll < 0.35:
+            n += 1
+            open_ids.append(f"r{n}")
+            tracker.dispatch(f"r{n}", eps[i].id, now, rng.randrange(1, 3_000))
+        elif roll < 0.6 and open_ids:
+            tracker.complete(open_ids.pop(rng.randrange(len(open_ids))), now, 0)
+        elif roll < 0.7:
+            eps[i] = dataclasses.replace(eps[i], metrics=dataclasses.replace(
+                eps[i].metrics, update_time=now, kv_cache_usage_percent=rng.random()))  # fmt: skip
+        staleness = rng.choice((2.0, 0.5))
+        got = tracker.usages(eps, now, staleness)
+        assert got == pytest.approx([usage_now(e, now, tracker, staleness) for e in eps])
+        rooms = tracker.rooms(eps, now, 0.9)
+        want = [0.9 * capacity_tokens(e) - demand_now(e, now, tracker) * capacity_tokens(e)
+                for e in eps]  # fmt: skip
+        assert rooms == pytest.approx(want)

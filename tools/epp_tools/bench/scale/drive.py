@@ -84,6 +84,11 @@ class AgentPool:
         self._http = aiohttp.ClientSession(connector=connector, timeout=timeout)
         return self
 
+    @property
+    def t0(self) -> float:
+        """The pool's start on the ``time.perf_counter`` clock of the records."""
+        return self._start
+
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 

@@ -18,6 +18,8 @@ target's RSS sampled every ``HOLD_SAMPLE_S`` seconds: the RSS trend over the hol
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -156,6 +158,17 @@ async def _hold(pool: AgentPool, running: targets.Running, minutes: float) -> di
     return {"minutes": minutes, "errors": errors, "rss_samples": samples}
 
 
+def _write_records(pool: AgentPool, workdir: Path) -> None:
+    """Every answer of the run, one JSON line each (times relative to the pool's start), next to
+    the processes' logs: what an error or a slow turn was, when and where."""
+    with (workdir / "records.jsonl").open("w") as out:
+        for r in pool.records:
+            row = dataclasses.asdict(r)
+            row["sent"] = round(r.sent - pool.t0, 3)
+            row["done"] = round(r.done - pool.t0, 3)
+            out.write(json.dumps(row) + "\n")
+
+
 def _describe(target: str, row: dict[str, Any]) -> str:
     pick = row["pick"]
     share = row["oracle_share"]
@@ -195,6 +208,7 @@ async def run_target(key: str, opts: RampOptions, workdir: Path) -> dict[str, An
                 rows.append(row)
             if opts.hold_minutes > 0:
                 hold = await _hold(pool, running, opts.hold_minutes)
+            _write_records(pool, workdir)
         return {"target": key, "label": targets.label(key), "status": "ok", "steps": rows,
                 "hold": hold}  # fmt: skip
     except Exception as exc:
