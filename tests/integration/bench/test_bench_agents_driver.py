@@ -9,6 +9,7 @@ import time
 from dataclasses import replace
 
 import aiohttp
+import pytest
 
 from epp_tools.bench.runner.driver import run, send_turn
 from epp_tools.bench.runner.foreign import ForeignTraffic
@@ -90,3 +91,19 @@ async def test_foreign_traffic_keeps_the_pod_queue_near_its_target_when_running(
     assert stats["samples"] >= 6
     assert 2.0 <= stats["mean_waiting"] <= 4.5  # target 4; a busy machine refills late
     assert stats["mean_running"] >= 1.5
+
+
+async def test_the_first_token_is_reported_while_the_answer_still_streams() -> None:
+    # epp bench scale's join waits for the new agents' prefill, not for their longest answers
+    (first,) = build_agentic(replace(SHAPE, sessions=1, turns=1), seed=2, fleet=FleetSpec(),
+                             concurrency=1).requests  # fmt: skip
+    marked: list[float] = []
+    config = PodConfig(name="pod-0", time_scale=50.0, decode_base_ms=500.0)
+    async with SimFleet([config]) as fleet, aiohttp.ClientSession() as http:
+        start = time.perf_counter()
+        out = await send_turn(http, fleet.urls[0], 0, first, start, "",
+                              lambda: marked.append(time.perf_counter()))  # fmt: skip
+        ended = time.perf_counter()
+    assert out.ok and out.tokens > 1 and len(marked) == 1
+    assert marked[0] - start == pytest.approx(out.sent + out.ttft, abs=0.05)
+    assert ended - marked[0] >= (out.tokens - 1) * 0.5 / 50.0 * 0.9  # the decode came after

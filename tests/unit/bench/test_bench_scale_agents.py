@@ -76,3 +76,14 @@ def test_the_fleet_holds_the_asked_multiple_of_the_working_set() -> None:
     ws = working_set_tokens(shape, scaling, 3000)
     assert 1.2 <= kv / ws < 1.2 + 16 * BLOCK_SIZE / ws
     assert fleet.decode_base_ms == 12.0 * 32 and fleet.prefill_tokens_per_s == 200_000 / 32
+
+
+def test_a_compaction_turn_writes_an_answer_within_the_output_cap() -> None:
+    # A summary longer than the shape's longest answer would last minutes of decode more than
+    # any other turn (and was cut by the client's timeout): the compaction output is capped.
+    shape = AgentShape(compact_at=190_000, summary_tokens=30_000)
+    scaling = Scaling(length_factor=64)
+    turns = _run_offline(shape, scaling, agents=4, turns=8)
+    compactions = [t for t in turns if t.compacting]
+    assert compactions
+    assert all(t.request.max_tokens == scaling.tokens(shape.output_max) for t in compactions)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,7 +81,12 @@ class Outcome:
         return self.status == 200 and self.tokens > 0 and not self.error
 
 
-async def _read_stream(response: aiohttp.ClientResponse, t0: float, out: Outcome) -> None:
+async def _read_stream(
+    response: aiohttp.ClientResponse,
+    t0: float,
+    out: Outcome,
+    on_first_token: Callable[[], None] | None,
+) -> None:
     first = last = 0.0
     usage: dict[str, Any] = {}
     async for line in response.content:
@@ -91,6 +96,8 @@ async def _read_stream(response: aiohttp.ClientResponse, t0: float, out: Outcome
             now = time.perf_counter()
             if not out.tokens:
                 first = now
+                if on_first_token is not None:
+                    on_first_token()
             last = now
             out.tokens += 1
         elif b'"usage"' in line:
@@ -107,7 +114,12 @@ def _json(line: bytes) -> dict[str, Any]:
     return response if isinstance(response, dict) else {}
 
 
-async def _read_responses_stream(response: aiohttp.ClientResponse, t0: float, out: Outcome) -> None:
+async def _read_responses_stream(
+    response: aiohttp.ClientResponse,
+    t0: float,
+    out: Outcome,
+    on_first_token: Callable[[], None] | None,
+) -> None:
     first = last = 0.0
     usage: dict[str, Any] = {}
     async for line in response.content:
@@ -117,6 +129,8 @@ async def _read_responses_stream(response: aiohttp.ClientResponse, t0: float, ou
             now = time.perf_counter()
             if not out.tokens:
                 first = now
+                if on_first_token is not None:
+                    on_first_token()
             last = now
             out.tokens += 1
         elif _CREATED in line:
@@ -153,7 +167,10 @@ async def send(
     req: BenchRequest,
     start: float,
     previous_response_id: str = "",
+    on_first_token: Callable[[], None] | None = None,
 ) -> Outcome:
+    """One request, streamed to its end; ``on_first_token`` (if given) is called when the first
+    token arrives (the prefill is done)."""
     out = Outcome(index, req.session, req.objective, 0, tenant=req.fairness_id)
     out.turn, out.api = req.turn, req.api
     body = orjson.dumps(req.body(previous_response_id))
@@ -165,7 +182,7 @@ async def send(
             out.pod = r.headers.get("x-sim-pod", "")
             if r.status == 200:
                 reader = _read_responses_stream if req.api == "responses" else _read_stream
-                await reader(r, t0, out)
+                await reader(r, t0, out, on_first_token)
             else:
                 out.error = (await r.read())[:200].decode(errors="replace")
                 out.reason = r.headers.get(DROPPED_REASON_HEADER, "")
@@ -182,16 +199,17 @@ async def send_turn(
     req: BenchRequest,
     start: float,
     previous_response_id: str = "",
+    on_first_token: Callable[[], None] | None = None,
 ) -> Outcome:
     """One turn: a Responses follow-up when there is a previous answer, resent as a new chain
     when the follow-up is answered 404 (see the module doc); anything else as it is."""
     if req.api != "responses" or not previous_response_id:
-        return await send(session, url, index, req, start)
-    first = await send(session, url, index, req, start, previous_response_id)
+        return await send(session, url, index, req, start, "", on_first_token)
+    first = await send(session, url, index, req, start, previous_response_id, on_first_token)
     first.followup_status = first.status
     if first.status != 404:
         return first
-    again = await send(session, url, index, req, start)
+    again = await send(session, url, index, req, start, "", on_first_token)
     lost = again.sent - first.sent
     again.sent = first.sent
     again.ttft += lost

@@ -135,7 +135,8 @@ class Agent:
             if self.context_tokens() + message_tokens("user", tool) > limit:
                 n = self.scaling.tokens(self.shape.compact_tokens)
                 self._add("user", words(self.rng, n), n)
-                out, compacting = self.scaling.tokens(self.shape.summary_tokens), True
+                summary = min(self.shape.summary_tokens, self.shape.output_max)
+                out, compacting = self.scaling.tokens(summary), True
             else:
                 self._add("user", words(self.rng, tool), tool)
         prompt = self.context_tokens()

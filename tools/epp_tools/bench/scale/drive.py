@@ -15,7 +15,9 @@ oracle's reusable tokens, the cached tokens the server reported, the pod). ``wor
 the KV the live agents' conversations hold now (each counted once, the harness prompt once).
 
 Connections are kept alive and unbounded in number (one per request in flight); every request is
-bounded by ``request_timeout``.
+bounded by ``request_timeout`` simulated seconds (600: the ten minutes a coding agent's client
+waits for an answer; a turn at a large batch writing the longest answer of the shape lasts about
+six).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ import aiohttp
 from epp_tools.bench.runner import driver
 from epp_tools.bench.scale.agents import Agent, Turn, harness_prompt
 from epp_tools.bench.scale.shape import AgentShape, Scaling
+
+REQUEST_TIMEOUT_S = 600.0
+"""Simulated seconds a turn may last before the client gives up (see the module doc)."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ class AgentPool:
         shape: AgentShape,
         scaling: Scaling,
         seed: int = 1,
-        request_timeout: float = 600.0,
+        request_timeout: float = REQUEST_TIMEOUT_S,
     ) -> None:
         self.url = url
         self.shape = shape
@@ -70,6 +75,9 @@ class AgentPool:
         self.request_timeout = request_timeout
         self.system = harness_prompt(shape, scaling, seed)
         self.records: list[Record] = []
+        self.prefilled: set[str] = set()
+        """Main agents whose first turn has streamed its first token or ended: their whole
+        context has been prefilled (or failed)."""
         self.live: dict[str, Agent] = {}
         self.started = 0
         self._rng = random.Random(seed * 104_729 + 11)
@@ -80,7 +88,7 @@ class AgentPool:
 
     async def __aenter__(self) -> AgentPool:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0)
-        timeout = aiohttp.ClientTimeout(total=self.request_timeout)
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout / self.scaling.time_scale)
         self._http = aiohttp.ClientSession(connector=connector, timeout=timeout)
         return self
 
@@ -142,17 +150,21 @@ class AgentPool:
 
     async def _turn(self, agent: Agent, turn: Turn) -> Record:
         assert self._http is not None
+        joining = not turn.added and not agent.is_sub
+        mark = (lambda: self.prefilled.add(agent.name)) if joining else None
         out = await driver.send_turn(
-            self._http, self.url, 0, turn.request, self._start, agent.response_id
+            self._http, self.url, 0, turn.request, self._start, agent.response_id, mark
         )
         done = time.perf_counter()
+        if joining:
+            self.prefilled.add(agent.name)
         shed = out.status == 429 or (out.status == 503 and bool(out.reason))
         with contextlib.suppress(RuntimeError):
             agent.answered(out.ok, out.response_id)
         record = Record(
             agent=agent.name,
             sub=agent.is_sub,
-            joined=not turn.added and not agent.is_sub,
+            joined=joining,
             sent=self._start + out.sent,
             done=done,
             status=out.status,

@@ -5,8 +5,10 @@ the target in front of it (``epp_tools.bench.runner.targets``: the EPP behind En
 robin, a peer router), one warm-up request, then for each step of ``steps``:
 
 1. join: start the agents the step adds (``AgentPool.add``), spread over ``join_s`` simulated
-   seconds, and wait until every agent of the pool has been answered once (at most
-   ``join_cap_s``): the new agents' first turns carry their whole context and are not measured;
+   seconds, and wait until every new agent's first turn has been prefilled, its first token
+   streamed (at most ``join_cap_s``): the new agents' first turns carry their whole context, the
+   burst of prefill the step adds, and are not measured. Waiting for their last token instead
+   would wait for the longest of a thousand answers, minutes of decode that are steady load;
 2. settle ``settle_s`` simulated seconds;
 3. measure ``window_s`` simulated seconds: a ``Snapshot`` before and after, the working set, the
    live sessions and the target's RSS sampled every second; the row is ``probe.step_row``.
@@ -30,7 +32,7 @@ from epp_tools.bench.fleet import SimProcess
 from epp_tools.bench.runner import targets
 from epp_tools.bench.runner.driver import warm_up
 from epp_tools.bench.scale.agents import MAIN_OBJECTIVE, SUB_OBJECTIVE
-from epp_tools.bench.scale.drive import AgentPool
+from epp_tools.bench.scale.drive import REQUEST_TIMEOUT_S, AgentPool
 from epp_tools.bench.scale.probe import Snapshot, WindowSampler, snapshot, step_row
 from epp_tools.bench.scale.shape import AgentShape, Scaling, fleet_for, working_set_tokens
 from epp_tools.bench.workloads.spec import FleetSpec, Workload
@@ -69,9 +71,10 @@ def log(message: str) -> None:
     print(f"bench scale: {message}", flush=True)
 
 
-GATEWAY_TIMEOUT_S = 300.0
-"""The Envoy targets' route timeout in simulated seconds (``epp envoy-config``'s default): a
-real gateway's 300 s, so turns that last as long as real ones are not cut in slowed time."""
+GATEWAY_TIMEOUT_S = REQUEST_TIMEOUT_S
+"""The Envoy targets' route timeout in simulated seconds: as long as the client waits (600 s;
+``epp envoy-config``'s default is 300 s, shorter than the longest turns of agents at a large batch:
+``--route-timeout`` sets it), and in simulated time, so slowed turns are not cut early."""
 
 
 def _workload(fleet: FleetSpec, time_scale: float) -> Workload:
@@ -92,17 +95,14 @@ async def _sleep_sim(seconds: float, scaling: Scaling) -> None:
 
 
 async def _join(pool: AgentPool, opts: RampOptions) -> float:
-    """Add the step's agents; wait until each live main agent has been answered once.
+    """Wait until each live main agent's first turn has been prefilled (``AgentPool.prefilled``).
     Returns the simulated seconds it took."""
     t0 = time.perf_counter()
-    answered = {r.agent for r in pool.records if r.ok}
     deadline = t0 + opts.join_cap_s / opts.scaling.time_scale
     while time.perf_counter() < deadline:
-        pending = [a for a in pool.live.values() if not a.is_sub and a.name not in answered]
-        if not pending:
+        if all(a.is_sub or a.name in pool.prefilled for a in pool.live.values()):
             break
         await asyncio.sleep(0.5)
-        answered.update(r.agent for r in pool.records[-5000:] if r.ok)
     return (time.perf_counter() - t0) * opts.scaling.time_scale
 
 

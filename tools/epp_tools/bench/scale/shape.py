@@ -5,7 +5,8 @@ llm-d 1.0 release) reports it, in real tokens: a shared harness prompt (``system
 context that grows by a tool result and the previous answer every turn, a median main-agent
 request of about 195,000 input tokens against 317 output tokens (about 615:1), 96% of turns
 reusing at least 90% of their input; sub-agents that fork from the main agent's context;
-compaction once the context passes ``compact_at``; half the agents on the Responses API; think
+compaction once the context passes ``compact_at`` (a turn that writes a summary of at most
+``output_max`` tokens, the new conversation's start); half the agents on the Responses API; think
 time between turns.
 
 ``Scaling`` is what this machine can drive: every token count is divided by ``length_factor``
@@ -62,7 +63,9 @@ class AgentShape:
     output_max: int = 8_192
     compact_at: int = 260_000
     compact_tokens: int = 400
-    summary_tokens: int = 30_000
+    summary_tokens: int = 8_000
+    """The summary a compaction turn writes (an answer like any other: at most ``output_max``),
+    from which the conversation starts again."""
     think_median_s: float = 6.0
     think_sigma: float = 0.6
     subagent_chance: float = 0.05
