@@ -87,8 +87,13 @@ class Client:
 
     @staticmethod
     def preface() -> bytes:
+        """The client's preface, SETTINGS and window, and its ACK of the server's SETTINGS
+        (which the server sent when the connection was made): until that ACK the server's
+        streams keep the default 65,535-byte window, and a body past it is a FLOW_CONTROL_ERROR
+        that ends the connection."""
         peer = w.settings_frame({w.SETTINGS_INITIAL_WINDOW_SIZE: w.MAX_WINDOW})
-        return w.PREFACE + peer + w.window_update(0, w.MAX_WINDOW - w.DEFAULT_WINDOW)
+        ack = w.frame(w.SETTINGS, w.ACK, 0)
+        return w.PREFACE + peer + ack + w.window_update(0, w.MAX_WINDOW - w.DEFAULT_WINDOW)
 
     def headers(self, sid: int, path: str = PROCESS) -> bytes:
         block = self.encoder.encode(
