@@ -50,6 +50,10 @@ def _ephemeral_low() -> int:
         return 0
 
 
+BIND_ATTEMPTS = 3
+"""Starts on fresh ports when a port picked free was taken before Envoy bound it."""
+
+
 def free_port() -> int:
     """A loopback port nothing listens on now, chosen below the kernel's ephemeral range where it
     can: a port handed back by ``bind(0)`` lies in that range, and once released any outgoing
@@ -172,6 +176,24 @@ class Envoy:
         return f"http://127.0.0.1:{self.listen_port}"
 
     def start(self, timeout: float = 20.0) -> Envoy:
+        """Start Envoy and wait until it serves. Ports this picks itself (``listen_port`` and
+        ``admin_port`` not given) were free when picked and may be taken before Envoy binds
+        them: then it starts again on new ones, at most ``BIND_ATTEMPTS`` times."""
+        chosen = not self.listen_port and not self.admin_port and not self.config_text
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            try:
+                return self._start_once(timeout)
+            except RuntimeError as exc:
+                if (
+                    not chosen
+                    or attempt == BIND_ATTEMPTS
+                    or "Address already in use" not in str(exc)
+                ):
+                    raise
+                self.listen_port = self.admin_port = 0
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> Envoy:
         self.listen_port = self.listen_port or free_port()
         self.admin_port = self.admin_port or free_port()
         self._workdir = tempfile.mkdtemp(prefix="epp-envoy-")
