@@ -343,7 +343,10 @@ def _parse_fact(fact: Any) -> tuple[str, int, list[int]] | None:
     endpoint, capacity, hashes = fact
     if not isinstance(endpoint, str) or not endpoint or type(capacity) is not int or capacity <= 0:
         return None
-    if not isinstance(hashes, list) or not all(type(h) is int and 0 <= h < 2**64 for h in hashes):
+    if not isinstance(hashes, list):
+        return None
+    # C-level passes (a fact may carry thousands of hashes): exact ints (no bools), in range
+    if hashes and (set(map(type, hashes)) != {int} or min(hashes) < 0 or max(hashes) >= 2**64):
         return None
     return endpoint, capacity, hashes
 

@@ -29,10 +29,11 @@ from typing import Any, Final
 
 from xxhash import xxh64_intdigest
 
-BYTES_PER_BLOCK: Final = 210
-"""Estimated memory of one (endpoint, block) entry. Measured with ``tracemalloc`` on CPython 3.11:
-about 205 bytes for a block held by one endpoint (LRU node, owners-map slot, hash int, owner
-tuple) and about 115 for each further endpoint holding it, so the estimate errs high."""
+BYTES_PER_BLOCK: Final = 195
+"""Estimated memory of one (endpoint, block) entry. Measured with ``tracemalloc`` on CPython 3.11
+(64-bit hashes, the hash ints counted): about 194 bytes for a block held by one endpoint (LRU
+node, owners-map slot, hash int; the owner tuple is shared) and about 105 for each further
+endpoint holding it. Before the owner tuples were shared it was 242."""
 
 _PACK_PAIR = struct.Struct("<QQ").pack
 
@@ -70,7 +71,9 @@ class PrefixIndex:
     """Which endpoints are believed to hold which prefix blocks; see the module docstring.
 
     Owners are stored as tuples: most blocks live on one endpoint, and a one-element tuple costs
-    a fifth of a set.
+    a fifth of a set. The tuples are shared (one per endpoint, one per combination), and ``add``
+    evicts once per chain, not once per block: at capacity every new block evicts one, so this is
+    the index's cost on a busy pool and on every replica that applies another's facts.
     """
 
     def __init__(self, default_capacity: int) -> None:
@@ -81,6 +84,11 @@ class PrefixIndex:
         self._lrus: dict[str, OrderedDict[int, None]] = {}
         self._capacity: dict[str, int] = {}
         self._size = 0
+        # Owner tuples are shared: every block held by one endpoint points at that endpoint's
+        # one-tuple (48 bytes saved per entry), and each combination of several owners is one
+        # tuple. The few combinations that appear stay until the index is rebuilt.
+        self._alone: dict[str, tuple[str]] = {}
+        self._tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     @property
     def size(self) -> int:
@@ -120,19 +128,24 @@ class PrefixIndex:
         if capacity is not None and capacity > 0:
             self._capacity[endpoint] = capacity
         cap = self._capacity.get(endpoint, self.default_capacity)
-        while len(lru) > cap:  # capacity shrank
-            self._evict_oldest(endpoint, lru)
         owners = self._owners
+        alone = self._alone.get(endpoint)
+        if alone is None:
+            alone = self._alone[endpoint] = (endpoint,)
+        added = 0
         for h in reversed(hashes[:cap]):
             if h in lru:
                 lru.move_to_end(h)
                 continue
             lru[h] = None
             held = owners.get(h)
-            owners[h] = (endpoint,) if held is None else (*held, endpoint)
-            self._size += 1
-            if len(lru) > cap:
-                self._evict_oldest(endpoint, lru)
+            owners[h] = alone if held is None else self._joined(held, endpoint)
+            added += 1
+        self._size += added
+        if len(lru) > cap:
+            # Evicting once the chain is in leaves the same blocks as evicting one per insert:
+            # the chain (at most ``cap`` blocks) is at the recent end either way.
+            self._evict(endpoint, lru, len(lru) - cap)
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
         """Endpoint → number of leading blocks of ``hashes`` it holds consecutively.
@@ -177,6 +190,9 @@ class PrefixIndex:
         for h in lru:
             self._drop_owner(h, endpoint)
         self._size -= len(lru)
+        self._alone.pop(endpoint, None)
+        for key in [k for k in self._tuples if endpoint in k]:
+            del self._tuples[key]
 
     def retain(self, live: Collection[str]) -> list[str]:
         """Drop every endpoint not in ``live``; returns the dropped ids."""
@@ -185,18 +201,34 @@ class PrefixIndex:
             self.remove_endpoint(ep)
         return gone
 
-    def _evict_oldest(self, endpoint: str, lru: OrderedDict[int, None]) -> None:
-        h, _ = lru.popitem(last=False)
-        self._drop_owner(h, endpoint)
-        self._size -= 1
+    def _evict(self, endpoint: str, lru: OrderedDict[int, None], count: int) -> None:
+        """Drop the ``count`` least recently used blocks of ``endpoint``."""
+        owners = self._owners
+        alone = self._alone.get(endpoint)
+        pop = lru.popitem
+        for _ in range(count):
+            h, _ = pop(last=False)
+            held = owners[h]
+            if held is alone:  # the common case: nobody else holds it
+                del owners[h]
+            else:
+                self._drop_owner(h, endpoint)
+        self._size -= count
+
+    def _joined(self, held: tuple[str, ...], endpoint: str) -> tuple[str, ...]:
+        """``held`` plus ``endpoint``, one shared tuple per combination."""
+        key = (*held, endpoint)
+        return self._tuples.setdefault(key, key)
 
     def _drop_owner(self, h: int, endpoint: str) -> None:
         held = self._owners.get(h)
         if held is None:
             return
         rest = tuple(ep for ep in held if ep != endpoint)
-        if rest:
-            self._owners[h] = rest
+        if len(rest) == 1:
+            self._owners[h] = self._alone.get(rest[0]) or rest
+        elif rest:
+            self._owners[h] = self._tuples.setdefault(rest, rest)
         else:
             del self._owners[h]
 
@@ -204,43 +236,63 @@ class PrefixIndex:
 class PendingBlocks:
     """The (endpoint, block) pairs learned since the last ``drain``, for other replicas.
 
-    Kept in the order the index touched them, with duplicates folded (a block sent twice to one
-    endpoint is one pair, at its latest position), so one ``PrefixIndex.add`` per endpoint on the
-    receiving side leaves the same recency order as here. At most ``max_blocks`` pairs: past it
-    the oldest are dropped.
+    Kept per endpoint in the order the index touched them, with duplicates folded (a block sent
+    twice to one endpoint is one pair, at its latest position), so one ``PrefixIndex.add`` per
+    endpoint on the receiving side leaves the same recency order as here. At most ``max_blocks``
+    pairs: past it the oldest pairs of the endpoint touched longest ago are dropped first.
     """
 
     def __init__(self, max_blocks: int) -> None:
         self.max_blocks = max_blocks
-        self._pairs: OrderedDict[tuple[str, int], None] = OrderedDict()
+        # endpoint -> its blocks, oldest first; endpoints ordered by their last touch
+        self._chains: OrderedDict[str, OrderedDict[int, None]] = OrderedDict()
         self._capacity: dict[str, int] = {}
+        self._count = 0
 
     def __len__(self) -> int:
-        return len(self._pairs)
+        return self._count
 
     def add(self, endpoint: str, hashes: Sequence[int], capacity: int) -> int:
         """Record a chain as ``PrefixIndex.add`` does (last block first: the head is newest);
         returns how many of the oldest pairs were dropped to stay within the bound."""
-        pairs = self._pairs
+        chain = self._chains.get(endpoint)
+        if chain is None:
+            chain = self._chains[endpoint] = OrderedDict()
+        else:
+            self._chains.move_to_end(endpoint)
         self._capacity[endpoint] = capacity
+        before = len(chain)
         for h in reversed(hashes[:capacity]):
-            key = (endpoint, h)
-            if key in pairs:
-                pairs.move_to_end(key)
+            if h in chain:
+                chain.move_to_end(h)
             else:
-                pairs[key] = None
-        excess = max(0, len(pairs) - self.max_blocks)
-        for _ in range(excess):
-            pairs.popitem(last=False)
+                chain[h] = None
+        self._count += len(chain) - before
+        return self._trim()
+
+    def _trim(self) -> int:
+        excess = max(0, self._count - self.max_blocks)
+        left = excess
+        while left:
+            endpoint, chain = next(iter(self._chains.items()))
+            if len(chain) <= left:
+                left -= len(chain)
+                del self._chains[endpoint]
+                continue
+            for _ in range(left):
+                chain.popitem(last=False)
+            left = 0
+        self._count -= excess
         return excess
 
     def drain(self) -> list[list[Any]]:
-        """One fact per endpoint, ``[endpoint id, capacity, [block hashes, newest first]]``;
-        empties the buffer."""
-        chains: dict[str, list[int]] = {}
-        for endpoint, h in reversed(self._pairs):
-            chains.setdefault(endpoint, []).append(h)
-        facts: list[list[Any]] = [[ep, self._capacity[ep], chain] for ep, chain in chains.items()]
-        self._pairs.clear()
+        """One fact per endpoint, ``[endpoint id, capacity, [block hashes, newest first]]``, the
+        endpoint touched last first; empties the buffer."""
+        facts: list[list[Any]] = [
+            [ep, self._capacity[ep], list(reversed(chain))]
+            for ep, chain in reversed(self._chains.items())
+        ]
+        self._chains.clear()
         self._capacity.clear()
+        self._count = 0
         return facts

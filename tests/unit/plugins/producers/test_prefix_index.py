@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import gc
+import random
 import struct
+import tracemalloc
 
 import pytest
 import xxhash
@@ -207,3 +210,76 @@ def test_size_stays_bounded_when_many_chains_added() -> None:
 def test_constructor_rejects_capacity_when_not_positive() -> None:
     with pytest.raises(ValueError, match="default_capacity"):
         PrefixIndex(0)
+
+
+class _PlainIndex:
+    """The index's rules written out plainly: one list per endpoint, one eviction per insert."""
+
+    def __init__(self, default_capacity: int) -> None:
+        self.default = default_capacity
+        self.lrus: dict[str, list[int]] = {}  # oldest first
+        self.caps: dict[str, int] = {}
+
+    def add(self, endpoint: str, hashes: list[int], capacity: int | None) -> None:
+        lru = self.lrus.setdefault(endpoint, [])
+        if capacity:
+            self.caps[endpoint] = capacity
+        cap = self.caps.get(endpoint, self.default)
+        del lru[: max(0, len(lru) - cap)]
+        for h in reversed(hashes[:cap]):
+            if h in lru:
+                lru.remove(h)
+            lru.append(h)
+            del lru[: max(0, len(lru) - cap)]
+
+    def owners(self, h: int) -> set[str]:
+        return {ep for ep, lru in self.lrus.items() if h in lru}
+
+
+def test_add_and_removal_match_the_plain_rules_when_driven_at_random() -> None:
+    rng = random.Random(7)
+    index, plain = PrefixIndex(12), _PlainIndex(12)
+    endpoints = ["a", "b", "c", "d"]
+    for _ in range(3000):
+        ep = rng.choice(endpoints)
+        if rng.random() < 0.03:
+            index.remove_endpoint(ep)
+            plain.lrus.pop(ep, None)
+            plain.caps.pop(ep, None)
+            continue
+        start = rng.randrange(40)
+        chain = list(range(start, start + rng.randrange(0, 20)))
+        capacity = rng.choice([None, None, None, 5, 12, 20])
+        index.add(ep, chain, capacity)
+        plain.add(ep, chain, capacity)
+        assert {ep: list(lru) for ep, lru in index._lrus.items()} == plain.lrus
+    for h in range(60):
+        assert set(index.owners(h)) == plain.owners(h)
+    assert index.size == sum(len(lru) for lru in plain.lrus.values())
+
+
+def test_owner_tuples_are_shared_between_blocks() -> None:
+    index = PrefixIndex(100)
+    index.add("a", [1, 2, 3])
+    index.add("b", [2, 3])
+    assert index.owners(1) is not None and index.owners(1) is index.owners(1)
+    assert all(index.owners(h) is index.owners(1) for h in (1,))
+    assert index.owners(2) is index.owners(3) and index.owners(2) == ("a", "b")
+    index.remove_endpoint("a")
+    assert index.owners(2) is index.owners(3) and index.owners(2) == ("b",)
+    assert index._tuples == {}
+
+
+def test_bytes_per_block_stays_under_estimate_when_measured() -> None:
+    rng = random.Random(3)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        index = PrefixIndex(10**6)
+        for _ in range(100):  # 64-bit hashes, as xxh64 gives them (the ints are the index's)
+            index.add("default/pod-0", [rng.getrandbits(64) | 1 << 63 for _ in range(1000)])
+        gc.collect()
+        measured = (tracemalloc.get_traced_memory()[0] - before) / index.size
+    finally:
+        tracemalloc.stop()
+    assert 120 < measured <= BYTES_PER_BLOCK
