@@ -28,6 +28,11 @@ from epp_tools.bench.workloads.text import percentile
 from epp_tools.stack.procs import rss_bytes, tree_cpu_seconds
 
 SIM_COUNTERS = ("preemptions", "prompt_tokens", "prefix_hit_tokens", "generation_tokens")
+STATE_GAUGES = {
+    "prefix_entries": "llm_d_epp_prefix_indexer_size",
+    "response_bindings": "llm_d_epp_response_affinity_bindings",
+}
+"""The EPP's bounded state, sampled over a hold: what its RSS growth is made of."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,19 @@ async def _text(url: str) -> str:
         async with aiohttp.ClientSession(timeout=timeout) as http, http.get(url) as r:
             return await r.text()
     return ""
+
+
+async def state_gauges(metrics_url: str) -> dict[str, float]:
+    """``STATE_GAUGES`` read from the EPP's ``/metrics`` (each summed over its label sets; absent
+    when the EPP does not run that plugin or has no metrics URL)."""
+    text = await _text(metrics_url)
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        for key, family in STATE_GAUGES.items():
+            if line.startswith(family) and line[len(family)] in "{ ":
+                with contextlib.suppress(ValueError, IndexError):
+                    out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def _sim_totals(stats: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:

@@ -33,7 +33,13 @@ from epp_tools.bench.runner import targets
 from epp_tools.bench.runner.driver import warm_up
 from epp_tools.bench.scale.agents import MAIN_OBJECTIVE, SUB_OBJECTIVE
 from epp_tools.bench.scale.drive import REQUEST_TIMEOUT_S, AgentPool
-from epp_tools.bench.scale.probe import Snapshot, WindowSampler, snapshot, step_row
+from epp_tools.bench.scale.probe import (
+    Snapshot,
+    WindowSampler,
+    snapshot,
+    state_gauges,
+    step_row,
+)
 from epp_tools.bench.scale.shape import AgentShape, Scaling, fleet_for, working_set_tokens
 from epp_tools.bench.workloads.spec import FleetSpec, Workload
 from epp_tools.stack.procs import rss_bytes, tree_cpu_seconds
@@ -147,15 +153,18 @@ def _pid(sim: SimProcess) -> int:
 
 
 async def _hold(pool: AgentPool, running: targets.Running, minutes: float) -> dict[str, Any]:
-    """Keep the last step running ``minutes``; the target's RSS every ``HOLD_SAMPLE_S``."""
+    """Keep the last step running ``minutes``; the target's RSS and the EPP's bounded state
+    (``probe.STATE_GAUGES``) every ``HOLD_SAMPLE_S``."""
     samples: list[tuple[float, dict[str, int]]] = []
+    state: list[tuple[float, dict[str, float]]] = []
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < minutes * 60:
-        rss = {n: rss_bytes(p) for n, p in running.processes.items()}
-        samples.append((round(time.perf_counter() - t0, 1), rss))
+        at = round(time.perf_counter() - t0, 1)
+        samples.append((at, {n: rss_bytes(p) for n, p in running.processes.items()}))
+        state.append((at, await state_gauges(running.metrics_url)))
         await asyncio.sleep(HOLD_SAMPLE_S)
     errors = sum(1 for r in pool.records if r.done >= t0 and not r.ok and not r.shed)
-    return {"minutes": minutes, "errors": errors, "rss_samples": samples}
+    return {"minutes": minutes, "errors": errors, "rss_samples": samples, "state_samples": state}
 
 
 def _write_records(pool: AgentPool, workdir: Path) -> None:

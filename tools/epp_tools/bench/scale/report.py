@@ -106,5 +106,22 @@ def _hold_line(hold: Mapping[str, Any]) -> str:
     ]
     return (
         f"Hold of {hold['minutes']:g} minutes at the last step: RSS {', '.join(parts)}; "
-        f"{hold['errors']} errors.\n\n"
+        f"{hold['errors']} errors.{_state_line(hold)}\n\n"
     )
+
+
+STATE_LABELS = {"prefix_entries": "prefix index entries", "response_bindings": "Responses bindings"}
+
+
+def _state_line(hold: Mapping[str, Any]) -> str:
+    """What the EPP's bounded state did over the hold (its RSS growth is mostly that)."""
+    samples = hold.get("state_samples") or []
+    if not samples:
+        return ""
+    first, last = samples[0][1], samples[-1][1]
+    parts = [
+        f"{label} {first[key]:,.0f} -> {last.get(key, 0):,.0f}"
+        for key, label in STATE_LABELS.items()
+        if key in first
+    ]
+    return f" Over the same time: {', '.join(parts)}." if parts else ""

@@ -1,0 +1,51 @@
+"""The scale bench's hold: the EPP's bounded state read beside its RSS."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from epp_tools.bench.scale import probe, report
+
+METRICS = """# HELP llm_d_epp_prefix_indexer_size Size of the prefix indexer.
+# TYPE llm_d_epp_prefix_indexer_size gauge
+llm_d_epp_prefix_indexer_size{plugin_name="a",plugin_type="approx-prefix-cache-producer"} 1200.0
+llm_d_epp_prefix_indexer_size{plugin_name="b",plugin_type="approx-prefix-cache-producer"} 34.0
+llm_d_epp_prefix_indexer_size_total 9.0
+# TYPE llm_d_epp_response_affinity_bindings gauge
+llm_d_epp_response_affinity_bindings{plugin_name="response-affinity-filter"} 77.0
+"""
+
+
+async def test_state_gauges_sum_each_family_over_its_label_sets() -> None:
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=METRICS)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        state = await probe.state_gauges(f"http://127.0.0.1:{port}/metrics")
+    finally:
+        await runner.cleanup()
+    assert state == {"prefix_entries": 1234.0, "response_bindings": 77.0}
+    assert await probe.state_gauges("") == {}
+
+
+def test_hold_line_says_what_the_bounded_state_did() -> None:
+    hold = {
+        "minutes": 30,
+        "errors": 0,
+        "rss_samples": [[0.0, {"epp": 300 * 2**20}], [1800.0, {"epp": 350 * 2**20}]],
+        "state_samples": [
+            [0.0, {"prefix_entries": 1000.0, "response_bindings": 10.0}],
+            [1800.0, {"prefix_entries": 5000.0, "response_bindings": 90.0}],
+        ],
+    }
+    line = report._hold_line(hold)
+    assert "RSS epp 300 -> 350 MB; 0 errors." in line
+    assert "prefix index entries 1,000 -> 5,000, Responses bindings 10 -> 90." in line
+    assert "Over the same time" not in report._hold_line({**hold, "state_samples": []})
