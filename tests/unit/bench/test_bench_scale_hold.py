@@ -20,8 +20,14 @@ async def test_state_gauges_sum_each_family_over_its_label_sets() -> None:
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(text=METRICS)
 
+    async def runtime(request: web.Request) -> web.Response:
+        assert request.query["heap"] == "1" and request.query["pymalloc"] == "1"
+        heap = {"inUseBytes": 5 * 2**20, "freeBytes": 2**20, "arenaBytes": 6 * 2**20}
+        return web.json_response({"rssBytes": 1, "heap": heap, "pymalloc": {"allocatedBytes": 7}})
+
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/debug/runtime", runtime)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -31,7 +37,13 @@ async def test_state_gauges_sum_each_family_over_its_label_sets() -> None:
         state = await probe.state_gauges(f"http://127.0.0.1:{port}/metrics")
     finally:
         await runner.cleanup()
-    assert state == {"prefix_entries": 1234.0, "response_bindings": 77.0}
+    assert state == {
+        "prefix_entries": 1234.0,
+        "response_bindings": 77.0,
+        "pymalloc_bytes": 7.0,
+        "heap_in_use_bytes": 5 * 2**20,
+        "heap_free_bytes": 2**20,
+    }
     assert await probe.state_gauges("") == {}
 
 
@@ -41,11 +53,12 @@ def test_hold_line_says_what_the_bounded_state_did() -> None:
         "errors": 0,
         "rss_samples": [[0.0, {"epp": 300 * 2**20}], [1800.0, {"epp": 350 * 2**20}]],
         "state_samples": [
-            [0.0, {"prefix_entries": 1000.0, "response_bindings": 10.0}],
-            [1800.0, {"prefix_entries": 5000.0, "response_bindings": 90.0}],
+            [0.0, {"prefix_entries": 1000.0, "response_bindings": 10.0, "heap_free_bytes": 2**21}],
+            [1800.0, {"prefix_entries": 5000.0, "response_bindings": 90.0, "heap_free_bytes": 0}],
         ],
     }
     line = report._hold_line(hold)
     assert "RSS epp 300 -> 350 MB; 0 errors." in line
-    assert "prefix index entries 1,000 -> 5,000, Responses bindings 10 -> 90." in line
+    assert "prefix index entries 1,000 -> 5,000, Responses bindings 10 -> 90, " in line
+    assert "C heap free but held 2 -> 0 MB." in line
     assert "Over the same time" not in report._hold_line({**hold, "state_samples": []})

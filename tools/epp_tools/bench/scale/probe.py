@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import statistics
 import time
@@ -63,7 +64,27 @@ async def state_gauges(metrics_url: str) -> dict[str, float]:
             if line.startswith(family) and line[len(family)] in "{ ":
                 with contextlib.suppress(ValueError, IndexError):
                     out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    if metrics_url.endswith("/metrics"):
+        out.update(await _allocators(metrics_url.removesuffix("/metrics")))
     return out
+
+
+async def _allocators(base: str) -> dict[str, float]:
+    """The EPP's allocators from ``/debug/runtime`` (``epp.observability.memory``): bytes Python's
+    small-object allocator has in use, and the C heap's bytes in use and free (held, not given
+    back); empty where the debug views are off or the C library is not glibc."""
+    text = await _text(f"{base}/debug/runtime?heap=1&pymalloc=1")
+    try:
+        runtime = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    heap, pymalloc = runtime.get("heap") or {}, runtime.get("pymalloc") or {}
+    picked = {
+        "pymalloc_bytes": pymalloc.get("allocatedBytes"),
+        "heap_in_use_bytes": heap.get("inUseBytes"),
+        "heap_free_bytes": heap.get("freeBytes"),
+    }
+    return {k: float(v) for k, v in picked.items() if isinstance(v, (int, float))}
 
 
 def _sim_totals(stats: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:

@@ -111,6 +111,11 @@ def _hold_line(hold: Mapping[str, Any]) -> str:
 
 
 STATE_LABELS = {"prefix_entries": "prefix index entries", "response_bindings": "Responses bindings"}
+ALLOCATOR_LABELS = {
+    "pymalloc_bytes": "Python objects (pymalloc)",
+    "heap_in_use_bytes": "C heap in use",
+    "heap_free_bytes": "C heap free but held",
+}
 
 
 def _state_line(hold: Mapping[str, Any]) -> str:
@@ -122,6 +127,11 @@ def _state_line(hold: Mapping[str, Any]) -> str:
     parts = [
         f"{label} {first[key]:,.0f} -> {last.get(key, 0):,.0f}"
         for key, label in STATE_LABELS.items()
+        if key in first
+    ]
+    parts += [
+        f"{label} {first[key] / 2**20:,.0f} -> {last.get(key, 0) / 2**20:,.0f} MB"
+        for key, label in ALLOCATOR_LABELS.items()
         if key in first
     ]
     return f" Over the same time: {', '.join(parts)}." if parts else ""
