@@ -161,7 +161,10 @@ async def _hold(pool: AgentPool, running: targets.Running, minutes: float) -> di
     while time.perf_counter() - t0 < minutes * 60:
         at = round(time.perf_counter() - t0, 1)
         samples.append((at, {n: rss_bytes(p) for n, p in running.processes.items()}))
-        state.append((at, await state_gauges(running.metrics_url)))
+        gauges = await state_gauges(running.metrics_url)
+        # the agents' contexts grow turn by turn until compaction: what requests in flight hold
+        gauges["working_set_tokens"] = float(pool.working_set())
+        state.append((at, gauges))
         await asyncio.sleep(HOLD_SAMPLE_S)
     errors = sum(1 for r in pool.records if r.done >= t0 and not r.ok and not r.shed)
     return {"minutes": minutes, "errors": errors, "rss_samples": samples, "state_samples": state}

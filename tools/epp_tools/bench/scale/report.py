@@ -110,7 +110,11 @@ def _hold_line(hold: Mapping[str, Any]) -> str:
     )
 
 
-STATE_LABELS = {"prefix_entries": "prefix index entries", "response_bindings": "Responses bindings"}
+STATE_LABELS = {
+    "prefix_entries": "prefix index entries",
+    "response_bindings": "Responses bindings",
+    "working_set_tokens": "the agents' contexts (simulated tokens)",
+}
 ALLOCATOR_LABELS = {
     "pymalloc_bytes": "Python objects (pymalloc)",
     "heap_in_use_bytes": "C heap in use",
