@@ -21,6 +21,9 @@ async def test_state_gauges_sum_each_family_over_its_label_sets() -> None:
         return web.Response(text=METRICS)
 
     async def runtime(request: web.Request) -> web.Response:
+        if "tracemalloc" in request.query:
+            action, top = request.query["tracemalloc"], request.query["top"]
+            return web.json_response({"tracemalloc": {"action": action, "top": top}})
         assert request.query["heap"] == "1" and request.query["pymalloc"] == "1"
         heap = {"inUseBytes": 5 * 2**20, "freeBytes": 2**20, "arenaBytes": 6 * 2**20}
         return web.json_response({"rssBytes": 1, "heap": heap, "pymalloc": {"allocatedBytes": 7}})
@@ -34,7 +37,9 @@ async def test_state_gauges_sum_each_family_over_its_label_sets() -> None:
     await site.start()
     try:
         port = runner.addresses[0][1]
-        state = await probe.state_gauges(f"http://127.0.0.1:{port}/metrics")
+        url = f"http://127.0.0.1:{port}/metrics"
+        state = await probe.state_gauges(url)
+        diff = await probe.tracemalloc_command(url, "diff", top=7)
     finally:
         await runner.cleanup()
     assert state == {
@@ -45,6 +50,8 @@ async def test_state_gauges_sum_each_family_over_its_label_sets() -> None:
         "heap_free_bytes": 2**20,
     }
     assert await probe.state_gauges("") == {}
+    assert diff == {"action": "diff", "top": "7"}
+    assert await probe.tracemalloc_command("", "baseline") == {}
 
 
 def test_hold_line_says_what_the_bounded_state_did() -> None:
@@ -62,3 +69,17 @@ def test_hold_line_says_what_the_bounded_state_did() -> None:
     assert "prefix index entries 1,000 -> 5,000, Responses bindings 10 -> 90, " in line
     assert "C heap free but held 2 -> 0 MB." in line
     assert "Over the same time" not in report._hold_line({**hold, "state_samples": []})
+
+
+def test_hold_lists_the_traced_sites_that_grew() -> None:
+    top = [{"site": "epp/x.py:12", "bytes": 3 * 2**20, "bytesDiff": 2**20, "blocks": 9,
+            "blocksDiff": 1200}]  # fmt: skip
+    hold = {
+        "minutes": 1,
+        "errors": 0,
+        "rss_samples": [[0.0, {"epp": 2**20}]],
+        "tracemalloc": {"sizeDiffBytes": 2**21, "top": top},
+    }
+    text = report._hold_line(hold)
+    assert "Traced Python allocations over the hold: +2.0 MB in all" in text
+    assert "| `epp/x.py:12` | 3.0 | +1.0 | +1,200 |" in text

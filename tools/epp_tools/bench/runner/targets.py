@@ -52,7 +52,7 @@ its path pointed at the run's endpoints file; ``epp:<config.yaml>`` runs with
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -177,7 +177,12 @@ def fleet_spec(key: str, workload: Workload) -> FleetSpec:
 
 
 def _start_epp(
-    fleet: SimProcess, workload: Workload, workdir: Path, base: str | None = None, key: str = "epp"
+    fleet: SimProcess,
+    workload: Workload,
+    workdir: Path,
+    base: str | None = None,
+    key: str = "epp",
+    env: Mapping[str, str] | None = None,
 ) -> Running:
     eps = workdir / "endpoints.yaml"
     eps.write_text(endpoints_yaml(fleet))
@@ -201,6 +206,7 @@ def _start_epp(
         extra_args=args,
         envoy_max_streams=WORKER_STREAMS if shape.workers > 1 else 0,
         envoy_route_timeout=workload.gateway_timeout,
+        env=dict(env or {}),
     )
     if key in BUFFERED:
         group.envoy_config = "buffered-failopen"
@@ -251,14 +257,21 @@ def prepare(key: str) -> None:
             )
 
 
-def start(key: str, fleet: SimProcess, workload: Workload, workdir: Path) -> Running:
+def start(
+    key: str,
+    fleet: SimProcess,
+    workload: Workload,
+    workdir: Path,
+    epp_env: Mapping[str, str] | None = None,
+) -> Running:
+    """Start target ``key`` on ``fleet``; ``epp_env``: extra environment of EPP processes."""
     workdir.mkdir(parents=True, exist_ok=True)
     if key in ("epp", *NAMED_ONLY) or REPLICA_KEY.fullmatch(key):
-        return _start_epp(fleet, workload, workdir, key=key)
+        return _start_epp(fleet, workload, workdir, key=key, env=epp_env)
     if key.startswith("epp:"):
-        return _start_epp(fleet, workload, workdir, Path(key[4:]).read_text())
+        return _start_epp(fleet, workload, workdir, Path(key[4:]).read_text(), env=epp_env)
     if is_pd(key):
-        return _start_epp(fleet, workload, workdir, pd_config(key).read_text())
+        return _start_epp(fleet, workload, workdir, pd_config(key).read_text(), env=epp_env)
     if key == "rr":
         return _start_envoy(fleet, "ROUND_ROBIN", workload.gateway_timeout)
     if key == "lr":

@@ -87,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="wall minutes to hold the last step, sampling the target's RSS",
     )
+    p.add_argument(
+        "--tracemalloc",
+        type=int,
+        default=0,
+        metavar="FRAMES",
+        help="run the EPP under PYTHONTRACEMALLOC=FRAMES: the hold reports the allocation sites "
+        "that grew the most (slows the EPP; for finding where memory goes)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=OUT, help=f"report directory ({OUT})")
     return p  # fmt: skip
@@ -109,6 +117,7 @@ def options(args: argparse.Namespace) -> RampOptions:
         scaling=scaling,
         window_s=args.window or base.window_s,
         hold_minutes=args.hold_minutes,
+        tracemalloc=args.tracemalloc,
         seed=args.seed,
         out=args.out,
     )

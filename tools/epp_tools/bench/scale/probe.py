@@ -44,12 +44,12 @@ class Snapshot:
     sim: Mapping[str, float] = field(default_factory=dict)
 
 
-async def _text(url: str) -> str:
+async def _text(url: str, timeout: float = 10.0) -> str:
     if not url:
         return ""
-    timeout = aiohttp.ClientTimeout(total=10)
+    limit = aiohttp.ClientTimeout(total=timeout)
     with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-        async with aiohttp.ClientSession(timeout=timeout) as http, http.get(url) as r:
+        async with aiohttp.ClientSession(timeout=limit) as http, http.get(url) as r:
             return await r.text()
     return ""
 
@@ -67,6 +67,20 @@ async def state_gauges(metrics_url: str) -> dict[str, float]:
     if metrics_url.endswith("/metrics"):
         out.update(await _allocators(metrics_url.removesuffix("/metrics")))
     return out
+
+
+async def tracemalloc_command(metrics_url: str, action: str, top: int = 15) -> dict[str, Any]:
+    """``baseline`` or ``diff`` of the EPP's traced allocations (``epp.observability.memory``;
+    the EPP runs under ``PYTHONTRACEMALLOC``); the diff's ``top`` sites, or ``{}``."""
+    base = metrics_url.removesuffix("/metrics")
+    if not base or base == metrics_url:
+        return {}
+    text = await _text(f"{base}/debug/runtime?tracemalloc={action}&top={top}", timeout=120)
+    try:
+        found = json.loads(text).get("tracemalloc", {}) if text else {}
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 async def _allocators(base: str) -> dict[str, float]:

@@ -39,6 +39,7 @@ from epp_tools.bench.scale.probe import (
     snapshot,
     state_gauges,
     step_row,
+    tracemalloc_command,
 )
 from epp_tools.bench.scale.shape import AgentShape, Scaling, fleet_for, working_set_tokens
 from epp_tools.bench.workloads.spec import FleetSpec, Workload
@@ -66,6 +67,9 @@ class RampOptions:
     settle_s: float = 10.0
     window_s: float = 40.0
     hold_minutes: float = 0.0
+    tracemalloc: int = 0
+    """Frames the EPP's allocation sites are recorded with (``PYTHONTRACEMALLOC``; 0 = off): the
+    hold then reports the sites whose memory grew the most over it."""
     seed: int = 1
     out: Path = Path("docs/benchmarks/scale")
 
@@ -152,11 +156,16 @@ def _pid(sim: SimProcess) -> int:
     return sim.proc.pid if sim.proc is not None else 0
 
 
-async def _hold(pool: AgentPool, running: targets.Running, minutes: float) -> dict[str, Any]:
+async def _hold(
+    pool: AgentPool, running: targets.Running, minutes: float, traced: bool = False
+) -> dict[str, Any]:
     """Keep the last step running ``minutes``; the target's RSS and the EPP's bounded state
-    (``probe.STATE_GAUGES``) every ``HOLD_SAMPLE_S``."""
+    (``probe.STATE_GAUGES``) every ``HOLD_SAMPLE_S``; with ``traced`` (the EPP records its
+    allocation sites) the sites whose memory grew the most from the hold's start to its end."""
     samples: list[tuple[float, dict[str, int]]] = []
     state: list[tuple[float, dict[str, float]]] = []
+    if traced:
+        await tracemalloc_command(running.metrics_url, "baseline")
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < minutes * 60:
         at = round(time.perf_counter() - t0, 1)
@@ -167,7 +176,10 @@ async def _hold(pool: AgentPool, running: targets.Running, minutes: float) -> di
         state.append((at, gauges))
         await asyncio.sleep(HOLD_SAMPLE_S)
     errors = sum(1 for r in pool.records if r.done >= t0 and not r.ok and not r.shed)
-    return {"minutes": minutes, "errors": errors, "rss_samples": samples, "state_samples": state}
+    out = {"minutes": minutes, "errors": errors, "rss_samples": samples, "state_samples": state}
+    if traced:
+        out["tracemalloc"] = await tracemalloc_command(running.metrics_url, "diff")
+    return out
 
 
 def _write_records(pool: AgentPool, workdir: Path) -> None:
@@ -204,7 +216,9 @@ async def run_target(key: str, opts: RampOptions, workdir: Path) -> dict[str, An
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         sim.start()
-        running = targets.start(key, sim, _workload(fleet, opts.scaling.time_scale), workdir)
+        env = {"PYTHONTRACEMALLOC": str(opts.tracemalloc)} if opts.tracemalloc else None
+        workload = _workload(fleet, opts.scaling.time_scale)
+        running = targets.start(key, sim, workload, workdir, epp_env=env)
         await warm_up(running.url)
         idle = await _idle_cores(running)
         async with AgentPool(running.url, opts.shape, opts.scaling, opts.seed) as pool:
@@ -219,7 +233,7 @@ async def run_target(key: str, opts: RampOptions, workdir: Path) -> dict[str, An
                 log(_describe(key, row))
                 rows.append(row)
             if opts.hold_minutes > 0:
-                hold = await _hold(pool, running, opts.hold_minutes)
+                hold = await _hold(pool, running, opts.hold_minutes, opts.tracemalloc > 0)
             _write_records(pool, workdir)
         return {"target": key, "label": targets.label(key), "status": "ok", "steps": rows,
                 "hold": hold}  # fmt: skip

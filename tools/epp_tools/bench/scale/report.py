@@ -106,8 +106,26 @@ def _hold_line(hold: Mapping[str, Any]) -> str:
     ]
     return (
         f"Hold of {hold['minutes']:g} minutes at the last step: RSS {', '.join(parts)}; "
-        f"{hold['errors']} errors.{_state_line(hold)}\n\n"
+        f"{hold['errors']} errors.{_state_line(hold)}\n\n{_traced(hold)}"
     )
+
+
+def _traced(hold: Mapping[str, Any]) -> str:
+    """The EPP's allocation sites that grew the most over the hold (``--tracemalloc``)."""
+    traced = hold.get("tracemalloc") or {}
+    top = traced.get("top") or []
+    if not top:
+        return ""
+    lines = [
+        f"Traced Python allocations over the hold: {traced.get('sizeDiffBytes', 0) / 2**20:+,.1f} "
+        "MB in all; the sites that grew the most:\n",
+        "| site | MB now | change MB | blocks change |",
+        "|---|---|---|---|",
+    ]
+    for site in top:
+        now, change, blocks = site["bytes"] / 2**20, site["bytesDiff"] / 2**20, site["blocksDiff"]
+        lines.append(f"| `{site['site']}` | {now:,.1f} | {change:+,.1f} | {blocks:+,} |")
+    return "\n".join(lines) + "\n\n"
 
 
 STATE_LABELS = {
