@@ -21,9 +21,14 @@ def _group(g: Mapping[str, Any]) -> str:
             f"{s['us_per_request']:,.0f} | {s['us_per_chunk']:.1f} | {s['cores']:.2f} |\n"
         )
     big = g["big"]
+    at = big.get("us_per_request_at") or {}
+    each = ", ".join(f"{v:,.0f} µs at {k}/s" for k, v in at.items())
     rows.append(
-        f"\n{big['tokens']:,}-token prompts at {big['rate']:g}/s: {big['us_per_request']:,.0f} µs "
-        f"CPU per request ({big['answered']} answered, {big['errors']} errors).\n\n"
+        f"\n{big['tokens']:,}-token prompts: {big['us_per_request']:,.0f} µs CPU per request, the "
+        f"slope between {big.get('low_rate', big['rate']):g}/s and {big['rate']:g}/s"
+        f"{f' (CPU per answered request, net of idle: {each})' if each else ''}; "
+        f"{big['answered']} answered, {big['errors']} errors; idle "
+        f"{big.get('idle_cores', g['idle_cores']) * 100:.1f}% of a core just before.\n\n"
     )
     return "".join(rows)
 
