@@ -75,6 +75,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ``free_port`` picks: ports chosen before any of them is bound must not
+    repeat (a process would then find its port taken by its sibling, or a health probe would
+    reach the sibling's server)."""
+    ports: list[int] = []
+    for _ in range(64 * max(n, 1)):
+        if len(ports) == n:
+            break
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    if len(ports) != n:
+        raise RuntimeError(f"could not find {n} distinct free ports")
+    return ports
+
+
 def envoy_binary() -> str:
     local = Path(sys.executable).parent / "envoy"
     if local.exists():

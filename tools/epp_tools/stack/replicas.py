@@ -50,7 +50,7 @@ from typing import Final
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp_tools.stack.envoy import Envoy, free_port
+from epp_tools.stack.envoy import Envoy, free_ports
 from epp_tools.stack.eppconfig import with_syncer
 from epp_tools.stack.procs import START_TIMEOUT, Proc, direct_opener, wait_http
 from epp_tools.stack.redis import INSTALL_HINT, RedisServer, available
@@ -143,7 +143,8 @@ class EppSet:
             text = with_syncer(text, self.redis.url, SYNC_INTERVAL)
         self._config = self.workdir / "epp-config.yaml"
         self._config.write_text(text)
-        self.ports = [Ports(free_port(), free_port(), free_port()) for _ in range(self.replicas)]
+        picks = free_ports(3 * self.replicas)  # all distinct: none is bound before the starts
+        self.ports = [Ports(*picks[3 * i : 3 * i + 3]) for i in range(self.replicas)]
         self.procs = [self._proc(i) for i in range(self.replicas)]
         return self
 
