@@ -27,6 +27,7 @@ from epp_tools.bench.rate.summary import PICK
 from epp_tools.bench.scale.drive import Record
 from epp_tools.bench.workloads.text import percentile
 from epp_tools.stack.procs import rss_bytes, tree_cpu_seconds
+from epp_tools.stack.replicas import metric_sums
 
 SIM_COUNTERS = ("preemptions", "prompt_tokens", "prefix_hit_tokens", "generation_tokens")
 STATE_GAUGES = {
@@ -57,13 +58,11 @@ async def _text(url: str, timeout: float = 10.0) -> str:
 async def state_gauges(metrics_url: str) -> dict[str, float]:
     """``STATE_GAUGES`` read from the EPP's ``/metrics`` (each summed over its label sets; absent
     when the EPP does not run that plugin or has no metrics URL)."""
-    text = await _text(metrics_url)
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        for key, family in STATE_GAUGES.items():
-            if line.startswith(family) and line[len(family)] in "{ ":
-                with contextlib.suppress(ValueError, IndexError):
-                    out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    try:
+        sums = metric_sums(await _text(metrics_url))
+    except ValueError:  # a cut-off exposition: this sample goes without the gauges
+        sums = {}
+    out = {key: sums[family] for key, family in STATE_GAUGES.items() if family in sums}
     if metrics_url.endswith("/metrics"):
         out.update(await _allocators(metrics_url.removesuffix("/metrics")))
     return out

@@ -100,10 +100,7 @@ def _hold_line(hold: Mapping[str, Any]) -> str:
     if not samples:
         return ""
     first, last = samples[0][1], samples[-1][1]
-    parts = [
-        f"{name} {first[name] / 2**20:,.0f} -> {last.get(name, 0) / 2**20:,.0f} MB"
-        for name in first
-    ]
+    parts = [f"{name} {_change(first, last, name, MB)}" for name in first]
     return (
         f"Hold of {hold['minutes']:g} minutes at the last step: RSS {', '.join(parts)}; "
         f"{hold['errors']} errors.{_state_line(hold)}\n\n{_traced(hold)}"
@@ -128,16 +125,23 @@ def _traced(hold: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n\n"
 
 
-STATE_LABELS = {
-    "prefix_entries": "prefix index entries",
-    "response_bindings": "Responses bindings",
-    "working_set_tokens": "the agents' contexts (simulated tokens)",
+MB = (2**20, " MB")
+STATE_LABELS: dict[str, tuple[str, tuple[float, str]]] = {
+    "prefix_entries": ("prefix index entries", (1, "")),
+    "response_bindings": ("Responses bindings", (1, "")),
+    "working_set_tokens": ("the agents' contexts (simulated tokens)", (1, "")),
+    "pymalloc_bytes": ("Python objects (pymalloc)", MB),
+    "heap_in_use_bytes": ("C heap in use", MB),
+    "heap_free_bytes": ("C heap free but held", MB),
 }
-ALLOCATOR_LABELS = {
-    "pymalloc_bytes": "Python objects (pymalloc)",
-    "heap_in_use_bytes": "C heap in use",
-    "heap_free_bytes": "C heap free but held",
-}
+
+
+def _change(
+    first: Mapping[str, float], last: Mapping[str, float], key: str, unit: tuple[float, str]
+) -> str:
+    """``first -> last`` of one sampled value, in ``unit`` (divisor, suffix)."""
+    scale, suffix = unit
+    return f"{first[key] / scale:,.0f} -> {last.get(key, 0) / scale:,.0f}{suffix}"
 
 
 def _state_line(hold: Mapping[str, Any]) -> str:
@@ -147,13 +151,8 @@ def _state_line(hold: Mapping[str, Any]) -> str:
         return ""
     first, last = samples[0][1], samples[-1][1]
     parts = [
-        f"{label} {first[key]:,.0f} -> {last.get(key, 0):,.0f}"
-        for key, label in STATE_LABELS.items()
-        if key in first
-    ]
-    parts += [
-        f"{label} {first[key] / 2**20:,.0f} -> {last.get(key, 0) / 2**20:,.0f} MB"
-        for key, label in ALLOCATOR_LABELS.items()
+        f"{label} {_change(first, last, key, unit)}"
+        for key, (label, unit) in STATE_LABELS.items()
         if key in first
     ]
     return f" Over the same time: {', '.join(parts)}." if parts else ""
