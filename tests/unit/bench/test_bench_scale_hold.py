@@ -83,3 +83,16 @@ def test_hold_lists_the_traced_sites_that_grew() -> None:
     text = report._hold_line(hold)
     assert "Traced Python allocations over the hold: +2.0 MB in all" in text
     assert "| `epp/x.py:12` | 3.0 | +1.0 | +1,200 |" in text
+
+
+def test_a_hold_longer_than_the_window_reports_its_last_minutes_apart() -> None:
+    mb = 2**20
+    rss = [[float(t), {"epp": (300 + min(t, 3600) // 60) * mb}] for t in range(0, 5401, 600)]
+    state = [[float(t), {"prefix_entries": float(min(t, 3600))}] for t in range(0, 5401, 600)]
+    hold = {"minutes": 90, "errors": 0, "rss_samples": rss, "state_samples": state}
+    line = report._hold_line(hold)
+    assert "RSS epp 300 -> 360 MB; 0 errors." in line
+    assert "Its last 30 minutes: RSS epp 360 -> 360 MB (range 360-360 MB)." in line
+    assert "Over those minutes: prefix index entries 3,600 -> 3,600." in line
+    short = {**hold, "rss_samples": rss[:4], "state_samples": state[:4]}
+    assert "Its last" not in report._hold_line(short)

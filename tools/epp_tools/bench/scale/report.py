@@ -103,7 +103,39 @@ def _hold_line(hold: Mapping[str, Any]) -> str:
     parts = [f"{name} {_change(first, last, name, MB)}" for name in first]
     return (
         f"Hold of {hold['minutes']:g} minutes at the last step: RSS {', '.join(parts)}; "
-        f"{hold['errors']} errors.{_state_line(hold)}\n\n{_traced(hold)}"
+        f"{hold['errors']} errors.{_state_line(hold)}{_last_window(hold)}\n\n{_traced(hold)}"
+    )
+
+
+STEADY_WINDOW_S = 30 * 60
+"""The hold's last this many seconds are reported apart when it is longer: the EPP's bounded
+state (prefix index, Responses bindings) takes most of an hour to fill at 3,000 agents, so a
+flat RSS can only show in a window that starts after that."""
+
+
+def _tail(samples: list[Any], window_s: float) -> list[Any]:
+    """The samples of the last ``window_s`` seconds (``[at, values]`` pairs, ``at`` ascending)."""
+    start = samples[-1][0] - window_s
+    return [s for s in samples if s[0] >= start]
+
+
+def _last_window(hold: Mapping[str, Any]) -> str:
+    """RSS (first -> last, and its range) and the bounded state over the hold's last
+    ``STEADY_WINDOW_S``; empty when the hold is not longer than that."""
+    samples = hold.get("rss_samples") or []
+    if not samples or samples[-1][0] - samples[0][0] <= STEADY_WINDOW_S:
+        return ""
+    tail = _tail(samples, STEADY_WINDOW_S)
+    parts = []
+    for name in tail[0][1]:
+        values = [s[1][name] / MB[0] for s in tail if name in s[1]]
+        change = _change(tail[0][1], tail[-1][1], name, MB)
+        parts.append(f"{name} {change} (range {min(values):,.0f}-{max(values):,.0f} MB)")
+    state = hold.get("state_samples") or []
+    state_tail = _state_line({"state_samples": _tail(state, STEADY_WINDOW_S)}) if state else ""
+    return (
+        f" Its last {STEADY_WINDOW_S // 60} minutes: RSS {', '.join(parts)}."
+        f"{state_tail.replace(' Over the same time', ' Over those minutes')}"
     )
 
 
