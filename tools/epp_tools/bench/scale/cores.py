@@ -240,6 +240,30 @@ def computed(group: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+SCALING_WORKERS = (1, 2, 3, 4, 8)
+
+
+def scaling(groups: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The cores at llm-d's peak with N workers, computed from the 1- and 2-worker costs.
+
+    What a worker adds to every request is the other's prefix-index facts applied to its own
+    index: ``added = max(0, per_request(2) - per_request(1))`` for a 195,000-token request, paid
+    once per other worker, so ``per_request(N) = per_request(1) + (N - 1) x added``. A chunk
+    touches no shared state: its 1-worker cost holds for any N. Empty without both groups."""
+    by = {g["workers"]: g.get("computed") or {} for g in groups if g.get("status") == "ok"}
+    one, two = by.get(1), by.get(2)
+    if not one or not two:
+        return {}
+    added = max(0.0, two["us_per_request_195k"] - one["us_per_request_195k"])
+    rows = []
+    for n in SCALING_WORKERS:
+        per_req = one["us_per_request_195k"] + (n - 1) * added
+        cores = (SEED_REQUESTS_PER_S * per_req + SEED_CHUNKS_PER_S * one["us_per_chunk"]) / 1e6
+        rows.append({"workers": n, "us_per_request_195k": round(per_req, 1),
+                     "cores": round(cores, 2)})  # fmt: skip
+    return {"us_added_per_worker": round(added, 1), "rows": rows}
+
+
 async def run(opts: CoresOptions) -> dict[str, Any]:
     groups = [await measure(w, opts, WORK / f"cores-w{w}") for w in opts.workers]
     for g in groups:
@@ -248,7 +272,7 @@ async def run(opts: CoresOptions) -> dict[str, Any]:
             "go_us_per_chunk": GO_US_PER_CHUNK}  # fmt: skip
     return {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()},
-            "seed": seed, "groups": groups}  # fmt: skip
+            "seed": seed, "groups": groups, "scaling": scaling(groups)}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

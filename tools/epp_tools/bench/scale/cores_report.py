@@ -49,6 +49,27 @@ def _line(g: Mapping[str, Any], seed: Mapping[str, float]) -> str:
     )
 
 
+def _scaling(report: Mapping[str, Any]) -> str:
+    """N workers' cores at the peak, computed from the 1- and 2-worker costs."""
+    sc = report.get("scaling") or {}
+    if not sc:
+        return ""
+    go = report["seed"]["chunks_per_s"] * report["seed"]["go_us_per_chunk"] / 1e6
+    rows = [
+        f"\nWith N workers (computed: a second worker added {sc['us_added_per_worker']:,.0f} µs "
+        "to each 195,000-token request, the other's prefix-index facts applied, paid once per "
+        "other worker; a chunk's cost does not depend on N):\n\n"
+        "| workers | µs per 195,000-token request | cores at the peak | vs the Go EPP's chunks "
+        "alone |\n|---|---|---|---|\n"
+    ]
+    for r in sc["rows"]:
+        rows.append(
+            f"| {r['workers']} | {r['us_per_request_195k']:,.0f} | {r['cores']:.2f} | "
+            f"{r['cores'] / go:.2f}x |\n"
+        )
+    return "".join(rows)
+
+
 def cores_md(report: Mapping[str, Any]) -> str:
     parts = [
         f"# epp bench scale cores\n\n`{report.get('command', '')}` ({report['started']})\n\n",
@@ -56,5 +77,6 @@ def cores_md(report: Mapping[str, Any]) -> str:
         "At llm-d 1.0's published peak (7,612 requests/min, 6.6M output tokens/min, one token "
         "per chunk):\n\n",
         *(_line(g, report["seed"]) for g in report["groups"]),
+        _scaling(report),
     ]
     return "".join(parts)
