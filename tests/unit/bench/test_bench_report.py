@@ -9,7 +9,7 @@ import pytest
 
 from epp_tools.bench.runner.driver import Outcome
 from epp_tools.bench.runner.report import render_markdown, write
-from epp_tools.bench.runner.results import TargetResult, add_peer_ratios, summarize
+from epp_tools.bench.runner.results import TargetResult, add_peer_ratios, net_of_idle, summarize
 
 
 def _outcome(i: int, pod: str, ttft: float, *, status: int = 200, objective: str = "") -> Outcome:
@@ -161,7 +161,8 @@ def test_markdown_shows_rows_skips_and_objectives_when_rendered_from_a_result() 
     assert cells[:8] == ["EPP (default config) via Envoy", "4 / 0", "75.0%", "93.8%", "20.0",
                          "20.0", "20.0", "3.0 / 4.0"]  # fmt: skip
     assert cells[12] == "15.00 (epp 10.00 · envoy 5.00)"  # (0.04 + 0.02) s / 4 requests, split
-    assert cells[13] == "130"
+    assert cells[13] == "-"  # measured without the idle rates
+    assert cells[14] == "130"
     assert "sglang-router cache_aware: skipped (pip failed)" in text
     assert "EPP process alone: 10.00 ms CPU per request, peak RSS 70 MB" in text
     assert "| EPP (default config) via Envoy | chat (10) | 4 | 4 | 0 | 0 | 0 | 20 | 20 |" in text
@@ -182,3 +183,20 @@ def test_write_creates_json_markdown_and_plots_when_matplotlib_is_installed(
     restored = TargetResult.from_json(json.loads((tmp_path / "results.json").read_text())[
         "workloads"][0]["results"][0])  # fmt: skip
     assert restored.ok == 4 and restored.target == "epp"
+
+
+def test_cpu_net_of_idle_subtracts_each_process_rate_over_the_run() -> None:
+    report = _report()
+    epp = TargetResult.from_json(report["workloads"][0]["results"][0])
+    # the EPP idled at 1% of a core, Envoy at 5%, over a 2 s run; Envoy's rate is more than
+    # its own run's CPU, and its net figure is floored at 0
+    net_of_idle(epp, {"epp": 0.01, "envoy": 0.05}, 2.0)
+    assert epp.cpu_net_s == {"epp": 0.02, "envoy": 0.0}
+    assert epp.cpu_ms_per_req_net == pytest.approx(5.0)
+    report["workloads"][0]["results"][0] = epp.as_json()
+    text = render_markdown(report)
+    row = next(line for line in text.splitlines() if line.startswith("| EPP"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[13] == "5.00 (epp 5.00 · envoy 0.00)"
+    line = "10.00 ms CPU per request (5.00 net of its idle 1.0% of a core over the 2.0 s run)"
+    assert line in text

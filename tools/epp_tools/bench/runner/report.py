@@ -28,7 +28,10 @@ NOTES: tuple[str, ...] = (
     "(the delayed chunks arrive together) and inflates its keep-alive TTFT.",
     "imbalance = requests on the busiest pod / mean per pod. CPU ms/req = utime+stime of the "
     "target's processes (EPP + Envoy, Envoy alone, or the router) during the measured phase "
-    "per successful request, split by process when there are several; peak RSS = VmHWM.",
+    "per successful request, split by process when there are several; net of idle = the same "
+    "less each process's CPU rate with no traffic, measured over 4 s before the run, times the "
+    "run's length (the EPP's scraping of the pods is a rate, not a cost per request); peak RSS "
+    "= VmHWM.",
     "colocation = share of a session's turns (after the first, both served) answered by the "
     "same pod as its previous turn (x-sim-pod). follow-up ok = share of Responses API "
     "follow-ups (previous_response_id) answered 200 rather than 404 (a 404 is resent at once "
@@ -72,7 +75,7 @@ def _ratios(r: Mapping[str, Any]) -> str:
 _HEAD: tuple[str, ...] = (
     "target", "ok / err", "hit", "% of oracle", "TTFT p50", "p90", "p99",
     "probe fresh / reused", "ITL p50", "req/s", "out tok/s", "imbalance", "CPU ms/req",
-    "peak RSS MB", "vs best peer (hit · p90 · tok/s)",
+    "net of idle", "peak RSS MB", "vs best peer (hit · p90 · tok/s)",
 )  # fmt: skip
 _SESSION_AT = 4
 """The session columns go right after "% of oracle"."""
@@ -112,14 +115,17 @@ def session_columns(
     ]
 
 
-def _cpu_cell(r: Mapping[str, Any]) -> str:
-    """Total CPU per request and, for a target of several processes, each one's share."""
-    total = _num(r["cpu_ms_per_req"], 2)
-    cpu = r.get("cpu_s") or {}
+def _cpu_cell(r: Mapping[str, Any], net: bool = False) -> str:
+    """Total CPU per request and, for a target of several processes, each one's share; ``net``:
+    less each process's idle rate ("-" for a result measured without it)."""
+    total = r.get("cpu_ms_per_req_net") if net else r["cpu_ms_per_req"]
+    cpu = r.get("cpu_net_s" if net else "cpu_s") or {}
+    if total is None:
+        return "-"
     if len(cpu) < 2 or not r.get("ok"):
-        return total
+        return _num(total, 2)
     parts = " · ".join(f"{name} {_num(s * 1000.0 / r['ok'], 2)}" for name, s in cpu.items())
-    return f"{total} ({parts})"
+    return f"{_num(total, 2)} ({parts})"
 
 
 def _row(r: Mapping[str, Any], extra: Sequence[Callable[[Mapping[str, Any]], str]] = ()) -> str:
@@ -138,6 +144,7 @@ def _row(r: Mapping[str, Any], extra: Sequence[Callable[[Mapping[str, Any]], str
         _num(r["out_tok_per_s"], 0),
         f"{r['imbalance']:.2f}",
         _cpu_cell(r),
+        _cpu_cell(r, net=True),
         _num(rss, 0),
         _ratios(r),
     ]
@@ -173,10 +180,18 @@ def _epp_line(results: Sequence[Mapping[str, Any]]) -> list[str]:
             cpu = r["cpu_s"].get("epp", 0.0) * 1000.0 / r["ok"]
             envoy = r["cpu_s"].get("envoy", 0.0) * 1000.0 / r["ok"]
             rss = r["peak_rss_mb"].get("epp", 0.0)
+            idle = (r.get("idle_cores") or {}).get("epp")
+            net = (r.get("cpu_net_s") or {}).get("epp")
+            net_text = (
+                f" ({net * 1000.0 / r['ok']:.2f} net of its idle {idle * 100:.1f}% of a core "
+                f"over the {r['measured_s']:.1f} s run)"
+                if idle is not None and net is not None
+                else ""
+            )
             return [
                 "",
-                f"EPP process alone: {cpu:.2f} ms CPU per request, peak RSS {rss:.0f} MB "
-                f"(its Envoy: {envoy:.2f} ms CPU per request).",
+                f"EPP process alone: {cpu:.2f} ms CPU per request{net_text}, peak RSS {rss:.0f} "
+                f"MB (its Envoy: {envoy:.2f} ms CPU per request).",
             ]
     return []
 

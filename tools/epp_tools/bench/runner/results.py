@@ -79,6 +79,12 @@ class TargetResult:
     cpu_s: dict[str, float] = field(default_factory=dict)
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
     cpu_ms_per_req: float = 0.0
+    idle_cores: dict[str, float] = field(default_factory=dict)
+    """Each process's CPU with no traffic, measured before the run (cores)."""
+    measured_s: float = 0.0
+    cpu_net_s: dict[str, float] = field(default_factory=dict)
+    """``cpu_s`` less each process's idle rate over the measured phase (``measured_s``)."""
+    cpu_ms_per_req_net: float | None = None
     classes: dict[str, dict[str, Any]] = field(default_factory=dict)
     tenants: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     """Objective -> tenant -> stats, for objectives whose requests carry a fairness id."""
@@ -109,6 +115,20 @@ class TargetResult:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TargetResult:
         return cls(**dict(data))
+
+
+def net_of_idle(result: TargetResult, idle: Mapping[str, float], wall_s: float) -> TargetResult:
+    """Each process's CPU over the measured phase less its idle rate times the phase's wall
+    time (at least 0), and the total per successful request."""
+    result.idle_cores = dict(idle)
+    result.measured_s = round(wall_s, 3)
+    result.cpu_net_s = {
+        name: round(max(0.0, cpu - idle.get(name, 0.0) * wall_s), 3)
+        for name, cpu in result.cpu_s.items()
+    }
+    if result.ok:
+        result.cpu_ms_per_req_net = sum(result.cpu_net_s.values()) * 1000.0 / result.ok
+    return result
 
 
 def _ms(values: Sequence[float], q: float) -> float:
