@@ -65,7 +65,7 @@ class KVTracker:
         self._since: dict[str, list[float]] = {}
         # endpoint id → (metrics, valid until, usage): ``usages``' last value, kept while the
         # endpoint's metrics are the same object and the time is before ``valid until``; a change
-        # to its records here drops it (``_bump``); ``rooms``' likewise, with its ``max_usage``
+        # to its records here drops it (``_drop_memos``); ``rooms``' likewise, with its ``max_usage``
         self._usage_memo: dict[str, tuple[object, float, float]] = {}
         self._room_memo: dict[str, tuple[object, float, float, float | None]] = {}
         self._usage_staleness = STALENESS_SECONDS
@@ -82,7 +82,7 @@ class KVTracker:
         self._open[request_id] = _Open(endpoint_id, now, tokens)
         self._by_endpoint.setdefault(endpoint_id, {})[request_id] = (now, tokens)
         self._in_flight[endpoint_id] = self._in_flight.get(endpoint_id, 0) + tokens
-        self._bump(endpoint_id)
+        self._drop_memos(endpoint_id)
         since = self._since.get(endpoint_id)
         if since is not None and now > since[0]:
             since[1] += tokens
@@ -188,7 +188,7 @@ class KVTracker:
             out.append(room)
         return out
 
-    def _bump(self, endpoint_id: str) -> None:
+    def _drop_memos(self, endpoint_id: str) -> None:
         """The endpoint's records changed: its memos no longer hold."""
         self._usage_memo.pop(endpoint_id, None)
         self._room_memo.pop(endpoint_id, None)
@@ -197,7 +197,7 @@ class KVTracker:
         entry = self._open.pop(request_id, None)
         if entry is not None:
             eid = entry.endpoint
-            self._bump(eid)
+            self._drop_memos(eid)
             since = self._since.get(eid)
             if since is not None and entry.sent > since[0]:
                 since[1] -= entry.tokens  # no longer in flight: no longer added
@@ -221,7 +221,7 @@ class KVTracker:
             done = self._done[endpoint_id]
             if _drop_until(done, now - self.horizon):
                 self._since.pop(endpoint_id, None)
-            self._bump(endpoint_id)
+            self._drop_memos(endpoint_id)
             if not done:
                 del self._done[endpoint_id]
         for endpoint_id in [e for e in self._since if not self.tracks(e)]:
