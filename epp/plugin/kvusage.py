@@ -65,7 +65,8 @@ class KVTracker:
         self._since: dict[str, list[float]] = {}
         # endpoint id → (metrics, valid until, usage): ``usages``' last value, kept while the
         # endpoint's metrics are the same object and the time is before ``valid until``; a change
-        # to its records here drops it (``_drop_memos``); ``rooms``' likewise, with its ``max_usage``
+        # to its records here drops it (``_drop_memos``); ``rooms``' likewise, with its
+        # ``max_usage``
         self._usage_memo: dict[str, tuple[object, float, float]] = {}
         self._room_memo: dict[str, tuple[object, float, float, float | None]] = {}
         self._usage_staleness = STALENESS_SECONDS
