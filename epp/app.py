@@ -41,6 +41,7 @@ from epp.k8s.sink import ObjectSink
 from epp.observability.auth import Reviewer
 from epp.observability.decisions import DecisionLog
 from epp.observability.http import DebugViews, MetricsServer, PortOptions
+from epp.observability.memory import HeapTrimmer
 from epp.observability.metrics import EppMetrics
 from epp.observability.pool import pool_gauges
 from epp.observability.recorder import RequestStats
@@ -78,6 +79,7 @@ class App:
         self.objectives = ObjectiveStore()
         self.rewrites = RewriteStore()
         self.decisions = DecisionLog()
+        self.heap_trimmer = HeapTrimmer(settings.memory_trim_interval)
         self._instances: dict[str, Any] = {}  # filled once the config is loaded
         self.sync: StateSync | None = None  # set once the plugins are built
         registry = registry or PluginRegistry.from_entry_points()
@@ -314,7 +316,7 @@ class App:
 
     def _background(self) -> list[Any]:
         """The long-lived tasks: discovery, scraping, pool gauges, flow control, objects files,
-        cross-replica sync."""
+        cross-replica sync, certificate reload, the heap trimmer."""
         s = self.settings
         source = self.kube.run() if self.kube else self._discovery().run(self._publish)
         gauges = pool_gauges(
@@ -333,6 +335,7 @@ class App:
             *([self.sync.run()] if self.sync is not None else []),
             *([self.notifications.run()] if self.notifications is not None else []),
             *(c.watch() for c in (self._certs if s.enable_cert_reload else [])),
+            self.heap_trimmer.run(),
         ]
 
     async def _start_servers(self) -> list[Any]:

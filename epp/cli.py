@@ -127,7 +127,8 @@ FLAG_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "bind-address", "objectives-file", "objectives-poll-interval", "admin-token-file",
             "grpc-client-ca-file", "tracing-plugin-threshold", "enable-debug-endpoints",
-            "workers", "max-request-body-bytes", "response-body-sample-ratio", "seed",
+            "workers", "max-request-body-bytes", "response-body-sample-ratio",
+            "memory-trim-interval", "seed",
         ),
     ),
 )  # fmt: skip

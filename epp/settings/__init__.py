@@ -237,6 +237,13 @@ class Settings:
         FRACTION,
     )
     """Our addition (``epp.requestcontrol.bodyneed``)."""
+    memory_trim_interval: float = flag(
+        60.0,
+        "hand the C heap's free pages back to the system this often (glibc malloc_trim; "
+        "default 60s, 0 off)",
+        DURATION,
+    )
+    """Our addition (``epp.observability.memory.HeapTrimmer``)."""
     seed: int | None = flag(None, "seed the scheduler's random source", INT)
     """Our addition: seeds the scheduler's random source (reproducible tie-breaks in tests)."""
     verbosity: int = flag(
