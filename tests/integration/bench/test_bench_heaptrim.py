@@ -1,4 +1,4 @@
-"""``python -m epp_tools.bench.micro.heaptrim --quick``: both settings run and answer every
+"""``python -m epp_tools.bench.scale.heaptrim --quick``: both settings run and answer every
 request. No RSS difference is asserted (the quick run's prompts are too small to leave much heap
 behind; ``tests/unit/observability/test_heap_trim.py`` checks that a trim gives pages back)."""
 
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.envoy, pytest.mark.slow, pytest.mark.timeout(120)]
 def test_the_quick_run_measures_the_trimmer_off_and_on(tmp_path: Path) -> None:
     out = tmp_path / "heaptrim.json"
     done = subprocess.run(
-        [sys.executable, "-m", "epp_tools.bench.micro.heaptrim", "--quick", "--json", str(out)],
+        [sys.executable, "-m", "epp_tools.bench.scale.heaptrim", "--quick", "--json", str(out)],
         capture_output=True, text=True, timeout=110, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -8,8 +8,8 @@ bursts of ``requests`` chat requests of about ``tokens`` prompt tokens each (1 o
 and glibc heap (``/debug/runtime?heap=1``) right after the bursts, then again after ``quiet``
 seconds without traffic, and the EPP process's CPU over the whole run::
 
-    python -m epp_tools.bench.micro.heaptrim            # 3 x 40 prompts of 195,000 tokens
-    python -m epp_tools.bench.micro.heaptrim --quick    # small prompts, a short quiet (tests)
+    python -m epp_tools.bench.scale.heaptrim            # 3 x 40 prompts of 195,000 tokens
+    python -m epp_tools.bench.scale.heaptrim --quick    # small prompts, a short quiet (tests)
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def table(results: list[Result], opts: Options) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m epp_tools.bench.micro.heaptrim",
+        prog="python -m epp_tools.bench.scale.heaptrim",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
