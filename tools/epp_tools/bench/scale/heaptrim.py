@@ -18,16 +18,15 @@ import argparse
 import asyncio
 import json
 import tempfile
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from epp_tools.bench.fleet import SimProcess, endpoints_yaml
 from epp_tools.bench.rate.load import open_loop
 from epp_tools.bench.rate.stats import arrivals
 from epp_tools.bench.runner.driver import warm_up
 from epp_tools.bench.scale.cores import big_bodies
+from epp_tools.bench.scale.probe import debug_runtime
 from epp_tools.bench.workloads.spec import FleetSpec
 from epp_tools.stack.eppconfig import epp_config_text
 from epp_tools.stack.procs import tree_cpu_seconds
@@ -59,13 +58,6 @@ class Result:
     cpu_s: float
 
 
-def _runtime(metrics_url: str) -> dict[str, Any]:
-    url = metrics_url.replace("/metrics", "/debug/runtime") + "?heap=1"
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        data: dict[str, Any] = json.loads(answer.read())
-    return data
-
-
 async def measure(interval: float, opts: Options, workdir: Path) -> Result:
     """One setting of ``--memory-trim-interval`` (0 = off) on a fleet of its own."""
     fleet = FleetSpec(pods=opts.pods, time_scale=4.0, num_gpu_blocks=100_000,
@@ -86,9 +78,9 @@ async def measure(interval: float, opts: Options, workdir: Path) -> Result:
             times = arrivals(opts.rate, opts.requests / opts.rate, "uniform")
             shots, _ = await open_loop(eset.url, bodies, times, timeout=60.0, stream=True)
             answered += sum(1 for s in shots if s.ok)
-        after = _runtime(eset.metrics_url(0))
+        after = await debug_runtime(eset.metrics_url(0), "heap=1")
         await asyncio.sleep(opts.quiet)
-        quiet = _runtime(eset.metrics_url(0))
+        quiet = await debug_runtime(eset.metrics_url(0), "heap=1")
         cpu = tree_cpu_seconds(eset.pids()["epp"])
         heap = quiet.get("heap") or {}
         return Result(

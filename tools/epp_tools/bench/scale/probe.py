@@ -82,15 +82,25 @@ async def tracemalloc_command(metrics_url: str, action: str, top: int = 15) -> d
     return found if isinstance(found, dict) else {}
 
 
+async def debug_runtime(metrics_url: str, query: str = "heap=1&pymalloc=1") -> dict[str, Any]:
+    """The EPP's ``/debug/runtime?<query>`` (``epp.observability.memory``) as a dict; ``{}``
+    where the debug views are off or the answer is not JSON."""
+    base = metrics_url.removesuffix("/metrics")
+    if not base or base == metrics_url:
+        return {}
+    text = await _text(f"{base}/debug/runtime?{query}")
+    try:
+        found = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 async def _allocators(base: str) -> dict[str, float]:
     """The EPP's allocators from ``/debug/runtime`` (``epp.observability.memory``): bytes Python's
     small-object allocator has in use, and the C heap's bytes in use and free (held, not given
     back); empty where the debug views are off or the C library is not glibc."""
-    text = await _text(f"{base}/debug/runtime?heap=1&pymalloc=1")
-    try:
-        runtime = json.loads(text) if text else {}
-    except ValueError:
-        return {}
+    runtime = await debug_runtime(f"{base}/metrics")
     heap, pymalloc = runtime.get("heap") or {}, runtime.get("pymalloc") or {}
     picked = {
         "pymalloc_bytes": pymalloc.get("allocatedBytes"),

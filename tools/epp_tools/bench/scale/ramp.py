@@ -31,6 +31,7 @@ from typing import Any
 from epp_tools.bench.fleet import SimProcess
 from epp_tools.bench.runner import targets
 from epp_tools.bench.runner.driver import warm_up
+from epp_tools.bench.runner.run import idle_cores
 from epp_tools.bench.scale.agents import MAIN_OBJECTIVE, SUB_OBJECTIVE
 from epp_tools.bench.scale.drive import REQUEST_TIMEOUT_S, AgentPool
 from epp_tools.bench.scale.probe import (
@@ -43,7 +44,7 @@ from epp_tools.bench.scale.probe import (
 )
 from epp_tools.bench.scale.shape import AgentShape, Scaling, fleet_for, working_set_tokens
 from epp_tools.bench.workloads.spec import FleetSpec, Workload
-from epp_tools.stack.procs import rss_bytes, tree_cpu_seconds
+from epp_tools.stack.procs import rss_bytes
 
 WORK = Path("out/bench-scale")
 """Where the processes' logs and files go (the reports go to ``--out``, shown by the docs)."""
@@ -132,16 +133,6 @@ async def _window(
                     opts.scaling.length_factor, fleet_kv)  # fmt: skip
 
 
-async def _idle_cores(running: targets.Running) -> dict[str, float]:
-    """Each target process's CPU with no traffic, in cores."""
-    before = {n: tree_cpu_seconds(p) for n, p in running.processes.items()}
-    t0 = time.perf_counter()
-    await asyncio.sleep(IDLE_S)
-    wall = time.perf_counter() - t0
-    return {n: round((tree_cpu_seconds(p) - before[n]) / wall, 4)
-            for n, p in running.processes.items()}  # fmt: skip
-
-
 def _net_cpu(row: dict[str, Any], idle: dict[str, float]) -> dict[str, float]:
     """CPU ms per answered request net of each process's idle rate."""
     n = max(row["answered"], 1)
@@ -220,7 +211,7 @@ async def run_target(key: str, opts: RampOptions, workdir: Path) -> dict[str, An
         workload = _workload(fleet, opts.scaling.time_scale)
         running = targets.start(key, sim, workload, workdir, epp_env=env)
         await warm_up(running.url)
-        idle = await _idle_cores(running)
+        idle = await idle_cores(running, IDLE_S)
         async with AgentPool(running.url, opts.shape, opts.scaling, opts.seed) as pool:
             for agents in opts.steps:
                 pool.add(max(0, agents - pool.started), opts.join_s)
