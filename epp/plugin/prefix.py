@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from epp.plugin.keys import DataType
@@ -43,17 +43,24 @@ class TokenizedPrompt:
     prompt strings has several); each entry is that prompt's token ids packed as little-endian
     ``uint32``, so its length is a multiple of ``TOKEN_BYTES``. ``cache_salt`` is the request's
     ``cache_salt`` (``""`` when absent); prefix hashing mixes it into the first block.
+
+    Once the request is routed, the EPP replaces it with its ``count_only`` copy (see
+    ``RequestBody``): response hooks still read ``token_count``, but ``prompts`` is empty.
     """
 
     prompts: tuple[bytes, ...]
     cache_salt: str = ""
+    _count: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        total = 0
         for i, prompt in enumerate(self.prompts):
             if len(prompt) % TOKEN_BYTES:
                 raise ValueError(
                     f"prompts[{i}]: length {len(prompt)} is not a multiple of {TOKEN_BYTES}"
                 )
+            total += len(prompt)
+        object.__setattr__(self, "_count", total // TOKEN_BYTES)
 
     @classmethod
     def from_token_ids(
@@ -64,8 +71,15 @@ class TokenizedPrompt:
 
     @property
     def token_count(self) -> int:
-        """Total number of tokens over all prompts."""
-        return sum(len(p) for p in self.prompts) // TOKEN_BYTES
+        """Total number of tokens over all prompts (kept by ``count_only``)."""
+        return self._count
+
+    def count_only(self) -> TokenizedPrompt:
+        """This prompt without its token ids: the same ``token_count`` and ``cache_salt``, no
+        ``prompts``."""
+        out = TokenizedPrompt((), self.cache_salt)
+        object.__setattr__(out, "_count", self._count)
+        return out
 
     def token_ids(self, prompt: int = 0) -> array[int]:
         """The token ids of prompt ``prompt`` as an ``array('I')`` (decoded on demand)."""

@@ -89,6 +89,14 @@ class RequestBody:
     (``None`` for raw bodies). For a body that is not JSON on the wire (gRPC), ``raw`` is what the
     client sent and ``payload`` the request as the API it carries would have it: a vLLM gRPC
     ``Generate`` is ``completions`` with ``prompt``, Vertex AI's ``HttpBody`` its JSON.
+
+    The content lives until the request is routed. Once the routed body has gone to Envoy, the
+    EPP calls ``release``: ``raw``, ``payload`` and ``token_ids`` are dropped and ``released``
+    is set, while ``kind``, ``stream``, ``max_output_tokens`` and ``cache_salt`` stay. Response
+    hooks therefore see no content; a plugin that needs something of the body after routing
+    keeps that in its own request attribute at ``pre_request``. An agent's request can hold a
+    200,000-token context, and thousands are in flight while their answers stream: keeping every
+    body until its answer ends would cost gigabytes.
     """
 
     kind: str
@@ -98,6 +106,14 @@ class RequestBody:
     max_output_tokens: int | None = None
     cache_salt: str = ""
     token_ids: tuple[int, ...] | None = None
+    released: bool = False
+
+    def release(self) -> None:
+        """Drop the content (``raw``, ``payload``, ``token_ids``); the scalars stay."""
+        self.raw = b""
+        self.payload = None
+        self.token_ids = None
+        self.released = True
 
 
 @dataclass(slots=True)

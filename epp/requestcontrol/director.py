@@ -4,7 +4,8 @@ Request side (spec §5.3): parse → target model → objective/priority → adm
 or legacy shedding) → candidates (pool ∩ subset hint, less what a ``CandidateNarrower`` detector
 excludes) → screeners (the candidates every one keeps; ``Scheduler.screen``) → producers →
 admitters → scheduler → conditional-decode gate (``exchange``) → pre-request
-hooks. Failures: ``InferenceError``.
+hooks. Failures: ``InferenceError``. Once the server has sent the routed body on, ``sent`` drops
+the request's content (its body, its token ids); the response side sees the rest.
 
 Response side (``epp.requestcontrol.responses``, which the Director builds on): the response
 headers, body chunks and trailers, and completion, exactly once.
@@ -46,6 +47,7 @@ from epp.plugin import (
     InferenceRequest,
     Parser,
     ParseResult,
+    TokenizedPrompt,
     agent_identity,
     wire,
 )
@@ -188,6 +190,24 @@ class Director(ResponseSide):
         if log.isEnabledFor(logging.DEBUG):
             log.debug("request scheduled", extra=_kv(ex.request, endpoint=decision.destination))
         return decision
+
+    @staticmethod
+    def sent(ex: Exchange) -> None:
+        """The routed body has gone to Envoy: drop what the request no longer needs, so a
+        request holds a few hundred bytes, not its prompt, while its answer streams. The body's
+        content (``RequestBody.release``), the body to forward, and the token ids of every
+        ``TokenizedPrompt`` attribute (``count_only``) go."""
+        decision = ex.decision
+        if decision is None:
+            return
+        decision.body = b""
+        request = ex.request
+        if request.body is not None:
+            request.body.release()
+        attributes = request.attributes
+        for key, value in attributes.items():
+            if isinstance(value, TokenizedPrompt):
+                attributes[key] = value.count_only()
 
     def fail(self, ex: Exchange | None, err: InferenceError) -> None:
         """The request is answered with ``err`` instead of being routed."""

@@ -45,7 +45,7 @@ from typing import Any, Final
 from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.flowcontrol.eviction import EVICTION_ATTRIBUTE, Eviction
 from epp.plugin import ErrorCode, InferenceError, InferenceRequest, TerminationCause, wire
-from epp.requestcontrol.director import Exchange
+from epp.requestcontrol.director import Decision, Exchange
 from epp.server import messages
 from epp.server import misuse as m
 from epp.server.context import ServerContext
@@ -242,6 +242,14 @@ class RequestStream:
         set_headers = self._set_headers(dest, decision.body)
         if decision.parsed.skip_response_processing:
             self.done = True
+        replies = self._routed_replies(decision, set_headers, lb, trailers)
+        self.director.sent(ex)  # the replies carry the body now; the request lets it go
+        return replies
+
+    def _routed_replies(
+        self, decision: Decision, set_headers: dict[str, str], lb: dict[str, Any], trailers: bool
+    ) -> Replies:
+        """The replies that send a routed request on, in the form the body mode needs."""
         owned = wire.OWNED_REQUEST_HEADERS
         if self.request_mode == _FULL_DUPLEX:
             replies: Replies = [

@@ -90,6 +90,11 @@ class PreRequest(Protocol):
 
 @runtime_checkable
 class ResponseHeaders(Protocol):
+    """Runs at the response's headers. Like every response hook, it sees the request without
+    its content: the body was released once routed (``RequestBody.release``) and each
+    ``TokenizedPrompt`` attribute keeps only its count (``TokenizedPrompt.count_only``); take
+    what is needed of them in ``pre_request``."""
+
     typed_name: TypedName
 
     def response_headers(
@@ -115,6 +120,9 @@ class ResponseStreaming(Protocol):
 
 @runtime_checkable
 class ResponseComplete(Protocol):
+    """Runs once when the request ends, whatever the cause; the request is without its content,
+    as ``ResponseHeaders`` says."""
+
     typed_name: TypedName
 
     def response_complete(self, request: InferenceRequest, response: ResponseInfo) -> None: ...

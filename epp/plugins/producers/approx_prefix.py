@@ -253,7 +253,7 @@ class ApproxPrefixCacheProducer(PluginBase):
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         self._maybe_purge()
-        state: _Hashed | None = request.attributes.get(self._state_key)
+        state: _Hashed | None = request.attributes.pop(self._state_key, None)  # used once
         primary = result.profile_results.get(result.primary_profile)
         if state is None or primary is None or not primary.targets:
             return

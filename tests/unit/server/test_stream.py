@@ -24,6 +24,7 @@ from epp.plugin import (
     TerminationCause,
     wire,
 )
+from epp.requestcontrol.director import Director as RealDirector
 from epp.requestcontrol.exchange import Decision, Exchange, Forward
 from epp.server import stream as stream_module
 from epp.server.context import ServerContext
@@ -50,6 +51,7 @@ class Director:
         self.skip_body = False  # what on_response_headers decides for the body
         self.response_set_headers = {"x-resp": "r"}
         self.copy_held: list[bool] = []  # per response chunk or trailers call
+        self.released: list[str] = []  # request ids whose content ``sent`` dropped
 
     def begin(self, headers: dict[str, str]) -> Exchange:
         self.calls.append(("begin", headers))
@@ -78,8 +80,13 @@ class Director:
             RequestBody(kind="x", payload={}, raw=body),
             skip_response_processing=self.skip_response,
         )
+        request.body = parsed.body  # as the real Director's decide
         ex.decision = Decision(request, result, None, parsed, b"forwarded!", DEST, eps)  # type: ignore[arg-type]
         return ex.decision
+
+    def sent(self, ex: Exchange) -> None:
+        self.released.append(ex.request.request_id)
+        RealDirector.sent(ex)
 
     def fail(self, ex: Exchange | None, err: InferenceError) -> None:
         self.calls.append(("fail", err.code, err.message))
@@ -198,6 +205,11 @@ async def test_full_duplex_answers_nothing_until_the_body_ends_then_headers_and_
     streamed = piece.request_body.response.body_mutation.streamed_response
     assert (streamed.body, streamed.end_of_stream) == (b"forwarded!", True)
     assert not stream.done
+    # the replies carry the body; the request let it go once they were built
+    ex = stream.exchange
+    assert ex is not None and ex.decision is not None
+    assert director.released == [ex.request.request_id]
+    assert ex.decision.body == b"" and ex.decision.parsed.body.released
 
 
 async def test_a_generated_request_id_is_sent_upstream() -> None:
@@ -270,6 +282,7 @@ async def test_buffered_decides_on_the_body_and_sends_it_only_when_rewritten(
     assert set(common.header_mutation.remove_headers) == OWNED - {wire.DESTINATION_HEADER}
     assert lb(reply) == {wire.DESTINATION_HEADER: DEST}
     assert common.body_mutation.body == (b"forwarded!" if rewritten else b"")
+    assert len(director.released) == 1  # after the reply was built
     (trailers,) = await send(stream, REQUEST_TRAILERS)  # decided: trailers are only answered
     assert trailers == pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
     assert director.names().count("route") == 1

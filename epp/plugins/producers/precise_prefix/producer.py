@@ -229,9 +229,10 @@ class PrecisePrefixCacheProducer(PluginBase):
     # ---- speculative indexing -------------------------------------------------------------------
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        # the prompts' tokens are scratch for this hook only: they go, used or not
+        state: _Prompts | None = request.attributes.pop(self._state_key, None)
         if not self.params.speculative_indexing:
             return
-        state: _Prompts | None = request.attributes.get(self._state_key)
         primary = result.profile_results.get(result.primary_profile)
         if state is None or primary is None or not primary.targets:
             return
