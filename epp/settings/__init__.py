@@ -305,7 +305,8 @@ class Settings:
     def validate(self) -> None:
         """Raise :class:`SettingsError` unless the fields fit together (spec §2): one config
         source; at most one Kubernetes mode, standalone mode with a well-formed selector and its
-        target ports; ``--workers`` 1..64 and never with leader election; leader election in
+        target ports; ``--workers`` 1..64 and never with leader election; a trim interval of 0
+        or more; leader election in
         Kubernetes mode with 0 < retry < renew < lease."""
         if self.config_file and self.config_text:
             raise SettingsError("--config-file and --config-text are mutually exclusive")
@@ -325,6 +326,8 @@ class Settings:
             raise SettingsError("--endpoint-target-ports is only used with --endpoint-selector")
         if not 1 <= self.workers <= MAX_WORKERS:
             raise SettingsError(f"--workers must be 1..{MAX_WORKERS}")
+        if self.memory_trim_interval < 0:
+            raise SettingsError("--memory-trim-interval must be 0 (off) or more")
         if self.workers > 1 and self.ha_enable_leader_election:
             raise SettingsError(
                 "--workers above 1 and --ha-enable-leader-election are mutually exclusive: the "

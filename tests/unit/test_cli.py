@@ -297,6 +297,11 @@ def test_a_missing_config_file_is_a_usage_error(
         pytest.param({"workers": 0}, "--workers must be 1..64", id="workers-zero"),
         pytest.param({"workers": 65}, "--workers must be 1..64", id="workers-too-many"),
         pytest.param(
+            {"memory_trim_interval": -5.0},
+            "--memory-trim-interval must be 0 (off) or more",
+            id="trim-negative",
+        ),
+        pytest.param(
             {"pool_name": "p", "ha_enable_leader_election": True, "workers": 2},
             "--workers above 1 and --ha-enable-leader-election are mutually exclusive: the "
             "workers of one host are one replica, and each would compete for the lease",
