@@ -5,7 +5,8 @@ module per extension point (``scheduling``, ``requestcontrol``, ``parsing``, ``f
 ``datalayer``, and ``plugin`` for what every plugin is), and value types in ``types``; optional
 capabilities in ``capabilities``; typed data keys in ``keys``; values extractors publish on
 endpoints in ``attributes`` (and endpoint locality in ``topology``); multimodal cache match data in
-``multimodal``; session and agent identity in ``session``; an endpoint's KV use as of now in
+``multimodal``; what a routed request keeps in ``routed``; session and agent identity in
+``session``; an endpoint's KV use as of now in
 ``kvusage``; the flow-control policy contract in ``flow``; routing facts shared between replicas,
 and the transport that carries them, in ``sharing``; wire constants in ``wire``; the kit plugin
 authors run in their own tests in ``testing``.
@@ -92,6 +93,7 @@ from epp.plugin.protocols import (
     Screener,
     StateDumper,
 )
+from epp.plugin.routed import release_content
 from epp.plugin.session import (
     AGENT_IDENTITY,
     SESSION_ID,
@@ -227,5 +229,6 @@ __all__ = [
     "cookie_value",
     "data_key",
     "endpoint_attribute",
+    "release_content",
     "with_attribute",
 ]

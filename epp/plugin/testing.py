@@ -87,6 +87,7 @@ from epp.plugin.protocols import (
     Scorer,
     Screener,
 )
+from epp.plugin.routed import release_content
 from epp.plugin.sharing import ReplicaSyncer, SharedState
 from epp.plugin.types import (
     CycleState,
@@ -502,7 +503,9 @@ def check_saturation_detector(detector: SaturationDetector, endpoints: Sequence[
 def check_hooks(plugin: Any, request: InferenceRequest, result: SchedulingResult) -> None:
     """Every request-header / pre-request / response hook ``plugin`` implements runs synchronously
     on a request routed to ``result`` and its 200 response without raising; response headers it
-    sets are strings; ``request.body`` is still ``None`` when the request-header hook runs."""
+    sets are strings; ``request.body`` is still ``None`` when the request-header hook runs. The
+    response hooks get the request as the server gives it to them, its content released
+    (``epp.plugin.routed``): a copy, so ``request`` itself keeps its body."""
     name = _name_of(plugin)
     if isinstance(plugin, RequestHeaderProcessor):
         check_role(plugin, "request-header")
@@ -511,6 +514,9 @@ def check_hooks(plugin: Any, request: InferenceRequest, result: SchedulingResult
     if isinstance(plugin, PreRequest):
         check_role(plugin, "pre-request")
         _call(plugin.pre_request, request, result)
+    body = dataclasses.replace(request.body) if request.body is not None else None
+    request = dataclasses.replace(request, body=body, attributes=dict(request.attributes))
+    release_content(request)
     served = result.primary.targets[0].hostport if result.primary.targets else ""
     response = ResponseInfo(request.request_id, {":status": "200"}, served_endpoint=served)
     if isinstance(plugin, ResponseHeaders):

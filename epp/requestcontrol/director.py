@@ -47,8 +47,8 @@ from epp.plugin import (
     InferenceRequest,
     Parser,
     ParseResult,
-    TokenizedPrompt,
     agent_identity,
+    release_content,
     wire,
 )
 from epp.plugin.spans import SPAN_SINK
@@ -194,20 +194,13 @@ class Director(ResponseSide):
     @staticmethod
     def sent(ex: Exchange) -> None:
         """The routed body has gone to Envoy: drop what the request no longer needs, so a
-        request holds a few hundred bytes, not its prompt, while its answer streams. The body's
-        content (``RequestBody.release``), the body to forward, and the token ids of every
-        ``TokenizedPrompt`` attribute (``count_only``) go."""
+        request holds a few kilobytes, not its prompt, while its answer streams: the body to
+        forward goes, and the request's content (``epp.plugin.routed``)."""
         decision = ex.decision
         if decision is None:
             return
         decision.body = b""
-        request = ex.request
-        if request.body is not None:
-            request.body.release()
-        attributes = request.attributes
-        for key, value in attributes.items():
-            if isinstance(value, TokenizedPrompt):
-                attributes[key] = value.count_only()
+        release_content(ex.request)
 
     def fail(self, ex: Exchange | None, err: InferenceError) -> None:
         """The request is answered with ``err`` instead of being routed."""

@@ -18,7 +18,9 @@ from epp.plugin import (
     RequestBody,
     SchedulingResult,
     ScorerCategory,
+    TokenizedPrompt,
 )
+from epp.plugin.prefix import TOKENIZED_PROMPT
 from epp.plugin.protocols import Profile
 from epp.plugin.testing import (
     check_admitter,
@@ -323,6 +325,32 @@ def test_decider_and_hook_checks() -> None:
         check_hooks(toy(Hook), sample_request(), result)
     with pytest.raises(AssertionError, match="must be synchronous"):
         check_hooks(toy(AsyncHook), sample_request(), result)
+
+
+class PromptReader(PluginBase):
+    """Reads the prompt at completion, which the server has released by then."""
+
+    TYPE = "toy-prompt-reader"
+
+    def pre_request(self, request: Any, result: Any) -> None:
+        self.tokens = request.attributes[TOKENIZED_PROMPT.key("token-producer")].token_count
+
+    def response_complete(self, request: Any, response: Any) -> None:
+        request.body.payload["messages"]  # None by then: a TypeError
+
+
+def test_hooks_after_routing_see_the_request_released_as_the_server_gives_it() -> None:
+    body = RequestBody("chat", {"messages": []}, b'{"messages":[]}', stream=True)
+    prompt = TokenizedPrompt.from_token_ids([[1, 2, 3]])
+    key = TOKENIZED_PROMPT.key("token-producer")
+    request = sample_request(body=body, attributes={key: prompt})
+    result = SchedulingResult({"a": ProfileResult(targets=(EPS[0],))}, "a")
+    plugin = toy(PromptReader)
+    with pytest.raises(TypeError):  # a hook that raises fails the check with its error
+        check_hooks(plugin, request, result)
+    assert plugin.tokens == 3  # pre_request still saw the whole prompt
+    assert request.body is body and body.payload == {"messages": []}  # the caller's is intact
+    assert request.attributes[key] is prompt
 
 
 def test_check_role_names_the_role() -> None:
