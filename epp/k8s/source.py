@@ -29,7 +29,6 @@ is emptied.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -279,8 +278,14 @@ class KubernetesSource:
                     await asyncio.sleep(interval)
             finally:
                 watches.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watches
+                try:
+                    await watches  # the threads' join: a while
+                except asyncio.CancelledError:
+                    # the watches' own cancellation ends here; this task's (the App stopping
+                    # while the watches wind down) must go on, or the loop runs forever
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise
             self._log.info("not leading: Kubernetes watches stopped, datastore emptied")
             self._forget()
 

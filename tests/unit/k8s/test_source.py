@@ -60,3 +60,29 @@ async def test_readiness_follows_the_pool_protocol_when_parsers_declare_theirs(
 def test_builtin_parsers_declare_upstream_protocols_when_asked() -> None:
     assert OpenAIParser(name="o", params=None, handle=None).app_protocols() == BOTH
     assert not hasattr(PassthroughParser(name="p", params=None, handle=None), "app_protocols")
+
+
+async def test_stopping_while_the_watches_wind_down_after_losing_the_lease_ends_the_run() -> None:
+    """The lease is lost, and the App stops while the watches' threads are still being joined:
+    the run ends (its cancellation was once swallowed, and the run looped forever)."""
+    src = _source({})
+    leading = [True]
+    src.leading = (lambda: leading[0], 0.01)
+    joining = asyncio.Event()
+
+    async def watch_all() -> None:  # the threads' join takes a while once cancelled
+        try:
+            await asyncio.Event().wait()
+        finally:
+            joining.set()
+            await asyncio.sleep(0.2)
+
+    src._watch_all = watch_all  # type: ignore[method-assign]
+    src._forget = lambda: None  # type: ignore[method-assign]
+    run = asyncio.create_task(src.run())
+    await asyncio.sleep(0.05)
+    leading[0] = False  # lost: the watches are cancelled and joined
+    await asyncio.wait_for(joining.wait(), 5)
+    run.cancel()  # the App stops meanwhile
+    done, _ = await asyncio.wait({run}, timeout=5)
+    assert run in done and run.cancelled()
