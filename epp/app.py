@@ -101,6 +101,7 @@ class App:
         self.object_files: ObjectFiles | None = None
         self._wire_sources()
         self.flow = self._flow_controller()
+        self.discovered = asyncio.Event()  # the first discovery sync (Director.route waits)
         self.director = self._director()
         p, flow = self.pipeline, [self.flow] if self.flow is not None else []
         self.sync = StateSync.create(  # the flow controller shares its queues like a plugin
@@ -128,7 +129,6 @@ class App:
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
         self._started = asyncio.Event()
-        self._discovered = False
         self._runner: asyncio.Task[None] | None = None
         self._election: asyncio.Task[None] | None = None
 
@@ -181,6 +181,7 @@ class App:
             stats=RequestStats(m),
             decisions=self.decisions,
             response_sample=self.settings.response_body_sample_ratio,
+            discovered=self.discovered,
         )
 
     def _wire_sources(self) -> None:
@@ -265,7 +266,7 @@ class App:
     def ready(self) -> bool:
         return (
             not self.draining
-            and self._discovered
+            and self.discovered.is_set()
             and self.collector.first_cycle_done()
             and all(p.is_ready() for p in self.pipeline.readiness)
             and (self.kube is None or self.kube.ready())
@@ -279,8 +280,8 @@ class App:
 
     def _publish(self, endpoints: Sequence[Endpoint]) -> None:
         self.store.set_endpoints(endpoints)
-        if not self._discovered:
-            self._discovered = True
+        if not self.discovered.is_set():
+            self.discovered.set()
             self.collector.discovery_synced()
             log.info("discovery synced", extra={"endpoints": len(endpoints)})
 

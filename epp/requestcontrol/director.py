@@ -4,8 +4,12 @@ Request side (spec §5.3): parse → target model → objective/priority → adm
 or legacy shedding) → candidates (pool ∩ subset hint, less what a ``CandidateNarrower`` detector
 excludes) → screeners (the candidates every one keeps; ``Scheduler.screen``) → producers →
 admitters → scheduler → conditional-decode gate (``exchange``) → pre-request
-hooks. Failures: ``InferenceError``. Once the server has sent the routed body on, ``sent`` drops
-the request's content (its body, its token ids); the response side sees the rest.
+hooks. Failures: ``InferenceError``.
+
+A request that arrives before the first discovery sync (a restarted EPP accepts on its ext_proc
+port before its endpoints are known) waits for that sync, up to ``DISCOVERY_WAIT`` seconds,
+rather than failing with a 503 on an empty pool. Once the server has sent the routed body on,
+``sent`` drops the request's content (its body, its token ids); the response side sees the rest.
 
 Response side (``epp.requestcontrol.responses``, which the Director builds on): the response
 headers, body chunks and trailers, and completion, exactly once.
@@ -24,6 +28,7 @@ The ext_proc server (``epp.server``) only translates protocol messages into thes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -67,7 +72,11 @@ from epp.scheduling.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Decision", "Director", "Exchange", "Forward"]
+__all__ = ["DISCOVERY_WAIT", "Decision", "Director", "Exchange", "Forward"]
+
+DISCOVERY_WAIT = 5.0
+"""Seconds a request may wait for the first discovery sync: well past a file's first read or a
+Kubernetes list, well under a client's patience; after it the request gets the empty pool's 503."""
 
 
 class Director(ResponseSide):
@@ -89,6 +98,8 @@ class Director(ResponseSide):
         decisions: DecisionLog | None = None,
         response_sample: float = 1.0,
         sample_rng: random.Random | None = None,
+        discovered: asyncio.Event | None = None,
+        discovery_wait: float = DISCOVERY_WAIT,
     ) -> None:
         super().__init__(
             pipeline, flow, stats, response_sample=response_sample, sample_rng=sample_rng
@@ -102,6 +113,7 @@ class Director(ResponseSide):
         narrower = pipeline.saturation_detector
         self._narrower = narrower if isinstance(narrower, CandidateNarrower) else None
         self._router = ParserRouter(pipeline.parsers)
+        self._discovered, self._discovery_wait = discovered, discovery_wait
         self._producers = tuple(zip(pipeline.producers, pipeline.producer_timeouts, strict=True))
         self._screeners = tuple(pipeline.screeners)
         self._header_processors = tuple(pipeline.request_header)
@@ -180,6 +192,8 @@ class Director(ResponseSide):
     async def route(self, ex: Exchange, body: bytes, metadata: Mapping[str, Any]) -> Decision:
         """The whole body arrived: decide, and record the decision (metrics, explain view)."""
         t0 = time.perf_counter()
+        if self._discovered is not None and not self._discovered.is_set():
+            await self._first_discovery(self._discovered)
         decision = await self.decide(ex.request, body, metadata, ex.trace)
         ex.decision = decision
         if self._stats is not None:
@@ -190,6 +204,12 @@ class Director(ResponseSide):
         if log.isEnabledFor(logging.DEBUG):
             log.debug("request scheduled", extra=_kv(ex.request, endpoint=decision.destination))
         return decision
+
+    async def _first_discovery(self, discovered: asyncio.Event) -> None:
+        """Wait for the first discovery sync, at most ``discovery_wait`` seconds; a request still
+        early after that goes on, and an empty pool answers it (503, logged as failed)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(discovered.wait(), self._discovery_wait)
 
     @staticmethod
     def sent(ex: Exchange) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aiohttp
 import grpc
@@ -331,6 +332,27 @@ async def test_not_ready_before_discovery_and_first_scrape(start_app, tmp_path) 
     app = await start_app(DEAD, ready=False)
     await app.wait_ready(60)
     assert app.ready()
+
+
+async def test_a_request_before_the_first_discovery_sync_is_routed_once_it_lands(
+    start_app, monkeypatch
+) -> None:
+    # A restarted EPP accepts on its ext_proc port before discovery has read its file; a
+    # request that comes in then waits for the first sync instead of getting the empty pool's 503.
+    from epp.plugins.sources import file_discovery
+
+    read = file_discovery._read
+
+    def slow_read(path):  # the first read of the endpoints file takes a while
+        time.sleep(0.5)
+        return read(path)
+
+    monkeypatch.setattr(file_discovery, "_read", slow_read)
+    app = await start_app(DEAD, ready=False)
+    assert not app.discovered.is_set()
+    replies = await exchange(app, [headers_msg(H), body_msg(json.dumps(CHAT).encode())])
+    assert app.discovered.is_set()
+    assert replies[0].WhichOneof("response") == "request_headers", replies[0]
 
 
 async def test_legacy_admission_sheds_only_sheddable_requests_when_saturated(start_app) -> None:

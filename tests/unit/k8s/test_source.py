@@ -68,10 +68,11 @@ async def test_stopping_while_the_watches_wind_down_after_losing_the_lease_ends_
     src = _source({})
     leading = [True]
     src.leading = (lambda: leading[0], 0.01)
-    joining = asyncio.Event()
+    watching, joining = asyncio.Event(), asyncio.Event()
 
     async def watch_all() -> None:  # the threads' join takes a while once cancelled
         try:
+            watching.set()
             await asyncio.Event().wait()
         finally:
             joining.set()
@@ -80,7 +81,7 @@ async def test_stopping_while_the_watches_wind_down_after_losing_the_lease_ends_
     src._watch_all = watch_all  # type: ignore[method-assign]
     src._forget = lambda: None  # type: ignore[method-assign]
     run = asyncio.create_task(src.run())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(watching.wait(), 5)
     leading[0] = False  # lost: the watches are cancelled and joined
     await asyncio.wait_for(joining.wait(), 5)
     run.cancel()  # the App stops meanwhile

@@ -322,6 +322,26 @@ async def test_no_candidates_is_a_503() -> None:
     assert info.value.code is ErrorCode.SERVICE_UNAVAILABLE
 
 
+async def test_a_request_before_the_first_discovery_sync_waits_for_it() -> None:
+    known: list[Endpoint] = []
+    discovered = asyncio.Event()
+    d = director(endpoints=known, discovered=discovered)
+    routing = asyncio.create_task(d.route(d.begin(HEADERS), BODY, {}))
+    await asyncio.sleep(0.05)
+    assert not routing.done()  # not the empty pool's 503
+    known.extend(EPS)
+    discovered.set()
+    decision = await asyncio.wait_for(routing, 5)
+    assert decision.destination == "192.168.1.3:8000"
+
+
+async def test_a_request_waits_for_the_first_sync_only_so_long() -> None:
+    d = director(endpoints=[], discovered=asyncio.Event(), discovery_wait=0.05)
+    with pytest.raises(InferenceError) as info:
+        await asyncio.wait_for(d.route(d.begin(HEADERS), BODY, {}), 5)
+    assert info.value.code is ErrorCode.SERVICE_UNAVAILABLE
+
+
 @pytest.mark.parametrize(
     ("priority", "saturation", "shed"),
     [(-1, 1.0, True), (-1, 0.99, False), (0, 5.0, False), (-2, 3.0, True)],
