@@ -192,8 +192,8 @@ class Director(ResponseSide):
     async def route(self, ex: Exchange, body: bytes, metadata: Mapping[str, Any]) -> Decision:
         """The whole body arrived: decide, and record the decision (metrics, explain view)."""
         t0 = time.perf_counter()
-        if self._discovered is not None and not self._discovered.is_set():
-            await self._first_discovery(self._discovered)
+        if self.discovering:
+            await self.first_discovery()
         decision = await self.decide(ex.request, body, metadata, ex.trace)
         ex.decision = decision
         if self._stats is not None:
@@ -205,11 +205,17 @@ class Director(ResponseSide):
             log.debug("request scheduled", extra=_kv(ex.request, endpoint=decision.destination))
         return decision
 
-    async def _first_discovery(self, discovered: asyncio.Event) -> None:
+    @property
+    def discovering(self) -> bool:
+        """The first discovery sync has not happened yet (a request should ``first_discovery``)."""
+        return self._discovered is not None and not self._discovered.is_set()
+
+    async def first_discovery(self) -> None:
         """Wait for the first discovery sync, at most ``discovery_wait`` seconds; a request still
         early after that goes on, and an empty pool answers it (503, logged as failed)."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(discovered.wait(), self._discovery_wait)
+        if self._discovered is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._discovered.wait(), self._discovery_wait)
 
     @staticmethod
     def sent(ex: Exchange) -> None:

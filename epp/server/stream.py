@@ -92,7 +92,8 @@ class RequestStream:
 
     def dispatch(self, msg: pb.ProcessingRequest) -> Replies | Coroutine[Any, Any, Replies]:
         """The replies to ``msg``, or for a message that may route (request body and trailers) a
-        coroutine returning them: every other message is answered without a task switch."""
+        coroutine returning them (and for a header-only request that comes before the first
+        discovery sync): every other message is answered without a task switch."""
         if self.first:
             self.first = False
             if msg.HasField("protocol_config"):
@@ -132,7 +133,9 @@ class RequestStream:
 
     # ---- request phase ----------------------------------------------------------------------
 
-    def _on_request_headers(self, msg: pb.ProcessingRequest) -> Replies:
+    def _on_request_headers(
+        self, msg: pb.ProcessingRequest
+    ) -> Replies | Coroutine[Any, Any, Replies]:
         if self.exchange is not None:
             raise ProtocolError(
                 m.REQUEST_HEADERS_REPEATED,
@@ -146,6 +149,8 @@ class RequestStream:
         self.metadata = messages.metadata_namespaces(msg, (wire.SUBSET_NAMESPACE,))
         if msg.request_headers.end_of_stream:
             self.request_ended = True
+            if self.director.discovering:
+                return self._header_only_once_discovered(self.exchange.request)
             return self._header_only(self.exchange.request)
         if self.request_mode != _FULL_DUPLEX:
             # The headers go on now (NONE, STREAMED) or stay held (BUFFERED): either way a
@@ -154,6 +159,10 @@ class RequestStream:
             removal = messages.request_headers_reply({}, wire.OWNED_REQUEST_HEADERS, None)
             return [removal]
         return []
+
+    async def _header_only_once_discovered(self, request: InferenceRequest) -> Replies:
+        await self.director.first_discovery()  # a restarted EPP: as a body's route waits
+        return self._header_only(request)
 
     def _header_only(self, request: InferenceRequest) -> Replies:
         # The stream stays open: Envoy still sends the response phase (closing here races with

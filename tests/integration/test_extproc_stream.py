@@ -350,9 +350,14 @@ async def test_a_request_before_the_first_discovery_sync_is_routed_once_it_lands
     monkeypatch.setattr(file_discovery, "_read", slow_read)
     app = await start_app(DEAD, ready=False)
     assert not app.discovered.is_set()
-    replies = await exchange(app, [headers_msg(H), body_msg(json.dumps(CHAT).encode())])
+    body, header_only = await asyncio.gather(
+        exchange(app, [headers_msg(H), body_msg(json.dumps(CHAT).encode())]),
+        exchange(app, [headers_msg({":path": "/v1/models"}, end_of_stream=True)]),
+    )
     assert app.discovered.is_set()
-    assert replies[0].WhichOneof("response") == "request_headers", replies[0]
+    for replies in (body, header_only):
+        assert replies[0].WhichOneof("response") == "request_headers", replies[0]
+        assert set_headers_of(replies[0])["x-gateway-destination-endpoint"] in {P1, P2, P3}
 
 
 async def test_legacy_admission_sheds_only_sheddable_requests_when_saturated(start_app) -> None:
