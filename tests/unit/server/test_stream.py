@@ -52,6 +52,7 @@ class Director:
         self.response_set_headers = {"x-resp": "r"}
         self.copy_held: list[bool] = []  # per response chunk or trailers call
         self.released: list[str] = []  # request ids whose content ``sent`` dropped
+        self.discovering = False  # the first discovery sync is done
 
     def begin(self, headers: dict[str, str]) -> Exchange:
         self.calls.append(("begin", headers))
@@ -59,6 +60,10 @@ class Director:
         request = make_request(request_id=request_id, headers=headers)
         request.upstream_headers["x-up"] = "1"
         return Exchange(request, started=0.0)
+
+    async def first_discovery(self) -> None:
+        self.calls.append(("first_discovery",))
+        self.discovering = False
 
     def pick_random(self, metadata: dict[str, Any], request: Any = None) -> Any:
         self.calls.append(("pick_random", metadata))
@@ -250,6 +255,16 @@ async def test_header_only_request_goes_to_a_random_endpoint_and_the_stream_stay
     assert set_of(answer.response_headers.response.header_mutation) == {"x-resp": "r"}
     assert director.calls[-2][2] == DEST  # the served endpoint Envoy reported
     assert director.calls[-1] == ("complete", TerminationCause.NATURAL)
+
+
+async def test_a_header_only_request_before_the_first_discovery_waits_for_it() -> None:
+    stream, director = new_stream()
+    director.discovering = True
+    out = stream.dispatch(headers(eos=True))
+    assert not isinstance(out, list)  # a coroutine: it waits for the sync, then picks
+    (reply,) = await out
+    assert director.names() == ["begin", "first_discovery", "pick_random"]
+    assert lb(reply) == {wire.DESTINATION_HEADER: DEST}
 
 
 async def test_header_only_request_without_endpoints_fails_and_ends() -> None:
