@@ -32,7 +32,10 @@ def test_the_quick_cores_run_answers_every_request_and_computes_the_line(tmp_pat
         assert group["status"] == "ok"
         assert all(s["errors"] == 0 for s in group["steps"]), group["steps"]
         assert group["big"]["errors"] == 0 and group["big"]["answered"] > 0
+        assert group["turns"]["errors"] == 0 and group["turns"]["answered"] > 0
+        assert group["turns"]["tokens"] == group["big"]["tokens"]
         line = group["computed"]
         assert line["go_cores_chunks_only"] == pytest.approx(110_000 * 37e-6, abs=0.01)
         assert line["cores"] == pytest.approx(line["cores_requests"] + line["cores_chunks"], 0.02)
+        assert line["cores_turns"] > 0
     assert "llm-d's Go EPP" in (tmp_path / "cores-quick.md").read_text()

@@ -13,8 +13,12 @@ from epp_tools.bench.scale.cores_report import cores_md
 REPORT = Path(__file__).parents[3] / "docs/benchmarks/scale/cores.json"
 
 
-def _group(workers: int, per_request: float, per_chunk: float) -> dict[str, object]:
+def _group(
+    workers: int, per_request: float, per_chunk: float, per_turn: float | None = None
+) -> dict[str, object]:
     line = {"us_per_request_195k": per_request, "us_per_chunk": per_chunk}
+    if per_turn is not None:
+        line["us_per_request_turn"] = per_turn
     return {"workers": workers, "status": "ok", "computed": line}
 
 
@@ -41,3 +45,39 @@ def test_the_report_shows_the_table_for_the_stored_run() -> None:
     assert "| workers | µs per 195,000-token request | cores at the peak |" in text
     assert "| 8 |" in text
     assert "With N workers" not in cores_md({**report, "scaling": {}})
+
+
+def test_agents_turns_scale_from_their_own_costs_when_both_groups_measured_them() -> None:
+    sc = cores.scaling([_group(1, 8_000.0, 6.0, 7_000.0), _group(2, 9_000.0, 5.0, 7_200.0)])
+    assert sc["us_added_per_worker"] == 1_000.0 and sc["us_added_per_worker_turn"] == 200.0
+    rows = {r["workers"]: r for r in sc["rows"]}
+    assert rows[8]["us_per_request_turn"] == 8_400.0 and rows[8]["us_per_request_195k"] == 15_000.0
+    chunks = cores.SEED_CHUNKS_PER_S * 6.0 / 1e6
+    assert rows[1]["cores_turns"] == pytest.approx(cores.SEED_REQUESTS_PER_S * 0.007 + chunks, 0.01)
+    # a group without the turns (an older report) scales the fresh prompts alone
+    old = cores.scaling([_group(1, 8_000.0, 6.0, 7_000.0), _group(2, 9_000.0, 5.0)])
+    assert "us_added_per_worker_turn" not in old and "cores_turns" not in old["rows"][0]
+
+
+def test_turns_share_the_context_and_differ_in_their_tails() -> None:
+    a = [json.loads(b) for b in cores.turn_bodies(3, 5_000, 1, run=0)]
+    b = [json.loads(b) for b in cores.turn_bodies(2, 5_000, 1, run=1)]
+    contexts = {body["messages"][0]["content"] for body in a + b}
+    tails = [body["messages"][-1]["content"] for body in a + b]
+    assert len(contexts) == 1 and len(set(tails)) == 5
+    assert len(next(iter(contexts))) == 4 * (5_000 - cores.TURN_TAIL_TOKENS)  # 4 bytes a word
+
+
+def test_the_report_shows_the_turns_where_measured() -> None:
+    report = json.loads(REPORT.read_text())
+    turns = {"tokens": 195_000, "tail_tokens": 1_300, "rate": 6.0, "low_rate": 2.0,
+             "answered": 160, "errors": 0, "us_per_request": 5_000.0}  # fmt: skip
+    for i, group in enumerate(report["groups"]):
+        group["turns"] = {**turns, "us_per_request": 5_000.0 + 300.0 * i}
+        group["computed"] = cores.computed(group)
+    report["scaling"] = cores.scaling(report["groups"])
+    text = cores_md(report)
+    assert "195,000-token agent turns (all but the last 1,300 tokens shared" in text
+    assert "with agents' turns instead of fresh prompts (5,000 µs each)" in text
+    assert "a second worker added 300 µs to each turn" in text
+    assert "| 8 | 7,100 |" in text

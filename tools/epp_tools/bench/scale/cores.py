@@ -19,7 +19,10 @@ per-request cost of an agent's turn: the slope of the CPU between runs at a thir
 and at that rate (at a few such requests per second what the load costs whatever the rate, the
 scrapes of busy pods and the sync rounds of every worker, is of the order of the requests' own
 CPU, and the slope leaves it out; the idle rate, measured over ``BIG_IDLE_S`` just before, is
-reported).
+reported). Then the same for agents' turns: ``big_tokens`` prompts that share all but their last
+``TURN_TAIL_TOKENS`` (one agent's context, sent once unmeasured before; the study found 96% of
+main-agent turns reusing at least 90% of their input), whose blocks the index already holds: with
+2 workers, what the other worker's facts add to such a request is the sharing's cost for agents.
 
 The computed line: at llm-d's published peak (7,612 requests per minute, 6.6 million output
 tokens per minute: 126.9 requests and 110,000 streamed tokens per second, one token per chunk as
@@ -39,7 +42,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +71,9 @@ SEED_REQUESTS_PER_S = 7_612 / 60
 SEED_CHUNKS_PER_S = 6_600_000 / 60
 GO_US_PER_CHUNK = 37.0
 REACHED_SHARE = 0.95
+TURN_TAIL_TOKENS = 1_300
+"""The new part of an agent's turn: a tool result and the last answer (the study's medians,
+about 1,000 and 317 tokens); the rest of the prompt is the context the turns share."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,26 @@ def big_bodies(n: int, tokens: int, seed: int) -> list[bytes]:
         body = {"model": MODEL, "messages": messages, "max_tokens": 1, "stream": True}
         out.append(orjson.dumps(body))
     return out
+
+
+def turn_bodies(n: int, tokens: int, seed: int, run: int) -> list[bytes]:
+    """``n`` turns of one agent (1 output token): about ``tokens`` prompt tokens each, one shared
+    context (the same for every ``run`` of a ``seed``) and a distinct ``TURN_TAIL_TOKENS`` tail."""
+    context = words(random.Random(seed), max(tokens - TURN_TAIL_TOKENS, 1))
+    rng = random.Random(f"{seed}-{run}")
+    out = []
+    for i in range(n):
+        tail = f"r{run}-t{i:04d} " + words(rng, TURN_TAIL_TOKENS)
+        messages = [{"role": "user", "content": context},
+                    {"role": "assistant", "content": "ok"},
+                    {"role": "user", "content": tail}]  # fmt: skip
+        body = {"model": MODEL, "messages": messages, "max_tokens": 1, "stream": True}
+        out.append(orjson.dumps(body))
+    return out
+
+
+Bodies = Callable[[int, int], list[bytes]]
+"""``(n, run)`` → ``n`` request bodies for the ``run``-th run of a long-prompt measurement."""
 
 
 @dataclass
@@ -151,7 +177,7 @@ async def _idle(pid: int, seconds: float = IDLE_S) -> float:
     return (tree_cpu_seconds(pid) - c0) / (time.perf_counter() - t0)
 
 
-async def _big(group: _Group, opts: CoresOptions) -> dict[str, Any]:
+async def _big(group: _Group, opts: CoresOptions, make: Bodies) -> dict[str, Any]:
     """The long prompts' cost per request: the slope of the CPU between runs at a third of
     ``big_rate`` and at ``big_rate`` (twice each, interleaved), so what the load costs whatever
     the rate (scrapes of busy pods, sync rounds) is not charged to the few requests of a run."""
@@ -159,8 +185,7 @@ async def _big(group: _Group, opts: CoresOptions) -> dict[str, Any]:
     runs: list[tuple[float, int, int, float]] = []  # rate, answered, errors, cpu
     for i, rate in enumerate((low, opts.big_rate, low, opts.big_rate)):
         n = max(1, math.ceil(rate * opts.big_duration))
-        shots, cpu = await _run(group, big_bodies(n, opts.big_tokens, opts.seed + i), rate,
-                                opts.big_duration)  # fmt: skip
+        shots, cpu = await _run(group, make(n, i), rate, opts.big_duration)
         runs.append((rate, _ok(shots), len(shots) - _ok(shots), cpu))
     lo = [r for r in runs if r[0] == low]
     hi = [r for r in runs if r[0] != low]
@@ -180,6 +205,18 @@ async def _big(group: _Group, opts: CoresOptions) -> dict[str, Any]:
             for rate, rs in ((low, lo), (opts.big_rate, hi))
         },
     }
+
+
+async def _turns(group: _Group, opts: CoresOptions) -> dict[str, Any]:
+    """``_big`` for agents' turns, after the shared context has gone in once (unmeasured)."""
+    warm, _ = await _run(group, turn_bodies(1, opts.big_tokens, opts.seed, -1), 1.0, 1.0)
+    if _ok(warm) != len(warm):
+        raise RuntimeError("the agent's first turn was not answered")
+    row = await _big(
+        group, opts, lambda n, i: turn_bodies(n, opts.big_tokens, opts.seed, i)
+    )
+    row["tail_tokens"] = TURN_TAIL_TOKENS
+    return row
 
 
 async def measure(workers: int, opts: CoresOptions, workdir: Path) -> dict[str, Any]:
@@ -204,11 +241,15 @@ async def measure(workers: int, opts: CoresOptions, workdir: Path) -> dict[str, 
         first_idle = group.idle_cores
         big_idle = await _idle(group.pid, min(BIG_IDLE_S, max(IDLE_S, opts.big_duration)))
         group.idle_cores = big_idle
-        big_row = await _big(group, opts)
+        big_row = await _big(
+            group, opts, lambda n, i: big_bodies(n, opts.big_tokens, opts.seed + i)
+        )
         big_row["idle_cores"] = round(big_idle, 4)
         log(f"{workers} worker(s), {opts.big_tokens:,}-token prompts: {big_row}")
+        turn_row = await _turns(group, opts)
+        log(f"{workers} worker(s), {opts.big_tokens:,}-token agent turns: {turn_row}")
         return {"workers": workers, "status": "ok", "idle_cores": round(first_idle, 4),
-                "steps": steps, "big": big_row}  # fmt: skip
+                "steps": steps, "big": big_row, "turns": turn_row}  # fmt: skip
     except Exception as exc:
         log(f"{workers} worker(s): failed: {type(exc).__name__}: {exc}")
         return {"workers": workers, "status": "failed", "reason": f"{exc}"[:500], "steps": []}
@@ -228,7 +269,15 @@ def computed(group: dict[str, Any]) -> dict[str, Any]:
     per_chunk = top["us_per_chunk"] / 1e6
     ours = SEED_REQUESTS_PER_S * per_req + SEED_CHUNKS_PER_S * per_chunk
     go = SEED_CHUNKS_PER_S * GO_US_PER_CHUNK / 1e6
+    turns = group.get("turns") or {}
+    per_turn = {
+        "us_per_request_turn": turns["us_per_request"],
+        "cores_turns": round(
+            SEED_REQUESTS_PER_S * turns["us_per_request"] / 1e6 + SEED_CHUNKS_PER_S * per_chunk, 2
+        ),
+    } if turns else {}  # fmt: skip
     return {
+        **per_turn,
         "at_rate": top["rate"],
         "us_per_request_195k": group["big"]["us_per_request"],
         "us_per_chunk": top["us_per_chunk"],
@@ -249,19 +298,26 @@ def scaling(groups: Sequence[dict[str, Any]]) -> dict[str, Any]:
     What a worker adds to every request is the other's prefix-index facts applied to its own
     index: ``added = max(0, per_request(2) - per_request(1))`` for a 195,000-token request, paid
     once per other worker, so ``per_request(N) = per_request(1) + (N - 1) x added``. A chunk
-    touches no shared state: its 1-worker cost holds for any N. Empty without both groups."""
+    touches no shared state: its 1-worker cost holds for any N. The same from the agents' turns'
+    costs (``us_per_request_turn``) where both groups measured them. Empty without both groups."""
     by = {g["workers"]: g.get("computed") or {} for g in groups if g.get("status") == "ok"}
     one, two = by.get(1), by.get(2)
     if not one or not two:
         return {}
-    added = max(0.0, two["us_per_request_195k"] - one["us_per_request_195k"])
-    rows = []
-    for n in SCALING_WORKERS:
-        per_req = one["us_per_request_195k"] + (n - 1) * added
-        cores = (SEED_REQUESTS_PER_S * per_req + SEED_CHUNKS_PER_S * one["us_per_chunk"]) / 1e6
-        rows.append({"workers": n, "us_per_request_195k": round(per_req, 1),
-                     "cores": round(cores, 2)})  # fmt: skip
-    return {"us_added_per_worker": round(added, 1), "rows": rows}
+    chunks = SEED_CHUNKS_PER_S * one["us_per_chunk"]
+    out: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = [{"workers": n} for n in SCALING_WORKERS]
+    for key, suffix, cores_key in (("us_per_request_195k", "", "cores"),
+                                   ("us_per_request_turn", "_turn", "cores_turns")):  # fmt: skip
+        if key not in one or key not in two:
+            continue
+        added = max(0.0, two[key] - one[key])
+        out[f"us_added_per_worker{suffix}"] = round(added, 1)
+        for row in rows:
+            per_req = one[key] + (row["workers"] - 1) * added
+            row[key] = round(per_req, 1)
+            row[cores_key] = round((SEED_REQUESTS_PER_S * per_req + chunks) / 1e6, 2)
+    return {**out, "rows": rows}
 
 
 async def run(opts: CoresOptions) -> dict[str, Any]:

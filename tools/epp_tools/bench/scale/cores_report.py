@@ -20,17 +20,28 @@ def _group(g: Mapping[str, Any]) -> str:
             f"| {s['rate']:g} | {s['achieved']:g}{mark} | {s['errors']} | "
             f"{s['us_per_request']:,.0f} | {s['us_per_chunk']:.1f} | {s['cores']:.2f} |\n"
         )
-    big = g["big"]
-    at = big.get("us_per_request_at") or {}
-    each = ", ".join(f"{v:,.0f} µs at {k}/s" for k, v in at.items())
-    rows.append(
-        f"\n{big['tokens']:,}-token prompts: {big['us_per_request']:,.0f} µs CPU per request, the "
-        f"slope between {big.get('low_rate', big['rate']):g}/s and {big['rate']:g}/s"
-        f"{f' (CPU per answered request, net of idle: {each})' if each else ''}; "
-        f"{big['answered']} answered, {big['errors']} errors; idle "
-        f"{big.get('idle_cores', g['idle_cores']) * 100:.1f}% of a core just before.\n\n"
-    )
+    rows.append(_long(g["big"], f"\n{g['big']['tokens']:,}-token prompts", g["idle_cores"]))
+    turns = g.get("turns")
+    if turns:
+        what = (f"{turns['tokens']:,}-token agent turns (all but the last "
+                f"{turns['tail_tokens']:,} tokens shared, the index holding them)")  # fmt: skip
+        rows.append("\n" + _long(turns, what, g["idle_cores"]))
+    rows.append("\n")
     return "".join(rows)
+
+
+def _long(row: Mapping[str, Any], what: str, idle: float) -> str:
+    """One long-prompt measurement: the slope and the runs it came from."""
+    at = row.get("us_per_request_at") or {}
+    each = ", ".join(f"{v:,.0f} µs at {k}/s" for k, v in at.items())
+    idle_before = f"; idle {row['idle_cores'] * 100:.1f}% of a core just before" if (
+        "idle_cores" in row) else ""  # fmt: skip
+    return (
+        f"{what}: {row['us_per_request']:,.0f} µs CPU per request, the "
+        f"slope between {row.get('low_rate', row['rate']):g}/s and {row['rate']:g}/s"
+        f"{f' (CPU per answered request, net of idle: {each})' if each else ''}; "
+        f"{row['answered']} answered, {row['errors']} errors{idle_before}.\n"
+    )
 
 
 def _line(g: Mapping[str, Any], seed: Mapping[str, float]) -> str:
@@ -45,8 +56,11 @@ def _line(g: Mapping[str, Any], seed: Mapping[str, float]) -> str:
         f"({c['cores_requests']:.2f} for requests, {c['cores_chunks']:.2f} for chunks): "
         f"{c['workers_needed']} workers or replicas at one core each; llm-d's Go EPP: "
         f"{cps:,.0f} x {seed['go_us_per_chunk']:g} µs = **{c['go_cores_chunks_only']:.2f} "
-        f"cores** for the chunks alone\n"
-    )
+        f"cores** for the chunks alone"
+        + (f"; with agents' turns instead of fresh prompts ({c['us_per_request_turn']:,.0f} µs "
+           f"each), **{c['cores_turns']:.2f} cores**" if "cores_turns" in c else "")
+        + "\n"
+    )  # fmt: skip
 
 
 def _scaling(report: Mapping[str, Any]) -> str:
@@ -67,6 +81,19 @@ def _scaling(report: Mapping[str, Any]) -> str:
             f"| {r['workers']} | {r['us_per_request_195k']:,.0f} | {r['cores']:.2f} | "
             f"{r['cores'] / go:.2f}x |\n"
         )
+    if "us_added_per_worker_turn" in sc:
+        rows.append(
+            f"\nThe same from agents' turns (a second worker added "
+            f"{sc['us_added_per_worker_turn']:,.0f} µs to each turn: the other's facts are blocks "
+            "the index mostly holds):\n\n| workers | µs per agent turn | cores at the peak | "
+            "vs 1 worker |\n|---|---|---|---|\n"
+        )
+        base = sc["rows"][0]["cores_turns"]
+        for r in sc["rows"]:
+            rows.append(
+                f"| {r['workers']} | {r['us_per_request_turn']:,.0f} | {r['cores_turns']:.2f} | "
+                f"{r['cores_turns'] / base:.2f}x |\n"
+            )
     return "".join(rows)
 
 
