@@ -23,6 +23,7 @@ endpoint in recency order, for the replicas that apply it (``epp.plugin.sharing`
 from __future__ import annotations
 
 import struct
+import sys
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from typing import Any, Final
@@ -97,6 +98,12 @@ class PrefixIndex:
 
     def approx_bytes(self) -> int:
         return self._size * BYTES_PER_BLOCK
+
+    def table_bytes(self) -> tuple[int, int]:
+        """Bytes of the owners map's hash table and of the endpoints' LRUs (tables and nodes):
+        at the entry bound they still grow once, as the churn takes their free slots
+        (``epp_tools.bench.scale.settle``), then keep their size."""
+        return sys.getsizeof(self._owners), sum(sys.getsizeof(lru) for lru in self._lrus.values())
 
     def __len__(self) -> int:
         """Number of distinct block hashes held by at least one endpoint."""
