@@ -259,6 +259,11 @@ async def measure(workers: int, opts: CoresOptions, workdir: Path) -> dict[str, 
         sim.stop()
 
 
+def peak_cores(us_per_request: float, us_per_chunk: float) -> float:
+    """Cores at llm-d's published peak for these costs per request and per streamed chunk."""
+    return (SEED_REQUESTS_PER_S * us_per_request + SEED_CHUNKS_PER_S * us_per_chunk) / 1e6
+
+
 def computed(group: dict[str, Any]) -> dict[str, Any]:
     """The cores at llm-d's published peak from one group's largest reached rate."""
     reached = [s for s in group.get("steps", []) if s["reached"]] or group.get("steps", [])
@@ -267,14 +272,12 @@ def computed(group: dict[str, Any]) -> dict[str, Any]:
     top = max(reached, key=lambda s: s["rate"])
     per_req = group["big"]["us_per_request"] / 1e6
     per_chunk = top["us_per_chunk"] / 1e6
-    ours = SEED_REQUESTS_PER_S * per_req + SEED_CHUNKS_PER_S * per_chunk
+    ours = peak_cores(group["big"]["us_per_request"], top["us_per_chunk"])
     go = SEED_CHUNKS_PER_S * GO_US_PER_CHUNK / 1e6
     turns = group.get("turns") or {}
     per_turn = {
         "us_per_request_turn": turns["us_per_request"],
-        "cores_turns": round(
-            SEED_REQUESTS_PER_S * turns["us_per_request"] / 1e6 + SEED_CHUNKS_PER_S * per_chunk, 2
-        ),
+        "cores_turns": round(peak_cores(turns["us_per_request"], top["us_per_chunk"]), 2),
     } if turns else {}  # fmt: skip
     return {
         **per_turn,
@@ -304,7 +307,6 @@ def scaling(groups: Sequence[dict[str, Any]]) -> dict[str, Any]:
     one, two = by.get(1), by.get(2)
     if not one or not two:
         return {}
-    chunks = SEED_CHUNKS_PER_S * one["us_per_chunk"]
     out: dict[str, Any] = {}
     rows: list[dict[str, Any]] = [{"workers": n} for n in SCALING_WORKERS]
     for key, suffix, cores_key in (("us_per_request_195k", "", "cores"),
@@ -316,7 +318,7 @@ def scaling(groups: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for row in rows:
             per_req = one[key] + (row["workers"] - 1) * added
             row[key] = round(per_req, 1)
-            row[cores_key] = round((SEED_REQUESTS_PER_S * per_req + chunks) / 1e6, 2)
+            row[cores_key] = round(peak_cores(per_req, one["us_per_chunk"]), 2)
     return {**out, "rows": rows}
 
 
