@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import threading
 
 import aiohttp
 import grpc
@@ -341,19 +341,31 @@ async def test_a_request_before_the_first_discovery_sync_is_routed_once_it_lands
     # request that comes in then waits for the first sync instead of getting the empty pool's 503.
     from epp.plugins.sources import file_discovery
 
-    read = file_discovery._read
+    read, gate = file_discovery._read, threading.Event()
 
-    def slow_read(path):  # the first read of the endpoints file takes a while
-        time.sleep(0.5)
+    def held_read(path):  # the first read of the endpoints file ends when the test says so
+        gate.wait(10)
         return read(path)
 
-    monkeypatch.setattr(file_discovery, "_read", slow_read)
+    monkeypatch.setattr(file_discovery, "_read", held_read)
     app = await start_app(DEAD, ready=False)
+    director, waiting = app.context.director, asyncio.Semaphore(0)
+    wait = director.first_discovery
+
+    async def first_discovery():
+        waiting.release()  # a request has come in before the sync
+        await wait()
+
+    director.first_discovery = first_discovery
     assert not app.discovered.is_set()
-    body, header_only = await asyncio.gather(
+    both = asyncio.gather(
         exchange(app, [headers_msg(H), body_msg(json.dumps(CHAT).encode())]),
         exchange(app, [headers_msg({":path": "/v1/models"}, end_of_stream=True)]),
     )
+    for _ in range(2):
+        await asyncio.wait_for(waiting.acquire(), 10)
+    gate.set()
+    body, header_only = await both
     assert app.discovered.is_set()
     for replies in (body, header_only):
         assert replies[0].WhichOneof("response") == "request_headers", replies[0]

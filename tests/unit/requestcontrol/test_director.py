@@ -326,9 +326,17 @@ async def test_a_request_before_the_first_discovery_sync_waits_for_it() -> None:
     known: list[Endpoint] = []
     discovered = asyncio.Event()
     d = director(endpoints=known, discovered=discovered)
+    waiting = asyncio.Event()
+    wait = d.first_discovery
+
+    async def first_discovery() -> None:
+        waiting.set()
+        await wait()
+
+    d.first_discovery = first_discovery  # type: ignore[method-assign]
     routing = asyncio.create_task(d.route(d.begin(HEADERS), BODY, {}))
-    await asyncio.sleep(0.05)
-    assert not routing.done()  # not the empty pool's 503
+    await asyncio.wait_for(waiting.wait(), 5)
+    assert not routing.done()  # waiting for the sync, not the empty pool's 503
     known.extend(EPS)
     discovered.set()
     decision = await asyncio.wait_for(routing, 5)
