@@ -183,7 +183,6 @@ class ApproxPrefixCacheProducer(PluginBase):
         self._last_purge = handle.clock()
         self._metrics = _IndexerMetrics(handle.registry, self.typed_name.name, self.TYPE)
         self._pending: PendingBlocks | None = None  # created when a syncer first asks
-        self._pending_dropped: Any = None
 
     def produces(self) -> frozenset[DataKey[Any]]:
         return frozenset({self._key})
@@ -267,8 +266,8 @@ class ApproxPrefixCacheProducer(PluginBase):
             capacity = self._capacity(ep, state.block_size)
             for hashes in state.per_prompt:
                 self.index.add(ep.id, hashes, capacity)
-                if pending is not None and (dropped := pending.add(ep.id, hashes, capacity)):
-                    self._pending_dropped.inc(dropped)
+                if pending is not None:
+                    pending.add(ep.id, hashes, capacity)
         self._metrics.size(self.index.size)
         matched = state.matches.get(target.id, 0)
         if pending is not None and matched < state.total_blocks:
@@ -299,14 +298,14 @@ class ApproxPrefixCacheProducer(PluginBase):
     def export_facts(self) -> list[Any]:
         """What PreRequest learned since the last call (``SharedState``), one fact per endpoint."""
         if self._pending is None:
-            self._pending = PendingBlocks(MAX_PENDING_BLOCKS)
-            self._pending_dropped = metric_family(
+            dropped = metric_family(
                 self.handle.registry,
                 Counter,
                 "llm_d_epp_prefix_indexer_sync_dropped_blocks",
                 "Learned (endpoint, block) pairs dropped before other replicas got them.",
                 _LABELS,
             ).labels(self.typed_name.name, self.TYPE)
+            self._pending = PendingBlocks(MAX_PENDING_BLOCKS, on_drop=dropped.inc)
         return self._pending.drain()
 
     def apply_facts(self, facts: Sequence[Any], origin: str) -> None:

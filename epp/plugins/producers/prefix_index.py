@@ -25,7 +25,8 @@ from __future__ import annotations
 import struct
 import sys
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from itertools import chain as chain_all
 from typing import Any, Final
 
 from xxhash import xxh64_intdigest
@@ -243,63 +244,78 @@ class PrefixIndex:
 class PendingBlocks:
     """The (endpoint, block) pairs learned since the last ``drain``, for other replicas.
 
-    Kept per endpoint in the order the index touched them, with duplicates folded (a block sent
-    twice to one endpoint is one pair, at its latest position), so one ``PrefixIndex.add`` per
-    endpoint on the receiving side leaves the same recency order as here. At most ``max_blocks``
-    pairs: past it the oldest pairs of the endpoint touched longest ago are dropped first.
+    ``drain`` gives them per endpoint in the order the index touched them, with duplicates folded
+    (a block sent twice to one endpoint is one pair, at its latest position), so one
+    ``PrefixIndex.add`` per endpoint on the receiving side leaves the same recency order as here.
+    At most ``max_blocks`` pairs are drained: past it the oldest pairs of the endpoint touched
+    longest ago are dropped first, and ``on_drop`` is told how many.
+
+    ``add`` only keeps the chain: it runs on the request path, once per routed request, and
+    folding a 3,000-block chain block by block cost about 0.3 ms there. The chains of an
+    endpoint are folded together by ``dict.fromkeys`` (one C-level pass) when drained, or sooner
+    once the kept pairs, repeats counted, pass twice the bound, so memory stays bounded and a
+    pair is folded O(1) times. A lone chain is drained as it came: its hashes are chained, so
+    they are distinct (a repeat would only refresh the block on the receiving side).
     """
 
-    def __init__(self, max_blocks: int) -> None:
+    def __init__(self, max_blocks: int, on_drop: Callable[[int], object] | None = None) -> None:
         self.max_blocks = max_blocks
-        # endpoint -> its blocks, oldest first; endpoints ordered by their last touch
-        self._chains: OrderedDict[str, OrderedDict[int, None]] = OrderedDict()
+        self._on_drop = on_drop
+        # endpoint -> its chains as added (each newest block first), oldest chain first;
+        # endpoints ordered by their last touch
+        self._chains: OrderedDict[str, list[Sequence[int]]] = OrderedDict()
         self._capacity: dict[str, int] = {}
-        self._count = 0
+        self._kept = 0  # pairs held in ``_chains``, repeats counted until folded
 
     def __len__(self) -> int:
-        return self._count
+        """Pairs that would be drained now (folds what was added)."""
+        self._settle()
+        return self._kept
 
-    def add(self, endpoint: str, hashes: Sequence[int], capacity: int) -> int:
-        """Record a chain as ``PrefixIndex.add`` does (last block first: the head is newest);
-        returns how many of the oldest pairs were dropped to stay within the bound."""
-        chain = self._chains.get(endpoint)
-        if chain is None:
-            chain = self._chains[endpoint] = OrderedDict()
+    def add(self, endpoint: str, hashes: Sequence[int], capacity: int) -> None:
+        """Record a chain as ``PrefixIndex.add`` does (last block first: the head is newest)."""
+        chains = self._chains.get(endpoint)
+        if chains is None:
+            chains = self._chains[endpoint] = []
         else:
             self._chains.move_to_end(endpoint)
         self._capacity[endpoint] = capacity
-        before = len(chain)
-        for h in reversed(hashes[:capacity]):
-            if h in chain:
-                chain.move_to_end(h)
-            else:
-                chain[h] = None
-        self._count += len(chain) - before
-        return self._trim()
+        chain = hashes[:capacity]  # a copy: the caller's list may change after it returns
+        chains.append(chain)
+        self._kept += len(chain)
+        if self._kept > 2 * self.max_blocks:
+            self._settle()
 
-    def _trim(self) -> int:
-        excess = max(0, self._count - self.max_blocks)
+    def _settle(self) -> None:
+        """Fold every endpoint's chains into one, then drop past the bound."""
+        kept = 0
+        for chains in self._chains.values():
+            if len(chains) > 1 or not isinstance(chains[0], list):
+                chains[:] = (list(dict.fromkeys(chain_all.from_iterable(reversed(chains)))),)
+            kept += len(chains[0])
+        excess = max(0, kept - self.max_blocks)
+        self._kept = kept - excess
         left = excess
         while left:
-            endpoint, chain = next(iter(self._chains.items()))
-            if len(chain) <= left:
-                left -= len(chain)
+            endpoint, chains = next(iter(self._chains.items()))
+            oldest = chains[0]  # folded: the endpoint's one chain
+            if len(oldest) <= left:
+                left -= len(oldest)
                 del self._chains[endpoint]
                 continue
-            for _ in range(left):
-                chain.popitem(last=False)
+            chains[0] = oldest[: len(oldest) - left]
             left = 0
-        self._count -= excess
-        return excess
+        if excess and self._on_drop is not None:
+            self._on_drop(excess)
 
     def drain(self) -> list[list[Any]]:
         """One fact per endpoint, ``[endpoint id, capacity, [block hashes, newest first]]``, the
         endpoint touched last first; empties the buffer."""
+        self._settle()
         facts: list[list[Any]] = [
-            [ep, self._capacity[ep], list(reversed(chain))]
-            for ep, chain in reversed(self._chains.items())
+            [ep, self._capacity[ep], chains[0]] for ep, chains in reversed(self._chains.items())
         ]
         self._chains.clear()
         self._capacity.clear()
-        self._count = 0
+        self._kept = 0
         return facts

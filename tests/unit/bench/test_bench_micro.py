@@ -20,6 +20,13 @@ async def test_micro_measures_every_hot_path_step_when_run_once() -> None:
     assert [x for x in steps if x[0].startswith("Scheduler")] == [
         ("Scheduler.schedule (default profile)", f"{n} endpoints") for n in ENDPOINT_COUNTS
     ]
+    sharing = [r.step for r in rows if r.step.startswith("prefix sharing")]
+    assert sharing == [
+        "prefix sharing: export",
+        "prefix sharing: encode and decode",
+        "prefix sharing: apply, a turn (known)",
+        "prefix sharing: apply, a fresh prompt",
+    ]
     lookups = [r for r in rows if r.step == "prefix index match"]
     assert len(lookups) == 5 and all(r.unit == "ns/matched block" for r in lookups)
     (memory,) = [r for r in rows if r.step == "prefix index memory"]

@@ -4,6 +4,7 @@ another replica's facts land in its index, and the bounds."""
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Any
 
 import pytest
@@ -168,6 +169,50 @@ def test_pending_blocks_drain_mirrors_the_index_order() -> None:
         replica.add(ep, chain, capacity)
     assert list(replica._lrus["e1"]) == list(index._lrus["e1"])
     assert len(pending) == 0
+
+
+def _reference_drain(adds: list[tuple[str, list[int]]]) -> list[list[Any]]:
+    """What the buffer must drain, folded block by block as the index touches them."""
+    order: dict[str, dict[int, None]] = {}
+    for ep, chain in adds:
+        blocks = order.pop(ep, {})
+        for h in reversed(chain):
+            blocks.pop(h, None)
+            blocks[h] = None
+        order[ep] = blocks
+    return [[ep, 100, list(reversed(blocks))] for ep, blocks in reversed(order.items())]
+
+
+def test_pending_blocks_fold_chains_as_the_index_touches_them() -> None:
+    rng = random.Random(5)
+    for _ in range(200):
+        pending = PendingBlocks(10_000)
+        adds = [
+            (f"e{rng.randrange(3)}", [rng.randrange(12) for _ in range(rng.randrange(1, 6))])
+            for _ in range(rng.randrange(1, 8))
+        ]
+        adds = [(ep, list(dict.fromkeys(chain))) for ep, chain in adds]  # chained: distinct
+        for ep, chain in adds:
+            pending.add(ep, chain, 100)
+        assert pending.drain() == _reference_drain(adds)
+
+
+def test_pending_blocks_keep_a_copy_of_the_chain() -> None:
+    pending, chain = PendingBlocks(100), [1, 2, 3]
+    pending.add("e1", chain, 100)
+    chain.append(4)
+    assert pending.drain() == [["e1", 100, [1, 2, 3]]]
+
+
+def test_pending_blocks_fold_and_drop_before_a_drain_past_twice_the_bound() -> None:
+    drops: list[int] = []
+    pending = PendingBlocks(15, on_drop=drops.append)
+    for first in range(3):
+        pending.add(f"e{first}", list(range(first * 10, first * 10 + 10)), 100)
+    assert drops == []  # 30 pairs kept: not past twice the bound yet
+    pending.add("e0", list(range(10)), 100)  # a repeat: still 30 distinct pairs
+    assert drops == [15]  # folded at 40 kept, then the oldest 15 dropped
+    assert [(ep, len(h)) for ep, _, h in pending.drain()] == [("e0", 10), ("e2", 5)]
 
 
 async def test_new_blocks_ask_for_prompt_sharing_and_a_full_hit_does_not() -> None:

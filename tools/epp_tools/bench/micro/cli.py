@@ -8,6 +8,11 @@ numbers compare across sizes:
   prompt's blocks and matching them against an index that holds the same prompt for one
   endpoint) on a ~195K-token chat prompt (ns per token; the producer matches at most
   ``maxPrefixTokensToMatch`` = 131072 tokens by default);
+* sharing one request's prefix facts with another replica or worker (``--workers``): a
+  195K-token chain of 3,047 blocks exported (``PendingBlocks`` add and drain), encoded and
+  decoded as ``redis-syncer`` does (msgpack), and applied to the other side's index at its bound,
+  as a fresh prompt (every block new, each evicting one) and as an agent's turn (every block
+  known; µs per request and ns per block);
 * ``Scheduler.schedule`` with the built-in default profile (what ``epp`` runs without
   ``--config-*``; ``--help`` lists its plugins and weights, read from that config) over 10, 100
   and 1000 endpoints with scraped metrics and prefix match info (µs per endpoint).
@@ -51,7 +56,7 @@ import orjson
 from prometheus_client import CollectorRegistry
 
 from epp.plugin import CycleState, Endpoint, InferenceRequest, Metrics, TypedName
-from epp.plugins.producers.prefix_index import PrefixIndex
+from epp.plugins.producers.prefix_index import PendingBlocks, PrefixIndex
 from epp_tools.bench.workloads.text import words
 
 MODEL = "sim-model"
@@ -282,10 +287,53 @@ def _index_rows(runs: int) -> list[Row]:
     return rows
 
 
+SHARED_BLOCKS = 3047
+"""A 195K-token prompt in 64-token index blocks."""
+_SHARE = "prefix sharing"
+
+
+def _sharing_rows(runs: int) -> list[Row]:
+    """What one routed request's prefix facts cost the replica that exports them and the one
+    that applies them (``approx-prefix-cache-producer`` with a cross-replica syncer)."""
+    import msgspec
+
+    rng = random.Random(11)
+    n, capacity = SHARED_BLOCKS, 8 * SHARED_BLOCKS
+
+    def chain() -> list[int]:
+        return [rng.getrandbits(64) for _ in range(n)]
+
+    pending = PendingBlocks(65536)
+    known = chain()
+
+    def export() -> object:
+        pending.add("pod-0", known, capacity)
+        return pending.drain()
+
+    encoder, decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(dict[str, list[Any]])
+    batch = {"prefix": export()}
+    index = PrefixIndex(capacity)
+    for i in range(10):  # at its bound: every new block evicts one
+        index.add("pod-0", known if i == 9 else chain(), capacity)
+    fresh = [chain() for _ in range(runs)]
+    steps = (
+        ("export", lambda: export()),
+        ("encode and decode", lambda: decoder.decode(encoder.encode(batch))),
+        ("apply, a turn (known)", lambda: index.add("pod-0", known, capacity)),
+        ("apply, a fresh prompt", lambda: index.add("pod-0", fresh.pop(), capacity)),
+    )
+    rows = []
+    for what, fn in steps:
+        us = median_us(fn, runs)
+        rows.append(Row(f"{_SHARE}: {what}", f"{n:,} blocks", us, us * 1000 / n, "ns/block"))
+    return rows
+
+
 async def measure(runs: int) -> list[Row]:
     hot = HotPath()
     rows = _parse_rows(hot, runs)
     rows += await _producers(hot, runs)
+    rows += _sharing_rows(runs)
     rows += await _schedule_rows(hot, runs)
     rows += _index_rows(runs)
     rows += scrape_rows(runs)
