@@ -38,4 +38,6 @@ def test_the_quick_cores_run_answers_every_request_and_computes_the_line(tmp_pat
         assert line["go_cores_chunks_only"] == pytest.approx(110_000 * 37e-6, abs=0.01)
         assert line["cores"] == pytest.approx(line["cores_requests"] + line["cores_chunks"], 0.02)
         assert line["cores_turns"] > 0
+    two = report["groups"][1]
+    assert len(two["big"]["us_per_request_by_worker"]) == 2  # each worker measured on its own
     assert "llm-d's Go EPP" in (tmp_path / "cores-quick.md").read_text()

@@ -81,3 +81,34 @@ def test_the_report_shows_the_turns_where_measured() -> None:
     assert "with agents' turns instead of fresh prompts (5,000 µs each)" in text
     assert "a second worker added 300 µs to each turn" in text
     assert "| 8 | 7,100 |" in text
+
+
+def test_the_second_workers_own_cpu_is_what_each_further_worker_adds_when_measured() -> None:
+    two = _group(2, 9_000.0, 5.0, 7_200.0)
+    two["computed"].update(us_applied_195k=1_500.0, us_applied_turn=300.0)  # type: ignore[attr-defined]
+    sc = cores.scaling([_group(1, 8_000.0, 6.0, 7_000.0), two])
+    assert sc["us_applied_per_worker"] == 1_500.0 and sc["us_applied_per_worker_turn"] == 300.0
+    assert sc["us_added_per_worker"] == 1_000.0  # the difference of the totals, kept
+    rows = {r["workers"]: r for r in sc["rows"]}
+    assert rows[3]["us_per_request_195k"] == 11_000.0 and rows[3]["us_per_request_turn"] == 7_600.0
+    text = cores_md({"seed": {"chunks_per_s": 1.0, "go_us_per_chunk": 1.0}, "scaling": sc,
+                     "groups": [], "started": ""})  # fmt: skip
+    assert "the second worker's own CPU, applying the other's facts, was 1,500 µs" in text
+
+
+def test_the_least_busy_workers_slope_is_the_applying_cost() -> None:
+    big = {"us_per_request": 9_000.0, "us_per_request_by_worker": [8_700.0, 420.0]}
+    turns = {"us_per_request": 8_000.0, "us_per_request_by_worker": [7_800.0, 250.0]}
+    group = {"steps": [{"rate": 100.0, "reached": True, "us_per_chunk": 6.0}], "big": big,
+             "turns": turns}  # fmt: skip
+    line = cores.computed(group)
+    assert line["us_applied_195k"] == 420.0 and line["us_applied_turn"] == 250.0
+    one = {"steps": group["steps"], "big": {"us_per_request": 8_000.0}}
+    assert "us_applied_195k" not in cores.computed(one)
+
+
+def test_each_worker_gets_its_own_slope_the_supervisor_left_out() -> None:
+    group = cores._Group(eset=None, pid=1)  # type: ignore[arg-type]
+    runs = [(True, 10, {1: 0.01, 2: 0.10, 3: 0.002}), (False, 30, {1: 0.02, 2: 0.30, 3: 0.006})]
+    assert cores._by_process(group, runs) == {"us_per_request_by_worker": [10_000.0, 200.0]}
+    assert cores._by_process(group, [(True, 10, {1: 0.01, 2: 0.1})]) == {}  # one worker

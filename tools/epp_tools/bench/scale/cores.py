@@ -43,7 +43,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ from epp_tools.bench.scale.ramp import WORK
 from epp_tools.bench.workloads.spec import MODEL, FleetSpec
 from epp_tools.bench.workloads.text import words
 from epp_tools.stack.eppconfig import epp_config_text
-from epp_tools.stack.procs import tree_cpu_seconds
+from epp_tools.stack.procs import cpu_seconds, descendants
 from epp_tools.stack.replicas import EppSet
 
 OUT = Path("docs/benchmarks/scale")
@@ -135,14 +135,25 @@ class _Group:
     eset: EppSet
     pid: int
     idle_cores: float = 0.0
+    idle_by_pid: dict[int, float] = field(default_factory=dict)
+    """Each process's idle rate (``--workers`` > 1: the supervisor and every worker)."""
 
 
-async def _run(group: _Group, payloads: Sequence[bytes], rate: float, duration: float) -> Any:
+def _cpu_by_pid(pid: int) -> dict[int, float]:
+    return {p: cpu_seconds(p) for p in descendants(pid)}
+
+
+async def _run(
+    group: _Group, payloads: Sequence[bytes], rate: float, duration: float
+) -> tuple[Sequence[Shot], float, dict[int, float]]:
+    """Drive ``payloads`` open loop; the EPP's CPU net of idle, in all and per process."""
     times = arrivals(rate, duration, "uniform")
-    c0, t0 = tree_cpu_seconds(group.pid), time.perf_counter()
+    c0, t0 = _cpu_by_pid(group.pid), time.perf_counter()
     shots, _ = await open_loop(group.eset.url, payloads, times, timeout=60.0, stream=True)
-    cpu = tree_cpu_seconds(group.pid) - c0 - group.idle_cores * (time.perf_counter() - t0)
-    return shots, max(0.0, cpu)
+    c1, elapsed = _cpu_by_pid(group.pid), time.perf_counter() - t0
+    by_pid = {p: c1[p] - c0.get(p, 0.0) - group.idle_by_pid.get(p, 0.0) * elapsed for p in c1}
+    cpu = sum(c1.values()) - sum(c0.values()) - group.idle_cores * elapsed
+    return shots, max(0.0, cpu), by_pid
 
 
 def _ok(shots: Sequence[Shot]) -> int:
@@ -153,8 +164,8 @@ async def _step(group: _Group, rate: float, opts: CoresOptions) -> dict[str, Any
     n = max(1, math.ceil(rate * opts.duration))
     one = bodies(n, opts.seed, max_tokens=1, stream=True)
     many = bodies(n, opts.seed + 1, max_tokens=opts.chunks, stream=True)
-    shots1, cpu1 = await _run(group, one, rate, opts.duration)
-    shots2, cpu2 = await _run(group, many, rate, opts.duration)
+    shots1, cpu1, _ = await _run(group, one, rate, opts.duration)
+    shots2, cpu2, _ = await _run(group, many, rate, opts.duration)
     ok1, ok2 = _ok(shots1), _ok(shots2)
     per_req = cpu1 / max(ok1, 1)
     per_chunk = max(0.0, cpu2 / max(ok2, 1) - per_req) / (opts.chunks - 1)
@@ -171,10 +182,13 @@ async def _step(group: _Group, rate: float, opts: CoresOptions) -> dict[str, Any
     }
 
 
-async def _idle(pid: int, seconds: float = IDLE_S) -> float:
-    c0, t0 = tree_cpu_seconds(pid), time.perf_counter()
+async def _idle(group: _Group, seconds: float = IDLE_S) -> None:
+    """Set the group's idle rate, in all and per process, from ``seconds`` without traffic."""
+    c0, t0 = _cpu_by_pid(group.pid), time.perf_counter()
     await asyncio.sleep(seconds)
-    return (tree_cpu_seconds(pid) - c0) / (time.perf_counter() - t0)
+    c1, elapsed = _cpu_by_pid(group.pid), time.perf_counter() - t0
+    group.idle_by_pid = {p: (c1[p] - c0.get(p, 0.0)) / elapsed for p in c1}
+    group.idle_cores = (sum(c1.values()) - sum(c0.values())) / elapsed
 
 
 async def _big(group: _Group, opts: CoresOptions, make: Bodies) -> dict[str, Any]:
@@ -182,18 +196,17 @@ async def _big(group: _Group, opts: CoresOptions, make: Bodies) -> dict[str, Any
     ``big_rate`` and at ``big_rate`` (twice each, interleaved), so what the load costs whatever
     the rate (scrapes of busy pods, sync rounds) is not charged to the few requests of a run."""
     low = max(opts.big_rate / 3.0, 0.5)
-    runs: list[tuple[float, int, int, float]] = []  # rate, answered, errors, cpu
+    runs: list[tuple[float, int, int, float, dict[int, float]]] = []
     for i, rate in enumerate((low, opts.big_rate, low, opts.big_rate)):
         n = max(1, math.ceil(rate * opts.big_duration))
-        shots, cpu = await _run(group, make(n, i), rate, opts.big_duration)
-        runs.append((rate, _ok(shots), len(shots) - _ok(shots), cpu))
+        shots, cpu, each = await _run(group, make(n, i), rate, opts.big_duration)
+        runs.append((rate, _ok(shots), len(shots) - _ok(shots), cpu, each))
+    slope = _slope([(r[0] == low, r[1], r[3]) for r in runs])
+    answered = sum(r[1] for r in runs)
     lo = [r for r in runs if r[0] == low]
     hi = [r for r in runs if r[0] != low]
-    d_req = sum(r[1] for r in hi) - sum(r[1] for r in lo)
-    d_cpu = sum(r[3] for r in hi) - sum(r[3] for r in lo)
-    answered, total_cpu = sum(r[1] for r in runs), sum(r[3] for r in runs)
-    slope = d_cpu / d_req if d_req > 0 else total_cpu / max(answered, 1)
     return {
+        **_by_process(group, [(r[0] == low, r[1], r[4]) for r in runs]),
         "tokens": opts.big_tokens,
         "rate": opts.big_rate,
         "low_rate": round(low, 2),
@@ -207,14 +220,36 @@ async def _big(group: _Group, opts: CoresOptions, make: Bodies) -> dict[str, Any
     }
 
 
+def _slope(runs: Sequence[tuple[bool, int, float]]) -> float:
+    """CPU seconds per answered request between the low-rate and the high-rate runs
+    (``(low?, answered, cpu)`` each); the plain average when the rates answered alike."""
+    d_req = sum(n for low, n, _ in runs if not low) - sum(n for low, n, _ in runs if low)
+    d_cpu = sum(c for low, _, c in runs if not low) - sum(c for low, _, c in runs if low)
+    answered = sum(n for _, n, _ in runs)
+    return d_cpu / d_req if d_req > 0 else sum(c for _, _, c in runs) / max(answered, 1)
+
+
+def _by_process(
+    group: _Group, runs: Sequence[tuple[bool, int, dict[int, float]]]
+) -> dict[str, Any]:
+    """With ``--workers`` > 1, each worker's own slope, the busiest first. Envoy holds few
+    connections at a few requests per second, so one worker routes nearly all of them and the
+    other's CPU is what sharing costs the side that applies the facts (receive, decode, apply),
+    measured on that process alone instead of as the difference of two noisy totals."""
+    workers = {p for _, _, each in runs for p in each} - {group.pid}
+    if len(workers) < 2:
+        return {}
+    slopes = {p: _slope([(low, n, each.get(p, 0.0)) for low, n, each in runs]) for p in workers}
+    ranked = sorted(slopes.values(), reverse=True)
+    return {"us_per_request_by_worker": [round(max(v, 0.0) * 1e6, 1) for v in ranked]}
+
+
 async def _turns(group: _Group, opts: CoresOptions) -> dict[str, Any]:
     """``_big`` for agents' turns, after the shared context has gone in once (unmeasured)."""
-    warm, _ = await _run(group, turn_bodies(1, opts.big_tokens, opts.seed, -1), 1.0, 1.0)
+    warm, _, _ = await _run(group, turn_bodies(1, opts.big_tokens, opts.seed, -1), 1.0, 1.0)
     if _ok(warm) != len(warm):
         raise RuntimeError("the agent's first turn was not answered")
-    row = await _big(
-        group, opts, lambda n, i: turn_bodies(n, opts.big_tokens, opts.seed, i)
-    )
+    row = await _big(group, opts, lambda n, i: turn_bodies(n, opts.big_tokens, opts.seed, i))
     row["tail_tokens"] = TURN_TAIL_TOKENS
     return row
 
@@ -233,14 +268,14 @@ async def measure(workers: int, opts: CoresOptions, workdir: Path) -> dict[str, 
         eset.start()
         await warm_up(eset.url)
         group = _Group(eset, eset.pids()["epp"])
-        group.idle_cores = await _idle(group.pid)
+        await _idle(group)
         steps = []
         for rate in opts.rates:
             steps.append(await _step(group, rate, opts))
             log(f"{workers} worker(s) @ {rate:g}/s: {steps[-1]}")
         first_idle = group.idle_cores
-        big_idle = await _idle(group.pid, min(BIG_IDLE_S, max(IDLE_S, opts.big_duration)))
-        group.idle_cores = big_idle
+        await _idle(group, min(BIG_IDLE_S, max(IDLE_S, opts.big_duration)))
+        big_idle = group.idle_cores
         big_row = await _big(
             group, opts, lambda n, i: big_bodies(n, opts.big_tokens, opts.seed + i)
         )
@@ -279,8 +314,14 @@ def computed(group: dict[str, Any]) -> dict[str, Any]:
         "us_per_request_turn": turns["us_per_request"],
         "cores_turns": round(peak_cores(turns["us_per_request"], top["us_per_chunk"]), 2),
     } if turns else {}  # fmt: skip
+    applied = {  # the least busy worker's own cost per request: applying the other's facts
+        key: row["us_per_request_by_worker"][-1]
+        for key, row in (("us_applied_195k", group["big"]), ("us_applied_turn", turns))
+        if row.get("us_per_request_by_worker")
+    }
     return {
         **per_turn,
+        **applied,
         "at_rate": top["rate"],
         "us_per_request_195k": group["big"]["us_per_request"],
         "us_per_chunk": top["us_per_chunk"],
@@ -299,10 +340,13 @@ def scaling(groups: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The cores at llm-d's peak with N workers, computed from the 1- and 2-worker costs.
 
     What a worker adds to every request is the other's prefix-index facts applied to its own
-    index: ``added = max(0, per_request(2) - per_request(1))`` for a 195,000-token request, paid
-    once per other worker, so ``per_request(N) = per_request(1) + (N - 1) x added``. A chunk
-    touches no shared state: its 1-worker cost holds for any N. The same from the agents' turns'
-    costs (``us_per_request_turn``) where both groups measured them. Empty without both groups."""
+    index, paid once per other worker: ``per_request(N) = per_request(1) + (N - 1) x added``.
+    ``added`` is the least busy worker's own CPU per request with 2 workers (``us_applied_*``,
+    one worker routes nearly everything at these rates, so the other's CPU is the applying),
+    or, from reports without it, ``max(0, per_request(2) - per_request(1))``, which is also
+    kept (``us_added_per_worker*``). A chunk touches no shared state: its 1-worker cost holds
+    for any N. The same from the agents' turns' costs (``us_per_request_turn``) where both groups
+    measured them. Empty without both groups."""
     by = {g["workers"]: g.get("computed") or {} for g in groups if g.get("status") == "ok"}
     one, two = by.get(1), by.get(2)
     if not one or not two:
@@ -315,6 +359,10 @@ def scaling(groups: Sequence[dict[str, Any]]) -> dict[str, Any]:
             continue
         added = max(0.0, two[key] - one[key])
         out[f"us_added_per_worker{suffix}"] = round(added, 1)
+        applied = two.get(f"us_applied{suffix or '_195k'}")
+        if applied is not None:
+            out[f"us_applied_per_worker{suffix}"] = applied
+            added = applied
         for row in rows:
             per_req = one[key] + (row["workers"] - 1) * added
             row[key] = round(per_req, 1)
