@@ -30,8 +30,9 @@ vLLM streams them) this EPP needs ``126.9 * per_request(195k) + 110,000 * per_ch
 Go EPP, from its published 37 µs per chunk, ``110,000 * 37 µs`` = 4.07 cores for the chunks alone
 (its per-request cost is not published). One worker serves at most one core, so the EPP needs
 that many workers (or active-active replicas, which share nothing on the request path either);
-that this holds is what the 1- and 2-worker measurements show: the same cost per request and per
-chunk with the work spread over two processes.
+whether that holds is what the 1- and 2-worker measurements show. With 2 workers each worker's
+own CPU slope is measured too: one worker routes nearly every long request at these rates, so
+the other's is what applying its facts costs, which each further worker adds to every request.
 """
 
 from __future__ import annotations
