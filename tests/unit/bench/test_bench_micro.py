@@ -100,6 +100,13 @@ def test_in_process_chunk_cost_is_measured_on_a_routed_stream() -> None:
     assert 0.0 <= chunkcost.measure(chunks=400) < 10_000.0
 
 
+def test_in_process_long_request_cost_is_measured_on_whole_turns() -> None:
+    from epp_tools.bench.micro import chunkcost
+
+    # each turn must be routed and its stream ended, or the harness raises
+    assert 0.0 <= chunkcost.measure_long(requests=2) < 10_000_000.0
+
+
 def test_micro_help_names_the_default_profile_the_hot_path_loads(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -351,6 +351,16 @@ async def test_a_body_over_the_limit_is_413_and_one_at_the_limit_routes() -> Non
     assert director.calls[-1][:2] == ("route", b"1234512345") and len(replies) == 2
 
 
+async def test_a_body_in_chunks_ending_with_an_empty_one_routes_as_one_body() -> None:
+    # Envoy's usual shape for a large prompt: two chunks, then an empty one with end of stream
+    stream, director = new_stream()
+    await send(stream, headers())
+    assert await send(stream, body(b'{"a":', eos=False)) == []
+    assert await send(stream, body(b"1}", eos=False)) == []
+    assert len(await send(stream, body(b""))) == 2
+    assert director.calls[-1][:2] == ("route", b'{"a":1}')
+
+
 async def test_a_routing_error_is_answered_and_ends_the_stream(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

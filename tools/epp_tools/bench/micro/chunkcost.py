@@ -14,6 +14,11 @@ a gRPC client would send:
   (routed: the routing task is awaited), the response headers and one chunk with end of
   stream, the client's END_STREAM on that last frame.
 
+* per long request: ``requests`` agents' turns of 195,000 tokens (all but the last 1,300 shared,
+  the context sent once before), each as Envoy sends it: the request headers, the ~780 KB body
+  in two chunks (all but the last 65,280 bytes, then those) and an empty chunk with end of
+  stream, in 16 KB DATA frames; then the response headers and one chunk with end of stream.
+
 The process CPU around those calls is everything the EPP does but the socket read, the write
 system call and the event loop's turn; the wire row's per-chunk figure minus this one is about
 what those cost.
@@ -32,6 +37,7 @@ from typing import Any, Protocol
 
 import hpack
 
+from epp._proto import epp_extproc_v3_pb2 as pb
 from epp.server import h2wire as w
 from epp.server.context import ServerContext
 from epp.server.h2 import PROCESS, ExtProcCall
@@ -183,6 +189,61 @@ async def per_request(ctx: ServerContext, requests: int, factory: Factory = Conn
     return spent / requests * 1e6
 
 
+_ENVOY_TAIL = 65_280
+"""Envoy's last body chunk before the empty one that ends a ~780 KB body (seen through Envoy
+1.36 in full duplex: 714,886 + 65,280 bytes + 0)."""
+_FRAME = 16_384  # the HTTP/2 default SETTINGS_MAX_FRAME_SIZE
+
+
+def _long_request_frames(client: Client, sid: int, headers: bytes, body: bytes) -> list[bytes]:
+    """One request's frames as Envoy sends them (see the module docstring)."""
+    cut = max(0, len(body) - _ENVOY_TAIL)
+    frames = [client.headers(sid) + client.message(sid, headers)]
+    for piece, end in ((body[:cut], False), (body[cut:], False), (b"", True)):
+        chunk = pb.ProcessingRequest(request_body=pb.HttpBody(body=piece, end_of_stream=end))
+        framed = w.grpc_message(chunk.SerializeToString())
+        frames += [w.frame(w.DATA, 0, sid, framed[i : i + _FRAME])
+                   for i in range(0, len(framed), _FRAME)]  # fmt: skip
+    return frames
+
+
+async def per_long_request(
+    ctx: ServerContext, requests: int, factory: Factory = Connection
+) -> float:
+    """µs of process CPU per 195,000-token agent's turn (see the module docstring)."""
+    from epp_tools.bench.scale.cores import turn_bodies
+
+    conn, client = connect(factory, ext_proc(ctx)), Client()
+    msgs = [m.SerializeToString() for m in wire.stream_messages(1)]
+    await _routed_stream(conn, client, msgs[:2])  # discovery has run
+    bodies = turn_bodies(requests + 1, 195_000, 1, 0)
+    prepared = [
+        _long_request_frames(client, 3001 + 2 * i, msgs[0], b) for i, b in enumerate(bodies)
+    ]
+
+    sent: CountingTransport = getattr(conn, "_transport")  # noqa: B009 (not in Conn)
+
+    async def one(i: int) -> None:
+        sid, before = 3001 + 2 * i, sent.written
+        for frame in prepared[i]:
+            conn.data_received(frame)
+        await _settle(conn, sid)
+        if sent.written - before < len(bodies[i]):  # routed: the body went back to Envoy
+            raise RuntimeError("a long request was not routed")
+        conn.data_received(client.message(sid, msgs[2]))
+        conn.data_received(client.message(sid, msgs[3], end=True))
+        if sid in conn.streams:
+            raise RuntimeError("a long request's stream did not end")
+
+    await one(0)  # the agent's context goes in, unmeasured
+    t0 = time.process_time()
+    for i in range(1, requests + 1):
+        await one(i)
+    spent = time.process_time() - t0
+    conn.connection_lost(None)
+    return spent / requests * 1e6
+
+
 @asynccontextmanager
 async def epp() -> AsyncIterator[ServerContext]:
     """A whole EPP with the wire benchmark's endpoints: its server context."""
@@ -214,3 +275,16 @@ async def _measure(chunks: int) -> float:
 def measure(chunks: int = 20_000) -> float:
     """µs of process CPU per streamed chunk, in process (see the module docstring)."""
     return asyncio.run(_measure(chunks))
+
+
+LONG_REQUESTS = 40
+
+
+async def _measure_long(requests: int) -> float:
+    async with epp() as ctx:
+        return await per_long_request(ctx, requests)
+
+
+def measure_long(requests: int = LONG_REQUESTS) -> float:
+    """µs of process CPU per 195,000-token agent's turn, in process (module docstring)."""
+    return asyncio.run(_measure_long(requests))

@@ -21,8 +21,10 @@ numbers compare across sizes:
   streamed response chunk, through a real server (the whole EPP, asyncio or uvloop, with or without
   TLS; and, for reference, an empty grpc.aio / synchronous grpcio servicer, the floor of a grpcio
   server) and a real gRPC client in this process; the EPP's CPU per chunk
-  inside the process, without the socket and the event loop (``epp_tools.bench.micro.chunkcost``);
-  and the wall-clock time of each round trip before a lone request's first token (route, response
+  inside the process, without the socket and the event loop (``epp_tools.bench.micro.chunkcost``),
+  and per agent's turn of 195K tokens sent as Envoy sends it (its ~780 KB body in two chunks,
+  forwarded back in full-duplex replies); and the wall-clock time of each round trip before a
+  lone request's first token (route, response
   headers, first chunk; ``epp_tools.bench.micro.wirelat``). ``--no-wire`` skips them;
 * one scrape's parsing and extraction of a simulated vLLM page, the previous path
   (``promtext.parse``) and the current one (``LineCache``) side by side
@@ -357,6 +359,9 @@ def wire_rows() -> list[Row]:
     us = chunkcost.measure()
     label = "ext_proc EPP, in process, no socket"
     rows.append(Row(label, "20000 chunks", us, us, "µs CPU/chunk"))
+    us = chunkcost.measure_long()
+    size = f"{chunkcost.LONG_REQUESTS} 195K turns"
+    rows.append(Row(label, size, us, us, "µs CPU/request"))
     return rows + latency_rows()
 
 
