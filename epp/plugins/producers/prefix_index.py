@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import struct
 import sys
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Sequence
 from itertools import chain as chain_all
 from typing import Any, Final
@@ -136,12 +136,30 @@ class PrefixIndex:
         if capacity is not None and capacity > 0:
             self._capacity[endpoint] = capacity
         cap = self._capacity.get(endpoint, self.default_capacity)
-        owners = self._owners
         alone = self._alone.get(endpoint)
         if alone is None:
             alone = self._alone[endpoint] = (endpoint,)
+        chain = hashes[:cap]
+        known = _held_head(lru, chain)
+        added = self._touch(endpoint, lru, alone, chain[known:])
+        if known:
+            try:  # an agent's next turn: thousands of known blocks, moved in one C-level pass
+                deque(map(lru.move_to_end, reversed(chain[:known])), 0)
+            except KeyError:  # a block of the head was not there after all: block by block
+                added += self._touch(endpoint, lru, alone, chain[:known])
+        self._size += added
+        if len(lru) > cap:
+            # Evicting once the chain is in leaves the same blocks as evicting one per insert:
+            # the chain (at most ``cap`` blocks) is at the recent end either way.
+            self._evict(endpoint, lru, len(lru) - cap)
+
+    def _touch(
+        self, endpoint: str, lru: OrderedDict[int, None], alone: tuple[str], blocks: Sequence[int]
+    ) -> int:
+        """Touch ``blocks`` last first, adding those the endpoint lacks; returns how many."""
+        owners = self._owners
         added = 0
-        for h in reversed(hashes[:cap]):
+        for h in reversed(blocks):
             if h in lru:
                 lru.move_to_end(h)
                 continue
@@ -149,11 +167,7 @@ class PrefixIndex:
             held = owners.get(h)
             owners[h] = alone if held is None else self._joined(held, endpoint)
             added += 1
-        self._size += added
-        if len(lru) > cap:
-            # Evicting once the chain is in leaves the same blocks as evicting one per insert:
-            # the chain (at most ``cap`` blocks) is at the recent end either way.
-            self._evict(endpoint, lru, len(lru) - cap)
+        return added
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
         """Endpoint → number of leading blocks of ``hashes`` it holds consecutively.
@@ -239,6 +253,20 @@ class PrefixIndex:
             self._owners[h] = self._tuples.setdefault(rest, rest)
         else:
             del self._owners[h]
+
+
+def _held_head(lru: OrderedDict[int, None], chain: Sequence[int]) -> int:
+    """How many leading blocks of ``chain`` the LRU holds, found by bisection (a dozen lookups
+    for a 3,000-block chain). An index holds a chain's blocks as a prefix (the tail is evicted
+    first); where it does not, ``add`` finds the hole and falls back to its block-by-block loop."""
+    lo, hi = 0, len(chain)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if chain[mid - 1] in lru:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class PendingBlocks:

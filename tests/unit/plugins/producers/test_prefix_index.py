@@ -258,6 +258,24 @@ def test_add_and_removal_match_the_plain_rules_when_driven_at_random() -> None:
     assert index.size == sum(len(lru) for lru in plain.lrus.values())
 
 
+def test_a_known_head_with_a_hole_is_touched_block_by_block() -> None:
+    # the head is found by bisection, which sees 1 and 5 held and misses that 2 is not
+    index, plain = PrefixIndex(10), _PlainIndex(10)
+    for chain in ([1, 3, 4, 5], [1, 2, 3, 4, 5]):
+        index.add("e", chain)
+        plain.add("e", chain, None)
+    assert list(index._lrus["e"]) == plain.lrus["e"] == [5, 4, 3, 2, 1]
+    assert index.owners(2) == ("e",) and index.size == 5
+
+
+def test_a_known_chain_only_refreshes_its_blocks() -> None:
+    index = PrefixIndex(10)
+    index.add("e", [1, 2, 3])
+    index.add("e", [7, 8])
+    index.add("e", [1, 2, 3, 4])  # the next turn: 1-3 known, 4 new
+    assert list(index._lrus["e"]) == [8, 7, 4, 3, 2, 1] and index.size == 6
+
+
 def test_owner_tuples_are_shared_between_blocks() -> None:
     index = PrefixIndex(100)
     index.add("a", [1, 2, 3])
