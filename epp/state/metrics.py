@@ -38,6 +38,13 @@ STATE_SYNC_METRICS: Final = (
         _PLUGIN,
     ),
     MetricSpec(
+        "apply_seconds",
+        Counter,
+        "llm_d_epp_state_sync_apply_seconds_total",
+        "Seconds spent applying other replicas' facts to local state, by plugin",
+        _PLUGIN,
+    ),
+    MetricSpec(
         "batches",
         Counter,
         "llm_d_epp_state_sync_batches_total",
@@ -91,6 +98,7 @@ class SyncMetrics:
 
     published_facts: Counter
     applied_facts: Counter
+    apply_seconds: Counter
     batches: Counter
     skipped_facts: Counter
     errors: Counter

@@ -22,9 +22,12 @@ Started only when the config names a cross-replica syncer
   one interval for new batches (``ReplicaSyncer.receive(wait)``; ``redis-syncer`` blocks in
   ``XREAD``), so a peer's facts are applied a round trip after it published them. Batches are
   applied by plugin name: this replica's own and names no plugin here has are skipped and
-  counted. Between batches the loop yields to the event loop, so a large catch-up never stalls
-  request handling. A syncer that returns empty before the wait is over is called again only
-  when the interval has passed, so the loop never spins.
+  counted, and the time spent applying them is counted by plugin
+  (``llm_d_epp_state_sync_apply_seconds_total``: what sharing costs this replica beside its own
+  requests, since every replica applies every other one's facts). Between batches the loop
+  yields to the event loop, so a large catch-up never stalls request handling. A syncer that
+  returns empty before the wait is over is called again only when the interval has passed, so
+  the loop never spins.
 
 ``round`` is the two sides once, in order (collect, bootstrap if due, publish, receive without
 waiting), for tests and tools.
@@ -353,12 +356,15 @@ class StateSync:
                 if origin == own or plugin is None:
                     skipped["own_origin" if origin == own else "unknown_plugin"] += len(facts)
                     continue
+                started = time.perf_counter()
                 try:
                     plugin.apply_facts(facts, origin)
                 except Exception as exc:
                     self.metrics.errors.labels("apply").inc()
                     self._warn("apply_facts of %s raised: %r", plugin.typed_name, exc)
                     continue
+                finally:  # what sharing costs this replica, next to its own requests
+                    self.metrics.apply_seconds.labels(name).inc(time.perf_counter() - started)
                 applied += len(facts)
                 self.metrics.applied_facts.labels(name).inc(len(facts))
         for reason, n in skipped.items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from typing import Any
 
 import pytest
@@ -70,6 +71,25 @@ async def test_facts_one_replica_learns_are_applied_by_the_others_not_by_itself(
     assert c.metric("applied_facts_total", plugin_name="notes") == 3
     assert c.metric("batches_total", direction="received") == 2
     assert a.metric("bootstrapped") == 1
+
+
+class SlowNotes(Notes):
+    """Applying takes a known time, as a large prefix fact does."""
+
+    def apply_facts(self, facts: Any, origin: str) -> None:
+        time.sleep(0.02)
+        super().apply_facts(facts, origin)
+
+
+async def test_the_time_spent_applying_other_replicas_facts_is_counted_by_plugin() -> None:
+    log = MemoryLog()
+    a, b = Replica(log, "a"), Replica(log, "b", SlowNotes())
+    await rounds(a, b)
+    assert b.metric("apply_seconds_total", plugin_name="notes") == 0.0
+    a.notes.learn(1)
+    await rounds(a, b)
+    assert 0.02 <= b.metric("apply_seconds_total", plugin_name="notes") < 1.0
+    assert a.metric("apply_seconds_total", plugin_name="notes") == 0.0  # its own: not applied
 
 
 async def test_facts_for_a_plugin_this_replica_lacks_are_skipped_and_counted() -> None:
