@@ -40,4 +40,5 @@ def test_the_quick_cores_run_answers_every_request_and_computes_the_line(tmp_pat
         assert line["cores_turns"] > 0
     two = report["groups"][1]
     assert len(two["big"]["us_per_request_by_worker"]) == 2  # each worker measured on its own
+    assert two["big"]["us_applied_per_request"] > 0  # the EPP timed the applying
     assert "llm-d's Go EPP" in (tmp_path / "cores-quick.md").read_text()

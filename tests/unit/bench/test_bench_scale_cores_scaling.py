@@ -93,16 +93,17 @@ def test_the_second_workers_own_cpu_is_what_each_further_worker_adds_when_measur
     assert rows[3]["us_per_request_195k"] == 11_000.0 and rows[3]["us_per_request_turn"] == 7_600.0
     text = cores_md({"seed": {"chunks_per_s": 1.0, "go_us_per_chunk": 1.0}, "scaling": sc,
                      "groups": [], "started": ""})  # fmt: skip
-    assert "the second worker's own CPU, applying the other's facts, was 1,500 µs" in text
+    assert "applying the other worker's facts cost each worker 1,500 µs per request" in text
 
 
-def test_the_least_busy_workers_slope_is_the_applying_cost() -> None:
-    big = {"us_per_request": 9_000.0, "us_per_request_by_worker": [8_700.0, 420.0]}
+def test_the_applying_cost_is_the_epps_own_timing_else_the_least_busy_workers_slope() -> None:
+    big = {"us_per_request": 9_000.0, "us_per_request_by_worker": [8_700.0, 420.0],
+           "us_applied_per_request": 380.0}  # fmt: skip
     turns = {"us_per_request": 8_000.0, "us_per_request_by_worker": [7_800.0, 250.0]}
     group = {"steps": [{"rate": 100.0, "reached": True, "us_per_chunk": 6.0}], "big": big,
              "turns": turns}  # fmt: skip
     line = cores.computed(group)
-    assert line["us_applied_195k"] == 420.0 and line["us_applied_turn"] == 250.0
+    assert line["us_applied_195k"] == 380.0 and line["us_applied_turn"] == 250.0
     one = {"steps": group["steps"], "big": {"us_per_request": 8_000.0}}
     assert "us_applied_195k" not in cores.computed(one)
 
@@ -112,3 +113,15 @@ def test_each_worker_gets_its_own_slope_the_supervisor_left_out() -> None:
     runs = [(True, 10, {1: 0.01, 2: 0.10, 3: 0.002}), (False, 30, {1: 0.02, 2: 0.30, 3: 0.006})]
     assert cores._by_process(group, runs) == {"us_per_request_by_worker": [10_000.0, 200.0]}
     assert cores._by_process(group, [(True, 10, {1: 0.01, 2: 0.1})]) == {}  # one worker
+
+
+def test_apply_seconds_sums_every_worker_and_plugin_of_a_metrics_page() -> None:
+    page = (
+        "# HELP llm_d_epp_state_sync_apply_seconds_total Seconds spent applying\n"
+        'llm_d_epp_state_sync_apply_seconds_total{plugin_name="a",worker="0"} 0.25\n'
+        'llm_d_epp_state_sync_apply_seconds_total{plugin_name="b",worker="1"} 0.5\n'
+        'llm_d_epp_state_sync_apply_seconds_created{plugin_name="a",worker="0"} 1.7e9\n'
+        'llm_d_epp_state_sync_applied_facts_total{plugin_name="a",worker="0"} 9.0\n'
+    )
+    assert cores.apply_seconds(page) == 0.75
+    assert cores.apply_seconds("") == 0.0

@@ -157,6 +157,19 @@ async def _run(
     return shots, max(0.0, cpu), by_pid
 
 
+APPLY_FAMILY = "llm_d_epp_state_sync_apply_seconds_total"
+
+
+def apply_seconds(metrics_text: str) -> float:
+    """The time the EPP's workers spent applying each other's facts, summed over the workers
+    and plugins of a ``/metrics`` page (0 without sharing)."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith(APPLY_FAMILY + "{") or line.startswith(APPLY_FAMILY + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def _ok(shots: Sequence[Shot]) -> int:
     return sum(1 for s in shots if s.ok)
 
@@ -197,16 +210,24 @@ async def _big(group: _Group, opts: CoresOptions, make: Bodies) -> dict[str, Any
     ``big_rate`` and at ``big_rate`` (twice each, interleaved), so what the load costs whatever
     the rate (scrapes of busy pods, sync rounds) is not charged to the few requests of a run."""
     low = max(opts.big_rate / 3.0, 0.5)
+    applied = -apply_seconds(await asyncio.to_thread(group.eset.scrape, 0))
     runs: list[tuple[float, int, int, float, dict[int, float]]] = []
     for i, rate in enumerate((low, opts.big_rate, low, opts.big_rate)):
         n = max(1, math.ceil(rate * opts.big_duration))
         shots, cpu, each = await _run(group, make(n, i), rate, opts.big_duration)
         runs.append((rate, _ok(shots), len(shots) - _ok(shots), cpu, each))
+    applied += apply_seconds(await asyncio.to_thread(group.eset.scrape, 0))
     slope = _slope([(r[0] == low, r[1], r[3]) for r in runs])
     answered = sum(r[1] for r in runs)
+    sharing = (
+        {"us_applied_per_request": round(applied / max(answered, 1) * 1e6, 1)}
+        if group.eset.workers > 1
+        else {}
+    )
     lo = [r for r in runs if r[0] == low]
     hi = [r for r in runs if r[0] != low]
     return {
+        **sharing,
         **_by_process(group, [(r[0] == low, r[1], r[4]) for r in runs]),
         "tokens": opts.big_tokens,
         "rate": opts.big_rate,
@@ -315,8 +336,9 @@ def computed(group: dict[str, Any]) -> dict[str, Any]:
         "us_per_request_turn": turns["us_per_request"],
         "cores_turns": round(peak_cores(turns["us_per_request"], top["us_per_chunk"]), 2),
     } if turns else {}  # fmt: skip
-    applied = {  # the least busy worker's own cost per request: applying the other's facts
-        key: row["us_per_request_by_worker"][-1]
+    applied = {  # what applying the other worker's facts cost per request: as the EPP timed it
+        # (llm_d_epp_state_sync_apply_seconds_total), else the least busy worker's own CPU
+        key: row.get("us_applied_per_request", row["us_per_request_by_worker"][-1])
         for key, row in (("us_applied_195k", group["big"]), ("us_applied_turn", turns))
         if row.get("us_per_request_by_worker")
     }
@@ -342,9 +364,10 @@ def scaling(groups: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     What a worker adds to every request is the other's prefix-index facts applied to its own
     index, paid once per other worker: ``per_request(N) = per_request(1) + (N - 1) x added``.
-    ``added`` is the least busy worker's own CPU per request with 2 workers (``us_applied_*``,
-    one worker routes nearly everything at these rates, so the other's CPU is the applying),
-    or, from reports without it, ``max(0, per_request(2) - per_request(1))``, which is also
+    ``added`` is what applying the other worker's facts cost per request with 2 workers
+    (``us_applied_*``: the EPP's own timing of it, ``llm_d_epp_state_sync_apply_seconds_total``,
+    or from reports without that the least busy worker's CPU slope), or, from reports without
+    either, ``max(0, per_request(2) - per_request(1))``, which is also
     kept (``us_added_per_worker*``). A chunk touches no shared state: its 1-worker cost holds
     for any N. The same from the agents' turns' costs (``us_per_request_turn``) where both groups
     measured them. Empty without both groups."""

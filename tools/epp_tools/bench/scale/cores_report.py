@@ -40,7 +40,11 @@ def _long(row: Mapping[str, Any], what: str, idle: float) -> str:
     by_worker = (
         " Each worker's own slope, the busiest first: "
         + ", ".join(f"{v:,.0f} µs" for v in workers)
-        + " (the least busy one is what applying the other's facts costs).\n"
+        + " (the least busy one mostly receives and applies the other's facts)"
+        + (f"; applying them took {row['us_applied_per_request']:,.0f} µs per request as the "
+           "EPP timed it (`llm_d_epp_state_sync_apply_seconds_total`)"
+           if "us_applied_per_request" in row else "")
+        + ".\n"
     ) if workers else ""  # fmt: skip
     return (
         f"{what}: {row['us_per_request']:,.0f} µs CPU per request, the "
@@ -108,8 +112,9 @@ def _added(sc: Mapping[str, Any], suffix: str) -> str:
     applied = sc.get(f"us_applied_per_worker{suffix}")
     if applied is None:
         return f"a second worker added {total}"
-    return (f"the second worker's own CPU, applying the other's facts, was {applied:,.0f} µs "
-            f"per request; the 2-worker total exceeded the 1-worker one by {total}")  # fmt: skip
+    return (f"applying the other worker's facts cost each worker {applied:,.0f} µs per "
+            "request (receiving and decoding them not included); the 2-worker total exceeded "
+            f"the 1-worker one by {total}")  # fmt: skip
 
 
 def cores_md(report: Mapping[str, Any]) -> str:
