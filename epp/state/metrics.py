@@ -41,7 +41,7 @@ STATE_SYNC_METRICS: Final = (
         "apply_seconds",
         Counter,
         "llm_d_epp_state_sync_apply_seconds_total",
-        "Seconds spent applying other replicas' facts to local state, by plugin",
+        "CPU seconds spent applying other replicas' facts to local state, by plugin",
         _PLUGIN,
     ),
     MetricSpec(
