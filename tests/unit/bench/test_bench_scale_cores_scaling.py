@@ -9,6 +9,7 @@ import pytest
 
 from epp_tools.bench.scale import cores
 from epp_tools.bench.scale.cores_report import cores_md
+from epp_tools.bench.workloads import long
 
 REPORT = Path(__file__).parents[3] / "docs/benchmarks/scale/cores.json"
 
@@ -60,12 +61,12 @@ def test_agents_turns_scale_from_their_own_costs_when_both_groups_measured_them(
 
 
 def test_turns_share_the_context_and_differ_in_their_tails() -> None:
-    a = [json.loads(b) for b in cores.turn_bodies(3, 5_000, 1, run=0)]
-    b = [json.loads(b) for b in cores.turn_bodies(2, 5_000, 1, run=1)]
+    a = [json.loads(b) for b in long.turn_bodies(3, 5_000, 1, run=0)]
+    b = [json.loads(b) for b in long.turn_bodies(2, 5_000, 1, run=1)]
     contexts = {body["messages"][0]["content"] for body in a + b}
     tails = [body["messages"][-1]["content"] for body in a + b]
     assert len(contexts) == 1 and len(set(tails)) == 5
-    assert len(next(iter(contexts))) == 4 * (5_000 - cores.TURN_TAIL_TOKENS)  # 4 bytes a word
+    assert len(next(iter(contexts))) == 4 * (5_000 - long.TURN_TAIL_TOKENS)  # 4 bytes a word
 
 
 def test_the_report_shows_the_turns_where_measured() -> None:

@@ -211,7 +211,7 @@ async def per_long_request(
     ctx: ServerContext, requests: int, factory: Factory = Connection
 ) -> float:
     """µs of process CPU per 195,000-token agent's turn (see the module docstring)."""
-    from epp_tools.bench.scale.cores import turn_bodies
+    from epp_tools.bench.workloads.long import turn_bodies
 
     conn, client = connect(factory, ext_proc(ctx)), Client()
     msgs = [m.SerializeToString() for m in wire.stream_messages(1)]

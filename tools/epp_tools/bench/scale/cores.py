@@ -41,22 +41,19 @@ import argparse
 import asyncio
 import json
 import math
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from epp_tools.bench.fleet import SimProcess, endpoints_yaml
 from epp_tools.bench.rate.load import Shot, bodies, open_loop
 from epp_tools.bench.rate.stats import arrivals
 from epp_tools.bench.runner.driver import warm_up
 from epp_tools.bench.scale.ramp import WORK
-from epp_tools.bench.workloads.spec import MODEL, FleetSpec
-from epp_tools.bench.workloads.text import words
+from epp_tools.bench.workloads.long import TURN_TAIL_TOKENS, big_bodies, turn_bodies
+from epp_tools.bench.workloads.spec import FleetSpec
 from epp_tools.stack.eppconfig import epp_config_text
 from epp_tools.stack.procs import cpu_seconds, descendants
 from epp_tools.stack.replicas import EppSet
@@ -72,9 +69,6 @@ SEED_REQUESTS_PER_S = 7_612 / 60
 SEED_CHUNKS_PER_S = 6_600_000 / 60
 GO_US_PER_CHUNK = 37.0
 REACHED_SHARE = 0.95
-TURN_TAIL_TOKENS = 1_300
-"""The new part of an agent's turn: a tool result and the last answer (the study's medians,
-about 1,000 and 317 tokens); the rest of the prompt is the context the turns share."""
 
 
 @dataclass(frozen=True)
@@ -97,34 +91,6 @@ QUICK = CoresOptions(rates=(20.0,), duration=2.0, chunks=8, big_tokens=20_000, b
 
 def log(message: str) -> None:
     print(f"bench scale cores: {message}", flush=True)
-
-
-def big_bodies(n: int, tokens: int, seed: int) -> list[bytes]:
-    """``n`` chat requests of about ``tokens`` prompt tokens (1 output token), distinct."""
-    rng = random.Random(seed)
-    context = words(rng, tokens)
-    out = []
-    for i in range(n):
-        messages = [{"role": "user", "content": f"q{i:04d} " + context[5:]}]
-        body = {"model": MODEL, "messages": messages, "max_tokens": 1, "stream": True}
-        out.append(orjson.dumps(body))
-    return out
-
-
-def turn_bodies(n: int, tokens: int, seed: int, run: int) -> list[bytes]:
-    """``n`` turns of one agent (1 output token): about ``tokens`` prompt tokens each, one shared
-    context (the same for every ``run`` of a ``seed``) and a distinct ``TURN_TAIL_TOKENS`` tail."""
-    context = words(random.Random(seed), max(tokens - TURN_TAIL_TOKENS, 1))
-    rng = random.Random(f"{seed}-{run}")
-    out = []
-    for i in range(n):
-        tail = f"r{run}-t{i:04d} " + words(rng, TURN_TAIL_TOKENS)
-        messages = [{"role": "user", "content": context},
-                    {"role": "assistant", "content": "ok"},
-                    {"role": "user", "content": tail}]  # fmt: skip
-        body = {"model": MODEL, "messages": messages, "max_tokens": 1, "stream": True}
-        out.append(orjson.dumps(body))
-    return out
 
 
 Bodies = Callable[[int, int], list[bytes]]

@@ -4,7 +4,7 @@ quiet interval, with the heap trimmer off and on.
 For each setting in turn (off first): a simulated fleet of ``pods`` pods and one EPP (the built-in
 default config, file discovery, ``--memory-trim-interval`` 0 or ``interval``), then ``rounds``
 bursts of ``requests`` chat requests of about ``tokens`` prompt tokens each (1 output token,
-``epp_tools.bench.scale.cores.big_bodies``), sent open loop at ``rate`` a second; the EPP's RSS
+``epp_tools.bench.workloads.long.big_bodies``), sent open loop at ``rate`` a second; the EPP's RSS
 and glibc heap (``/debug/runtime?heap=1``) right after the bursts, then again after ``quiet``
 seconds without traffic, and the EPP process's CPU over the whole run::
 
@@ -25,8 +25,8 @@ from epp_tools.bench.fleet import SimProcess, endpoints_yaml
 from epp_tools.bench.rate.load import open_loop
 from epp_tools.bench.rate.stats import arrivals
 from epp_tools.bench.runner.driver import warm_up
-from epp_tools.bench.scale.cores import big_bodies
 from epp_tools.bench.scale.probe import debug_runtime
+from epp_tools.bench.workloads.long import big_bodies
 from epp_tools.bench.workloads.spec import FleetSpec
 from epp_tools.stack.eppconfig import epp_config_text
 from epp_tools.stack.procs import tree_cpu_seconds
