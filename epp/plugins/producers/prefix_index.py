@@ -141,12 +141,14 @@ class PrefixIndex:
             alone = self._alone[endpoint] = (endpoint,)
         chain = hashes[:cap]
         known = _held_head(lru, chain)
-        added = self._touch(endpoint, lru, alone, chain[known:])
+        # slices only where the chain splits: a fresh prompt and a whole hit are not copied again
+        added = self._touch(endpoint, lru, alone, chain[known:] if known else chain)
         if known:
+            head = chain if known == len(chain) else chain[:known]
             try:  # an agent's next turn: thousands of known blocks, moved in one C-level pass
-                deque(map(lru.move_to_end, reversed(chain[:known])), 0)
+                deque(map(lru.move_to_end, reversed(head)), 0)
             except KeyError:  # a block of the head was not there after all: block by block
-                added += self._touch(endpoint, lru, alone, chain[:known])
+                added += self._touch(endpoint, lru, alone, head)
         self._size += added
         if len(lru) > cap:
             # Evicting once the chain is in leaves the same blocks as evicting one per insert:
