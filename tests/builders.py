@@ -104,3 +104,36 @@ class FakeHandle:
 
 def handle() -> FakeHandle:
     return FakeHandle()
+
+
+def chained_adds(
+    rng: random.Random, count: int, endpoints: Sequence[str], longest: int = 30
+) -> list[tuple[str, list[int]]]:
+    """``count`` (endpoint, chain) pairs shaped like agents' traffic and chained as
+    ``block_hashes`` chains them (a block's id names its whole prefix): fresh conversations, next
+    turns, forks from a point of a conversation, shorter repeats; a conversation past
+    ``longest`` blocks starts afresh, as a compaction does."""
+    ids: dict[tuple[int, ...], int] = {}
+    conversations: list[list[int]] = []
+    adds = []
+    for _ in range(count):
+        roll = rng.random()
+        if not conversations or roll < 0.15:
+            tokens = [rng.randrange(10**6)]
+            conversations.append(tokens)
+        else:
+            i = rng.randrange(len(conversations))
+            base = conversations[i]
+            cut = rng.randrange(1, len(base) + 1)
+            new = [rng.randrange(3) for _ in range(rng.randrange(4))]
+            if roll < 0.6:
+                tokens = base + new if len(base) + len(new) <= longest else [rng.randrange(10**6)]
+                conversations[i] = tokens
+            elif roll < 0.8:
+                tokens = base[:cut] + new
+                conversations.append(tokens)
+            else:
+                tokens = base[:cut]
+        chain = [ids.setdefault(tuple(tokens[: n + 1]), len(ids)) for n in range(len(tokens))]
+        adds.append((rng.choice(list(endpoints)), chain))
+    return adds

@@ -28,11 +28,13 @@ Algorithm (spec §4.8):
 
 Shared state (active-active replicas, ``epp.plugin.sharing``): with a cross-replica syncer the
 producer exports, every sync interval, what its PreRequests added since the last export, one fact
-per endpoint ``[endpoint id, capacity in index blocks, [block hashes, newest first]]`` (repeats
-folded; at most 65,536 pending (endpoint, block) pairs, the oldest dropped and counted). Facts of
-other replicas are added to the local index with ``add`` as if this replica had routed those
-requests, with the capacity the other replica computed from the same scraped metrics, and are
-not exported again (no echo). Duplicates only refresh recency and a lost fact only costs a miss.
+per chain ``[endpoint id, capacity in index blocks, [block hashes in prompt order]]``, each
+endpoint's oldest first (a chain that a later one of the same endpoint contains is left out; at
+most 65,536 pending (endpoint, block) pairs, the oldest dropped and counted). Facts of other
+replicas are added to the local index with ``add``, in order, as if this replica had routed those
+requests (an agent's next turn costs the receiver its new blocks, not its length), with the
+capacity the other replica computed from the same scraped metrics, and are not exported again
+(no echo). Duplicates only refresh recency and a lost fact only costs a miss.
 Nothing is buffered until a syncer asks for facts. A request whose primary target did not hold
 all of its blocks (new blocks, the next turn of a conversation may follow at once) asks for prompt
 sharing (``Handle.share_soon``); a full hit only refreshes recency and waits for the interval.
@@ -296,7 +298,7 @@ class ApproxPrefixCacheProducer(PluginBase):
             self._log.info("dropped %d endpoints that left the pool from the index", len(gone))
 
     def export_facts(self) -> list[Any]:
-        """What PreRequest learned since the last call (``SharedState``), one fact per endpoint."""
+        """What PreRequest learned since the last call (``SharedState``), one fact per chain."""
         if self._pending is None:
             dropped = metric_family(
                 self.handle.registry,

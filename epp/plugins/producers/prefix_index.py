@@ -10,14 +10,16 @@ blocks of ``block_size`` tokens (the last block may be partial)::
 so a block's hash identifies the whole prefix up to and including it: two prompts that differ in
 their first block share no hash at all, and different models or cache salts never collide.
 
-Index. ``hash → endpoints holding it`` plus one LRU of hashes per endpoint, bounded by that
-endpoint's capacity (in blocks). Evicting a hash from an endpoint's LRU removes the endpoint from
-the hash's owners, so memory is at most ``sum(capacities)`` entries (``approx_bytes`` estimates
-it); endpoints that left the pool are dropped with ``retain``. ``match`` costs O(matched blocks):
-it walks the request's hashes in order and stops at the first block no endpoint holds.
+Index. ``hash → endpoints holding it`` plus, per endpoint, an LRU of its blocks bounded by that
+endpoint's capacity (in blocks), kept as runs of consecutive blocks of one chain (a turn costs
+its new blocks and the runs on its path, not its length). Evicting a block from an endpoint's
+LRU removes the endpoint from the block's owners, so memory is at most ``sum(capacities)``
+entries (``approx_bytes`` estimates it); endpoints that left the pool are dropped with ``retain``.
+``match`` costs O(matched blocks): it walks the request's hashes in order and stops at the first
+block no endpoint holds.
 
-Sharing. ``PendingBlocks`` buffers what the index learned since the last export, folded per
-endpoint in recency order, for the replicas that apply it (``epp.plugin.sharing``).
+Sharing. ``PendingBlocks`` buffers the chains the index learned since the last export, per
+endpoint in the order they came, for the replicas that apply them (``epp.plugin.sharing``).
 """
 
 from __future__ import annotations
@@ -25,17 +27,18 @@ from __future__ import annotations
 import struct
 import sys
 from collections import OrderedDict, deque
-from collections.abc import Callable, Collection, Sequence
-from itertools import chain as chain_all
+from collections.abc import Callable, Collection, Mapping, Sequence
+from itertools import repeat
 from typing import Any, Final
 
 from xxhash import xxh64_intdigest
 
-BYTES_PER_BLOCK: Final = 195
+BYTES_PER_BLOCK: Final = 150
 """Estimated memory of one (endpoint, block) entry. Measured with ``tracemalloc`` on CPython 3.11
-(64-bit hashes, the hash ints counted): about 194 bytes for a block held by one endpoint (LRU
-node, owners-map slot, hash int; the owner tuple is shared) and about 105 for each further
-endpoint holding it. Before the owner tuples were shared it was 242."""
+(64-bit hashes, the hash ints counted): about 149 bytes for a block held by one endpoint (its
+slots in the endpoint's block-to-run map, in its run's list and in the owners map, and the hash
+int; the owner tuple is shared) and about 61 for each further endpoint holding it. With one
+ordered-dict LRU per endpoint it was 195."""
 
 _PACK_PAIR = struct.Struct("<QQ").pack
 
@@ -69,13 +72,61 @@ def block_hashes(tokens: bytes, block_bytes: int, seed: int, max_blocks: int | N
     return out
 
 
+class _Run:
+    """Consecutive blocks of one endpoint's chains, touched together: ``blocks[0]`` sits at
+    position ``base`` of every chain through it and follows the last block of ``parent``."""
+
+    __slots__ = ("base", "blocks", "children", "parent")
+
+    def __init__(self, blocks: list[int], base: int, parent: _Run | None) -> None:
+        self.blocks = blocks
+        self.base = base
+        self.parent = parent
+        self.children: set[_Run] | None = None
+
+    def adopt(self, child: _Run) -> None:
+        if self.children is None:
+            self.children = set()
+        self.children.add(child)
+
+    def disown(self, child: _Run) -> None:
+        if self.children is not None:
+            self.children.discard(child)
+
+    def orphan_children(self) -> None:
+        """Cut the runs below: their blocks no longer follow this run's (only for input that
+        is not chained, see ``PrefixIndex``)."""
+        for child in self.children or ():
+            child.parent = None
+        self.children = None
+
+
+class _Held:
+    """One endpoint's blocks: which run holds each, and the runs least recently used first."""
+
+    __slots__ = ("alone", "runs", "where")
+
+    def __init__(self, endpoint: str) -> None:
+        self.alone = (endpoint,)
+        self.runs: OrderedDict[_Run, None] = OrderedDict()
+        self.where: dict[int, _Run] = {}
+
+
 class PrefixIndex:
     """Which endpoints are believed to hold which prefix blocks; see the module docstring.
 
     Owners are stored as tuples: most blocks live on one endpoint, and a one-element tuple costs
-    a fifth of a set. The tuples are shared (one per endpoint, one per combination), and ``add``
-    evicts once per chain, not once per block: at capacity every new block evicts one, so this is
-    the index's cost on a busy pool and on every replica that applies another's facts.
+    a fifth of a set. The tuples are shared (one per endpoint, one per combination).
+
+    An endpoint's blocks are kept in runs, not one by one: a chain's blocks are touched together
+    (last first), so its recency order is the runs' order, each read from its last block to its
+    first. An agent's next turn then refreshes its known head by moving the few runs on its path
+    and appends its new blocks to the run where the head ends, instead of moving thousands of
+    blocks one at a time, on the routing worker and on every replica that applies its facts.
+    This relies on the hashes being chained (``block_hashes``): a block held at position ``i``
+    implies the chain's first ``i`` blocks, which lie on the runs above it. Input that breaks
+    this (a block seen at two depths, repeats within a chain) keeps the index consistent and
+    bounded, but may refresh or record less than the chain named.
     """
 
     def __init__(self, default_capacity: int) -> None:
@@ -83,13 +134,12 @@ class PrefixIndex:
             raise ValueError(f"default_capacity must be > 0, got {default_capacity}")
         self.default_capacity = default_capacity
         self._owners: dict[int, tuple[str, ...]] = {}
-        self._lrus: dict[str, OrderedDict[int, None]] = {}
+        self._held: dict[str, _Held] = {}
         self._capacity: dict[str, int] = {}
         self._size = 0
         # Owner tuples are shared: every block held by one endpoint points at that endpoint's
         # one-tuple (48 bytes saved per entry), and each combination of several owners is one
         # tuple. The few combinations that appear stay until the index is rebuilt.
-        self._alone: dict[str, tuple[str]] = {}
         self._tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     @property
@@ -101,20 +151,31 @@ class PrefixIndex:
         return self._size * BYTES_PER_BLOCK
 
     def table_bytes(self) -> tuple[int, int]:
-        """Bytes of the owners map's hash table and of the endpoints' LRUs (tables and nodes):
-        at the entry bound they still grow once, as the churn takes their free slots
-        (``epp_tools.bench.scale.settle``), then keep their size."""
-        return sys.getsizeof(self._owners), sum(sys.getsizeof(lru) for lru in self._lrus.values())
+        """Bytes of the hash tables: the owners map's, and the endpoints' own (each one's
+        block-to-run map and run LRU). At the entry bound they still grow once, as the churn
+        takes their free slots (``epp_tools.bench.scale.settle``), then keep their size. The
+        runs' lists hold one slot per entry and are not counted."""
+        own = sum(
+            sys.getsizeof(held.where) + sys.getsizeof(held.runs) for held in self._held.values()
+        )
+        return sys.getsizeof(self._owners), own
 
     def __len__(self) -> int:
         """Number of distinct block hashes held by at least one endpoint."""
         return len(self._owners)
 
     def endpoints(self) -> list[str]:
-        return list(self._lrus)
+        return list(self._held)
 
     def block_counts(self) -> dict[str, int]:
-        return {ep: len(lru) for ep, lru in self._lrus.items()}
+        return {ep: len(held.where) for ep, held in self._held.items()}
+
+    def recency(self, endpoint: str) -> list[int]:
+        """The endpoint's blocks, least recently used first: the order eviction takes them."""
+        held = self._held.get(endpoint)
+        if held is None:
+            return []
+        return [h for run in held.runs for h in reversed(run.blocks)]
 
     def capacity(self, endpoint: str) -> int:
         return self._capacity.get(endpoint, self.default_capacity)
@@ -130,46 +191,81 @@ class PrefixIndex:
         blocks end up most recently used: under pressure the tail goes first, and a tail block is
         worthless once its prefix is gone. A chain longer than the capacity keeps its head.
         """
-        lru = self._lrus.get(endpoint)
-        if lru is None:
-            lru = self._lrus[endpoint] = OrderedDict()
+        held = self._held.get(endpoint)
+        if held is None:
+            held = self._held[endpoint] = _Held(endpoint)
         if capacity is not None and capacity > 0:
             self._capacity[endpoint] = capacity
         cap = self._capacity.get(endpoint, self.default_capacity)
-        alone = self._alone.get(endpoint)
-        if alone is None:
-            alone = self._alone[endpoint] = (endpoint,)
         chain = hashes[:cap]
-        known = _held_head(lru, chain)
-        # slices only where the chain splits: a fresh prompt and a whole hit are not copied again
-        added = self._touch(endpoint, lru, alone, chain[known:] if known else chain)
-        if known:
-            head = chain if known == len(chain) else chain[:known]
-            try:  # an agent's next turn: thousands of known blocks, moved in one C-level pass
-                deque(map(lru.move_to_end, reversed(head)), 0)
-            except KeyError:  # a block of the head was not there after all: block by block
-                added += self._touch(endpoint, lru, alone, head)
-        self._size += added
-        if len(lru) > cap:
-            # Evicting once the chain is in leaves the same blocks as evicting one per insert:
-            # the chain (at most ``cap`` blocks) is at the recent end either way.
-            self._evict(endpoint, lru, len(lru) - cap)
+        known = _held_head(held.where, chain)
+        head = self._cut(held, chain[known - 1], known) if known else None
+        if head is None:
+            known = 0  # nothing known, or not where a chain would hold it: all of it is new
+        tail = chain[known:] if known else chain
+        if tail:
+            self._extend(held, head, tail, known)
+        move = held.runs.move_to_end
+        while head is not None:  # the path up to the chain's first block, which ends newest
+            move(head)
+            head = head.parent
+        if len(held.where) > cap:
+            self._evict(held, len(held.where) - cap)
 
-    def _touch(
-        self, endpoint: str, lru: OrderedDict[int, None], alone: tuple[str], blocks: Sequence[int]
-    ) -> int:
-        """Touch ``blocks`` last first, adding those the endpoint lacks; returns how many."""
-        owners = self._owners
-        added = 0
-        for h in reversed(blocks):
-            if h in lru:
-                lru.move_to_end(h)
-                continue
-            lru[h] = None
-            held = owners.get(h)
-            owners[h] = alone if held is None else self._joined(held, endpoint)
-            added += 1
-        return added
+    def _cut(self, held: _Held, last: int, known: int) -> _Run | None:
+        """The run ending with ``last``, the chain's block ``known - 1``, split off the run
+        holding it if blocks follow; ``None`` if it is held at another depth (not chained)."""
+        run = held.where[last]
+        blocks = run.blocks
+        pos = known - 1 - run.base
+        if not (0 <= pos < len(blocks) and blocks[pos] == last):
+            return None
+        if pos == len(blocks) - 1:
+            return run
+        # The head becomes a run of its own (it is about to be touched); the rest keeps the
+        # run's place in the LRU, which an OrderedDict can only give the object already there.
+        top = _Run(blocks[: pos + 1], run.base, run.parent)
+        if run.parent is not None:
+            run.parent.disown(run)
+            run.parent.adopt(top)
+        del blocks[: pos + 1]
+        run.base += pos + 1
+        run.parent = top
+        top.adopt(run)
+        held.where.update(zip(top.blocks, repeat(top)))
+        held.runs[top] = None
+        return top
+
+    def _extend(self, held: _Held, head: _Run | None, tail: Sequence[int], base: int) -> None:
+        """Add the chain's new blocks, ``tail`` (chain positions from ``base``), below ``head``.
+
+        Each map is written with one ``setdefault`` pass (C-level), whose answers tell whether a
+        block was already there: for chained input none was, and the pass did all the work.
+        """
+        # the chain goes on where its known head ends (an agent's next turn), or branches off
+        run = head if head is not None and not head.children else _Run([], base, head)
+        where = held.where
+        before = len(where)
+        prior = list(map(where.setdefault, tail, repeat(run)))
+        if len(where) - before != len(tail):  # not chained: add only the blocks that are new
+            had = set(run.blocks)
+            fresh = (h for h, was in zip(tail, prior, strict=True) if was is run and h not in had)
+            tail = list(dict.fromkeys(fresh))
+            if not tail:
+                return
+        if run is not head:
+            if head is not None:
+                head.adopt(run)
+            held.runs[run] = None
+        run.blocks += tail
+        self._size += len(tail)
+        alone = held.alone
+        owners_before = list(map(self._owners.setdefault, tail, repeat(alone)))
+        if owners_before.count(alone) == len(tail):  # the usual case: nobody else holds them
+            return
+        for h, owners in zip(tail, owners_before, strict=True):
+            if owners is not alone:
+                self._owners[h] = self._joined(owners, alone[0])
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
         """Endpoint → number of leading blocks of ``hashes`` it holds consecutively.
@@ -207,37 +303,55 @@ class PrefixIndex:
         return result
 
     def remove_endpoint(self, endpoint: str) -> None:
-        lru = self._lrus.pop(endpoint, None)
+        held = self._held.pop(endpoint, None)
         self._capacity.pop(endpoint, None)
-        if lru is None:
+        if held is None:
             return
-        for h in lru:
+        for h in held.where:
             self._drop_owner(h, endpoint)
-        self._size -= len(lru)
-        self._alone.pop(endpoint, None)
+        self._size -= len(held.where)
         for key in [k for k in self._tuples if endpoint in k]:
             del self._tuples[key]
 
     def retain(self, live: Collection[str]) -> list[str]:
         """Drop every endpoint not in ``live``; returns the dropped ids."""
-        gone = [ep for ep in self._lrus if ep not in live]
+        gone = [ep for ep in self._held if ep not in live]
         for ep in gone:
             self.remove_endpoint(ep)
         return gone
 
-    def _evict(self, endpoint: str, lru: OrderedDict[int, None], count: int) -> None:
-        """Drop the ``count`` least recently used blocks of ``endpoint``."""
-        owners = self._owners
-        alone = self._alone.get(endpoint)
-        pop = lru.popitem
-        for _ in range(count):
-            h, _ = pop(last=False)
-            held = owners[h]
-            if held is alone:  # the common case: nobody else holds it
-                del owners[h]
-            else:
-                self._drop_owner(h, endpoint)
+    def _evict(self, held: _Held, count: int) -> None:
+        """Drop the endpoint's ``count`` least recently used blocks: the last blocks of its
+        least recently used run (a leaf: a run is touched after every run below it)."""
+        runs = held.runs
         self._size -= count
+        while count > 0:
+            run = next(iter(runs))
+            blocks = run.blocks
+            if len(blocks) <= count:
+                del runs[run]
+                if run.parent is not None:
+                    run.parent.disown(run)
+                gone = blocks
+            else:
+                gone = blocks[len(blocks) - count :]
+                del blocks[len(blocks) - count :]
+            run.orphan_children()
+            count -= len(gone)
+            self._forget(held, gone)
+
+    def _forget(self, held: _Held, gone: list[int]) -> None:
+        """Remove evicted blocks from the endpoint's map and from their owners (C-level passes
+        when, as usual, nobody else holds them)."""
+        deque(map(held.where.__delitem__, gone), 0)
+        alone = held.alone
+        owners_before = list(map(self._owners.pop, gone))
+        if owners_before.count(alone) == len(gone):
+            return
+        for h, prior in zip(gone, owners_before, strict=True):
+            if prior is not alone:
+                self._owners[h] = prior
+                self._drop_owner(h, alone[0])
 
     def _joined(self, held: tuple[str, ...], endpoint: str) -> tuple[str, ...]:
         """``held`` plus ``endpoint``, one shared tuple per combination."""
@@ -250,21 +364,22 @@ class PrefixIndex:
             return
         rest = tuple(ep for ep in held if ep != endpoint)
         if len(rest) == 1:
-            self._owners[h] = self._alone.get(rest[0]) or rest
+            other = self._held.get(rest[0])
+            self._owners[h] = other.alone if other is not None else rest
         elif rest:
             self._owners[h] = self._tuples.setdefault(rest, rest)
         else:
             del self._owners[h]
 
 
-def _held_head(lru: OrderedDict[int, None], chain: Sequence[int]) -> int:
-    """How many leading blocks of ``chain`` the LRU holds, found by bisection (a dozen lookups
-    for a 3,000-block chain). An index holds a chain's blocks as a prefix (the tail is evicted
-    first); where it does not, ``add`` finds the hole and falls back to its block-by-block loop."""
+def _held_head(where: Mapping[int, object], chain: Sequence[int]) -> int:
+    """How many leading blocks of ``chain`` the endpoint holds, found by bisection (a dozen
+    lookups for a 3,000-block chain): an endpoint holds a chain's blocks as a prefix, since
+    eviction takes a run's last blocks first and a run is evicted after every run below it."""
     lo, hi = 0, len(chain)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if chain[mid - 1] in lru:
+        if chain[mid - 1] in where:
             lo = mid
         else:
             hi = mid - 1
@@ -272,66 +387,68 @@ def _held_head(lru: OrderedDict[int, None], chain: Sequence[int]) -> int:
 
 
 class PendingBlocks:
-    """The (endpoint, block) pairs learned since the last ``drain``, for other replicas.
+    """The chains learned since the last ``drain``, per endpoint, for other replicas.
 
-    ``drain`` gives them per endpoint in the order the index touched them, with duplicates folded
-    (a block sent twice to one endpoint is one pair, at its latest position), so one
-    ``PrefixIndex.add`` per endpoint on the receiving side leaves the same recency order as here.
-    At most ``max_blocks`` pairs are drained: past it the oldest pairs of the endpoint touched
-    longest ago are dropped first, and ``on_drop`` is told how many.
+    ``drain`` gives one fact per chain, each endpoint's oldest chain first, so applying them in
+    order with ``PrefixIndex.add`` leaves the receiving index with the same recency order as
+    here. A chain that a later chain of the same endpoint contains (its last block is there:
+    chained hashes) is left out, since applying the later one touches it too. At most
+    ``max_blocks`` pairs are drained: past it the oldest chains of the endpoint touched longest
+    ago are dropped first, a chain's tail before its head, and ``on_drop`` is told how many.
 
-    ``add`` only keeps the chain: it runs on the request path, once per routed request, and
-    folding a 3,000-block chain block by block cost about 0.3 ms there. The chains of an
-    endpoint are folded together by ``dict.fromkeys`` (one C-level pass) when drained, or sooner
-    once the kept pairs, repeats counted, pass twice the bound, so memory stays bounded and a
-    pair is folded O(1) times. A lone chain is drained as it came: its hashes are chained, so
-    they are distinct (a repeat would only refresh the block on the receiving side).
+    ``add`` only keeps the chain (it runs on the request path, once per routed request); the
+    chains are compared when drained, or sooner once the kept pairs, repeats counted, pass twice
+    the bound, so memory stays bounded.
     """
 
     def __init__(self, max_blocks: int, on_drop: Callable[[int], object] | None = None) -> None:
         self.max_blocks = max_blocks
         self._on_drop = on_drop
-        # endpoint -> its chains as added (each newest block first), oldest chain first;
-        # endpoints ordered by their last touch
-        self._chains: OrderedDict[str, list[Sequence[int]]] = OrderedDict()
+        # endpoint -> its chains as added, oldest first; endpoints ordered by their last touch
+        self._chains: OrderedDict[str, list[list[int]]] = OrderedDict()
         self._capacity: dict[str, int] = {}
-        self._kept = 0  # pairs held in ``_chains``, repeats counted until folded
+        self._kept = 0  # pairs held in ``_chains``, repeats counted until settled
 
     def __len__(self) -> int:
-        """Pairs that would be drained now (folds what was added)."""
+        """Pairs that would be drained now (settles what was added)."""
         self._settle()
         return self._kept
 
     def add(self, endpoint: str, hashes: Sequence[int], capacity: int) -> None:
-        """Record a chain as ``PrefixIndex.add`` does (last block first: the head is newest)."""
+        """Record a chain as ``PrefixIndex.add`` does."""
+        # a copy: the caller's list may change after it returns
+        chain = hashes[:capacity] if isinstance(hashes, list) else list(hashes[:capacity])
+        if not chain:
+            return
         chains = self._chains.get(endpoint)
         if chains is None:
             chains = self._chains[endpoint] = []
         else:
             self._chains.move_to_end(endpoint)
         self._capacity[endpoint] = capacity
-        chain = hashes[:capacity]  # a copy: the caller's list may change after it returns
         chains.append(chain)
         self._kept += len(chain)
         if self._kept > 2 * self.max_blocks:
             self._settle()
 
     def _settle(self) -> None:
-        """Fold every endpoint's chains into one, then drop past the bound."""
+        """Leave out the chains a later one contains, then drop past the bound."""
         kept = 0
         for chains in self._chains.values():
-            if len(chains) > 1 or not isinstance(chains[0], list):
-                chains[:] = (list(dict.fromkeys(chain_all.from_iterable(reversed(chains)))),)
-            kept += len(chains[0])
+            if len(chains) > 1:
+                chains[:] = _uncovered(chains)
+            kept += sum(map(len, chains))
         excess = max(0, kept - self.max_blocks)
         self._kept = kept - excess
         left = excess
         while left:
             endpoint, chains = next(iter(self._chains.items()))
-            oldest = chains[0]  # folded: the endpoint's one chain
+            oldest = chains[0]
             if len(oldest) <= left:
                 left -= len(oldest)
-                del self._chains[endpoint]
+                del chains[0]
+                if not chains:
+                    del self._chains[endpoint]
                 continue
             chains[0] = oldest[: len(oldest) - left]
             left = 0
@@ -339,13 +456,30 @@ class PendingBlocks:
             self._on_drop(excess)
 
     def drain(self) -> list[list[Any]]:
-        """One fact per endpoint, ``[endpoint id, capacity, [block hashes, newest first]]``, the
-        endpoint touched last first; empties the buffer."""
+        """One fact per chain, ``[endpoint id, capacity, [block hashes, in prompt order]]``, the
+        endpoint touched last first and each endpoint's chains oldest first; empties the
+        buffer."""
         self._settle()
         facts: list[list[Any]] = [
-            [ep, self._capacity[ep], chains[0]] for ep, chains in reversed(self._chains.items())
+            [ep, self._capacity[ep], chain]
+            for ep, chains in reversed(self._chains.items())
+            for chain in chains
         ]
         self._chains.clear()
         self._capacity.clear()
         self._kept = 0
         return facts
+
+
+def _uncovered(chains: list[list[int]]) -> list[list[int]]:
+    """``chains`` (oldest first) without those a later chain contains: a chained block implies
+    its whole prefix, so a chain whose last block a later chain holds is that chain's prefix."""
+    later: set[int] = set()
+    out: list[list[int]] = []
+    for chain in reversed(chains):
+        if chain[-1] in later:
+            continue
+        later.update(chain)
+        out.append(chain)
+    out.reverse()
+    return out

@@ -21,7 +21,7 @@ from epp.plugin.params import decode
 from epp.plugins.producers import approx_prefix
 from epp.plugins.producers.approx_prefix import ApproxPrefixCacheProducer
 from epp.plugins.producers.prefix_index import PendingBlocks, PrefixIndex
-from tests.builders import FakeHandle, make_endpoint, make_request
+from tests.builders import FakeHandle, chained_adds, make_endpoint, make_request
 
 TOKENS_KEY = "TokenizedPrompt/token-producer"
 KEY = "PrefixCacheMatchInfo/approx-prefix-cache-producer"
@@ -77,17 +77,17 @@ async def test_facts_learned_by_one_replica_make_the_other_match_the_same_endpoi
     assert b.export_facts() == []  # applied facts are not exported again (no echo)
 
 
-async def test_repeats_are_folded_and_the_newest_chain_comes_first() -> None:
+async def test_a_repeated_chain_is_sent_once_after_the_others() -> None:
     a, b = producer(), producer()
     a.export_facts()
     await schedule(a, request(640, first=1), POOL, 0)
     await schedule(a, request(320, first=2), POOL, 0)
-    await schedule(a, request(640, first=1), POOL, 0)  # again: refreshed, not repeated
+    await schedule(a, request(640, first=1), POOL, 0)  # again: sent once, as the newest
     facts = a.export_facts()
-    assert len(facts) == 1 and len(facts[0][2]) == 15
+    assert [len(hashes) for _, _, hashes in facts] == [5, 10]
     b.apply_facts(facts, "replica-a")
     # the receiving index has the same recency order, so it evicts the same blocks first
-    assert list(b.index._lrus[POOL[0].id]) == list(a.index._lrus[POOL[0].id])
+    assert b.index.recency(POOL[0].id) == a.index.recency(POOL[0].id)
 
 
 async def test_duplicates_and_reordering_leave_the_same_blocks() -> None:
@@ -163,38 +163,30 @@ def test_pending_blocks_drain_mirrors_the_index_order() -> None:
         pending.add(ep, chain, 100)
         index.add(ep, chain, 100)
     facts = pending.drain()
-    assert facts == [["e1", 100, [1, 2, 4, 3]], ["e2", 100, [7, 8]]]
+    assert facts == [["e1", 100, [1, 2, 3]], ["e1", 100, [1, 2, 4]], ["e2", 100, [7, 8]]]
     replica = PrefixIndex(100)
     for ep, capacity, chain in facts:
         replica.add(ep, chain, capacity)
-    assert list(replica._lrus["e1"]) == list(index._lrus["e1"])
+    assert replica.recency("e1") == index.recency("e1")
     assert len(pending) == 0
 
 
-def _reference_drain(adds: list[tuple[str, list[int]]]) -> list[list[Any]]:
-    """What the buffer must drain, folded block by block as the index touches them."""
-    order: dict[str, dict[int, None]] = {}
-    for ep, chain in adds:
-        blocks = order.pop(ep, {})
-        for h in reversed(chain):
-            blocks.pop(h, None)
-            blocks[h] = None
-        order[ep] = blocks
-    return [[ep, 100, list(reversed(blocks))] for ep, blocks in reversed(order.items())]
-
-
-def test_pending_blocks_fold_chains_as_the_index_touches_them() -> None:
+def test_drained_chains_leave_a_replica_as_the_routing_index_when_driven_at_random() -> None:
     rng = random.Random(5)
-    for _ in range(200):
-        pending = PendingBlocks(10_000)
-        adds = [
-            (f"e{rng.randrange(3)}", [rng.randrange(12) for _ in range(rng.randrange(1, 6))])
-            for _ in range(rng.randrange(1, 8))
-        ]
-        adds = [(ep, list(dict.fromkeys(chain))) for ep, chain in adds]  # chained: distinct
-        for ep, chain in adds:
-            pending.add(ep, chain, 100)
-        assert pending.drain() == _reference_drain(adds)
+    for _ in range(100):
+        pending, index, replica = PendingBlocks(10_000), PrefixIndex(60), PrefixIndex(60)
+        for ep, chain in chained_adds(rng, rng.randrange(1, 40), ["e0", "e1", "e2"]):
+            pending.add(ep, chain, 60)
+            index.add(ep, chain, 60)
+        facts = pending.drain()
+        for ep, capacity, chain in facts:
+            replica.add(ep, chain, capacity)
+        assert {ep: replica.recency(ep) for ep in index.endpoints()} == {
+            ep: index.recency(ep) for ep in index.endpoints()
+        }
+        for i, (ep, _, chain) in enumerate(facts):  # none is a prefix of a later one
+            later = [c for e, _, c in facts[i + 1 :] if e == ep]
+            assert not any(c[: len(chain)] == chain for c in later)
 
 
 def test_pending_blocks_keep_a_copy_of_the_chain() -> None:

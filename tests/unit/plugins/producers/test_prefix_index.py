@@ -14,6 +14,7 @@ from epp.plugins.producers.prefix_index import (
     block_hashes,
     seed_hash,
 )
+from tests.builders import chained_adds
 
 
 def _reference_hashes(
@@ -236,36 +237,93 @@ class _PlainIndex:
         return {ep for ep, lru in self.lrus.items() if h in lru}
 
 
-def test_add_and_removal_match_the_plain_rules_when_driven_at_random() -> None:
+def test_add_and_removal_match_the_plain_rules_when_driven_by_chains() -> None:
     rng = random.Random(7)
-    index, plain = PrefixIndex(12), _PlainIndex(12)
+    index, plain = PrefixIndex(40), _PlainIndex(40)
+    endpoints = ["a", "b", "c", "d"]
+    for ep, chain in chained_adds(rng, 4000, endpoints):
+        if rng.random() < 0.02:
+            index.remove_endpoint(ep)
+            plain.lrus.pop(ep, None)
+            plain.caps.pop(ep, None)
+            continue
+        capacity = rng.choice([None, None, None, 15, 40, 60])
+        index.add(ep, chain, capacity)
+        plain.add(ep, chain, capacity)
+        assert {e: index.recency(e) for e in index.endpoints()} == plain.lrus
+        _check_consistent(index)
+    for h in range(max(max(lru, default=0) for lru in plain.lrus.values()) + 1):
+        assert set(index.owners(h)) == plain.owners(h)
+    assert index.size == sum(len(lru) for lru in plain.lrus.values())
+    assert index.block_counts() == {ep: len(lru) for ep, lru in plain.lrus.items()}
+
+
+def _check_consistent(index: PrefixIndex) -> None:
+    held = {ep: index.recency(ep) for ep in index.endpoints()}
+    for ep, blocks in held.items():
+        assert len(blocks) == len(set(blocks)) <= index.capacity(ep)
+    assert index.size == sum(map(len, held.values()))
+    every = {h for blocks in held.values() for h in blocks}
+    assert len(index) == len(every)
+    for h in every:
+        assert set(index.owners(h)) == {ep for ep, blocks in held.items() if h in blocks}
+    for ep in held:  # each block in one run, which the map names; the runs' links both ways
+        own = index._held[ep]
+        assert len(own.where) == sum(len(run.blocks) for run in own.runs)
+        for run in own.runs:
+            assert run.blocks and all(own.where[h] is run for h in run.blocks)
+            assert run.parent is None or (run.parent in own.runs and run in run.parent.children)
+            assert all(child.parent is run for child in run.children or ())
+
+
+def test_input_that_is_not_chained_keeps_the_index_consistent_and_bounded() -> None:
+    rng = random.Random(7)
+    index = PrefixIndex(12)
     endpoints = ["a", "b", "c", "d"]
     for _ in range(3000):
         ep = rng.choice(endpoints)
         if rng.random() < 0.03:
             index.remove_endpoint(ep)
-            plain.lrus.pop(ep, None)
-            plain.caps.pop(ep, None)
             continue
-        start = rng.randrange(40)
-        chain = list(range(start, start + rng.randrange(0, 20)))
-        capacity = rng.choice([None, None, None, 5, 12, 20])
-        index.add(ep, chain, capacity)
-        plain.add(ep, chain, capacity)
-        assert {ep: list(lru) for ep, lru in index._lrus.items()} == plain.lrus
-    for h in range(60):
-        assert set(index.owners(h)) == plain.owners(h)
-    assert index.size == sum(len(lru) for lru in plain.lrus.values())
+        start = rng.randrange(40)  # overlapping ranges: a block shows up at many depths
+        chain = [rng.randrange(start, start + 20) for _ in range(rng.randrange(20))]
+        index.add(ep, chain, rng.choice([None, None, None, 5, 12, 20]))
+        _check_consistent(index)
 
 
-def test_a_known_head_with_a_hole_is_touched_block_by_block() -> None:
-    # the head is found by bisection, which sees 1 and 5 held and misses that 2 is not
-    index, plain = PrefixIndex(10), _PlainIndex(10)
-    for chain in ([1, 3, 4, 5], [1, 2, 3, 4, 5]):
-        index.add("e", chain)
-        plain.add("e", chain, None)
-    assert list(index._lrus["e"]) == plain.lrus["e"] == [5, 4, 3, 2, 1]
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_chains_mixed_with_input_that_is_not_chained_keep_the_index_consistent(seed: int) -> None:
+    rng = random.Random(seed)
+    index = PrefixIndex(rng.choice([5, 12, 30]))
+    adds = chained_adds(rng, 1500, ["a", "b", "c"])
+    for ep, chain in adds:
+        roll = rng.random()
+        if roll < 0.05:
+            index.remove_endpoint(ep)
+            continue
+        if roll < 0.35:  # block ids that chained_adds also hands out, at any depth
+            chain = [rng.randrange(150) for _ in range(rng.randrange(25))]
+        index.add(ep, chain, rng.choice([None, None, 3, 12, 40]))
+        _check_consistent(index)
+
+
+def test_a_block_held_at_another_depth_is_not_taken_for_the_head() -> None:
+    # 5 is held as the fourth block, so [1, 2, 3, 4, 5] is no chain of this index: 2 is added,
+    # the rest stays as it was
+    index = PrefixIndex(10)
+    index.add("e", [1, 3, 4, 5])
+    index.add("e", [1, 2, 3, 4, 5])
+    assert index.recency("e") == [5, 4, 3, 1, 2]
     assert index.owners(2) == ("e",) and index.size == 5
+    _check_consistent(index)
+
+
+def test_a_block_of_the_head_repeated_in_the_tail_is_not_added_twice() -> None:
+    index = PrefixIndex(10)
+    index.add("e", [1, 2])
+    index.add("e", [1, 2, 5, 1])  # the run ending at 2 is extended in place, by 5 only
+    assert index.recency("e") == [5, 2, 1] and index.size == 3
+    _check_consistent(index)
 
 
 def test_a_known_chain_only_refreshes_its_blocks() -> None:
@@ -273,7 +331,18 @@ def test_a_known_chain_only_refreshes_its_blocks() -> None:
     index.add("e", [1, 2, 3])
     index.add("e", [7, 8])
     index.add("e", [1, 2, 3, 4])  # the next turn: 1-3 known, 4 new
-    assert list(index._lrus["e"]) == [8, 7, 4, 3, 2, 1] and index.size == 6
+    assert index.recency("e") == [8, 7, 4, 3, 2, 1] and index.size == 6
+
+
+def test_a_fork_splits_the_run_it_leaves_and_eviction_takes_the_oldest_branch() -> None:
+    index = PrefixIndex(5)
+    index.add("e", [1, 2, 3, 4])
+    index.add("e", [1, 2, 5])  # a sub-agent forks after block 2
+    assert index.recency("e") == [4, 3, 5, 2, 1]
+    index.add("e", [9, 10])  # two blocks must go: the old branch's tail, 4 then 3
+    assert index.recency("e") == [5, 2, 1, 10, 9]
+    assert index.match([1, 2, 3, 4]) == {"e": 2} and index.match([1, 2, 5]) == {"e": 3}
+    _check_consistent(index)
 
 
 def test_owner_tuples_are_shared_between_blocks() -> None:
