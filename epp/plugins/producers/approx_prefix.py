@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import logging
 import math
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
@@ -346,8 +347,9 @@ def _parse_fact(fact: Any) -> tuple[str, int, list[int]] | None:
         return None
     if not isinstance(hashes, list):
         return None
-    # C-level passes (a fact may carry thousands of hashes): exact ints (no bools), in range
-    if hashes and (set(map(type, hashes)) != {int} or min(hashes) < 0 or max(hashes) >= 2**64):
+    try:  # one C-level pass (a fact may carry thousands of hashes): ints in 0 .. 2**64 - 1
+        array("Q", hashes)
+    except (TypeError, OverflowError):
         return None
     return endpoint, capacity, hashes
 

@@ -134,8 +134,10 @@ async def test_malformed_facts_are_reported_after_the_valid_ones_are_applied() -
         [POOL[0].id, True, [1]],
         ["", 5, [1]],
         [POOL[0].id, 5, "123"],
+        [POOL[0].id, 5, [1, 2.5]],
+        [POOL[0].id, 5, [1, "2"]],
     ]
-    with pytest.raises(ValueError, match="7 of 8 facts from replica-a are malformed"):
+    with pytest.raises(ValueError, match="9 of 10 facts from replica-a are malformed"):
         b.apply_facts([*bad, [POOL[1].id, 5, [1, 2]]], "replica-a")
     assert b.index.block_counts() == {POOL[1].id: 2}
 
