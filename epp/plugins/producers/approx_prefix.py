@@ -17,7 +17,11 @@ Algorithm (spec §4.8):
   ``maxPrefixBlocksToMatch``; both 0 means no cap.
 - Hashes: see ``epp.plugins.producers.prefix_index`` (xxh64 chain seeded by target model + salt).
 - Match: per prompt, each endpoint's number of consecutive leading blocks in the index, summed
-  over prompts; ``total_blocks`` is the number of hashes over all prompts.
+  over prompts; ``total_blocks`` is the number of hashes over all prompts. Past a prompt's first
+  16 blocks the index holds one block in ``indexStride`` (the last of each group, standing for
+  the group), so a long match is reported to its last whole group: at most ``indexStride - 1``
+  blocks short (448 tokens in 64-token blocks), for an index and a sharing cost about
+  ``indexStride`` times smaller on long prompts (``epp.plugins.producers.prefix_index``).
 - PreRequest: all hashes are added to the primary profile's first target and, when a ``prefill``
   profile picked one, to its first target too. An endpoint's LRU holds what its KV cache holds:
   with ``autoTune`` and scraped ``cache_num_blocks`` > 0, ``cache_num_blocks * cache_block_size /
@@ -28,16 +32,18 @@ Algorithm (spec §4.8):
 
 Shared state (active-active replicas, ``epp.plugin.sharing``): with a cross-replica syncer the
 producer exports, every sync interval, what its PreRequests added since the last export, one fact
-per chain ``[endpoint id, capacity in index blocks, [block hashes in prompt order]]``, each
-endpoint's oldest first (a chain that a later one of the same endpoint contains is left out; at
-most 65,536 pending (endpoint, block) pairs, the oldest dropped and counted). Facts of other
-replicas are added to the local index with ``add``, in order, as if this replica had routed those
-requests (an agent's next turn costs the receiver its new blocks, not its length), with the
-capacity the other replica computed from the same scraped metrics, and are not exported again
-(no echo). Duplicates only refresh recency and a lost fact only costs a miss.
-Nothing is buffered until a syncer asks for facts. A request whose primary target did not hold
-all of its blocks (new blocks, the next turn of a conversation may follow at once) asks for prompt
-sharing (``Handle.share_soon``); a full hit only refreshes recency and waits for the interval.
+per chain ``[endpoint id, capacity in index blocks, [indexed block hashes in prompt order],
+indexStride]``, each endpoint's oldest first: a chain that a later one of the same endpoint
+contains is left out, at most 65,536 pending (endpoint, entry) pairs are kept (the oldest dropped
+and counted), and a fact without the stride names every block of its chain. A replica with
+another ``indexStride`` skips the facts and says so. Facts of other replicas are added to the
+local index, in order, as if this replica had routed those requests (an agent's next turn costs
+the receiver its new blocks, not its length), with the capacity the other replica computed from
+the same scraped metrics, and are not exported again (no echo). Duplicates only refresh recency
+and a lost fact only costs a miss. Nothing is buffered until a syncer asks for facts. A request
+whose primary target did not hold all of its blocks (new blocks, the next turn of a conversation
+may follow at once) asks for prompt sharing (``Handle.share_soon``); a full hit only refreshes
+recency and waits for the interval.
 
 Parameters:
 
@@ -47,9 +53,12 @@ Parameters:
 - ``maxPrefixTokensToMatch`` (int, default 131072, ≥ 0), ``maxPrefixBlocksToMatch`` (int, default
   2048, ≥ 0).
 - ``lruCapacityPerServer`` (int, default 31250, ≥ 0; 0 = default).
+- ``indexStride`` (int, default 8, ≥ 1): past the first 16 blocks, one block in this many is
+  indexed; 1 indexes every block, as upstream does.
 
 Metrics (on the App's registry, labels ``plugin_name``, ``plugin_type``; unlabeled deprecated
-twins ``inference_extension_prefix_indexer_*``): ``llm_d_epp_prefix_indexer_size`` (entries),
+twins ``inference_extension_prefix_indexer_*``): ``llm_d_epp_prefix_indexer_size`` (the
+(endpoint, block) pairs the index stands for, what the capacities bound),
 ``llm_d_epp_prefix_indexer_hit_ratio`` and ``llm_d_epp_prefix_indexer_hit_bytes`` (per scheduled
 request, for its primary target; bytes = blocks * block size * 4); with sharing,
 ``llm_d_epp_prefix_indexer_sync_dropped_blocks_total`` (pending pairs dropped unexported).
@@ -90,7 +99,13 @@ from epp.plugin import (
 )
 from epp.plugin.metrics import metric_family
 from epp.plugin.prefix import TOKEN_BYTES
-from epp.plugins.producers.prefix_index import PendingBlocks, PrefixIndex, block_hashes, seed_hash
+from epp.plugins.producers.prefix_index import (
+    STRIDE,
+    PendingBlocks,
+    PrefixIndex,
+    block_hashes,
+    seed_hash,
+)
 
 MIN_BLOCK_SIZE_TOKENS: Final = 64
 DEFAULT_LRU_CAPACITY: Final = 31250
@@ -141,6 +156,7 @@ class ApproxPrefixCacheProducer(PluginBase):
         max_prefix_tokens_to_match: int = 131072
         max_prefix_blocks_to_match: int = 2048
         lru_capacity_per_server: int = DEFAULT_LRU_CAPACITY
+        index_stride: int = STRIDE
 
         def __post_init__(self) -> None:
             for key, value in (
@@ -152,6 +168,8 @@ class ApproxPrefixCacheProducer(PluginBase):
             ):
                 if value < 0:
                     raise ValueError(f"{key} must be >= 0, got {value}")
+            if self.index_stride < 1:
+                raise ValueError(f"indexStride must be >= 1, got {self.index_stride}")
             if not self.auto_tune and self.effective_block_size_tokens <= 0:
                 raise ValueError("blockSizeTokens must be > 0 when autoTune is false")
 
@@ -182,7 +200,7 @@ class ApproxPrefixCacheProducer(PluginBase):
         self._state_key = f"{self.TYPE}:{self.typed_name.name}:hashes"  # private scratch
         self._input_key = TOKENIZED_PROMPT.key(TOKEN_PRODUCER)
         self._default_capacity = p.lru_capacity_per_server or DEFAULT_LRU_CAPACITY
-        self.index = PrefixIndex(self._default_capacity)
+        self.index = PrefixIndex(self._default_capacity, stride=p.index_stride)
         self._last_purge = handle.clock()
         self._metrics = _IndexerMetrics(handle.registry, self.typed_name.name, self.TYPE)
         self._pending: PendingBlocks | None = None  # created when a syncer first asks
@@ -268,12 +286,14 @@ class ApproxPrefixCacheProducer(PluginBase):
         for ep in targets:
             capacity = self._capacity(ep, state.block_size)
             for hashes in state.per_prompt:
-                self.index.add(ep.id, hashes, capacity)
+                entries = self.index.indexed(hashes[:capacity])
+                self.index.add_indexed(ep.id, entries, capacity)
                 if pending is not None:
-                    pending.add(ep.id, hashes, capacity)
+                    pending.add(ep.id, entries, capacity)
         self._metrics.size(self.index.size)
         matched = state.matches.get(target.id, 0)
-        if pending is not None and matched < state.total_blocks:
+        whole = sum(map(self.index.reachable, map(len, state.per_prompt)))
+        if pending is not None and matched < whole:
             self.handle.share_soon()  # new blocks: the other replicas should route by them now
         unit = state.block_size * TOKEN_BYTES  # bytes per block, as upstream reports it
         self._metrics.hit(matched * unit, state.total_blocks * unit)
@@ -309,22 +329,33 @@ class ApproxPrefixCacheProducer(PluginBase):
                 _LABELS,
             ).labels(self.typed_name.name, self.TYPE)
             self._pending = PendingBlocks(MAX_PENDING_BLOCKS, on_drop=dropped.inc)
-        return self._pending.drain()
+        stride = self.index.stride
+        return [[*fact, stride] for fact in self._pending.drain()]
 
     def apply_facts(self, facts: Sequence[Any], origin: str) -> None:
         """Add another replica's facts to the index (``SharedState``); never re-exported. Malformed
         facts are skipped, then reported by a ValueError once the others are applied."""
-        bad = 0
+        bad = strides = 0
         for fact in facts:
             parsed = _parse_fact(fact)
             if parsed is None:
                 bad += 1
                 continue
-            endpoint, capacity, hashes = parsed
-            self.index.add(endpoint, hashes, capacity)
+            endpoint, capacity, hashes, stride = parsed
+            if stride is None:  # a whole chain
+                self.index.add(endpoint, hashes, capacity)
+            elif stride == self.index.stride:
+                self.index.add_indexed(endpoint, hashes, capacity)
+            else:
+                strides += 1
         self._metrics.size(self.index.size)
         if bad:
             raise ValueError(f"{bad} of {len(facts)} facts from {origin} are malformed")
+        if strides:
+            raise ValueError(
+                f"{strides} of {len(facts)} facts from {origin} were skipped: they index another "
+                f"indexStride than this replica's {self.index.stride} (configure the same on all)"
+            )
 
     def dump_state(self) -> Mapping[str, Any]:
         """Per-endpoint block counts (largest first, at most 100); never the hashes."""
@@ -332,18 +363,23 @@ class ApproxPrefixCacheProducer(PluginBase):
         return {
             "endpoints": [{"endpoint": ep, "blocks": n} for ep, n in counts[:MAX_DUMPED_ENDPOINTS]],
             "totalEndpoints": len(counts),
-            "entries": self.index.size,
+            "entries": self.index.entries,
+            "blocks": self.index.size,
             "approxBytes": self.index.approx_bytes(),
             **({"pendingBlocks": len(self._pending)} if self._pending is not None else {}),
         }
 
 
-def _parse_fact(fact: Any) -> tuple[str, int, list[int]] | None:
-    """``[endpoint id, capacity, [hashes]]`` checked, or ``None``."""
-    if not isinstance(fact, (list, tuple)) or len(fact) != 3:
+def _parse_fact(fact: Any) -> tuple[str, int, list[int], int | None] | None:
+    """``[endpoint id, capacity, [indexed hashes], stride]`` (or ``[..., [hashes]]``, a whole
+    chain) checked, or ``None``."""
+    if not isinstance(fact, (list, tuple)) or len(fact) not in (3, 4):
         return None
-    endpoint, capacity, hashes = fact
+    endpoint, capacity, hashes, *rest = fact
+    stride = rest[0] if rest else None
     if not isinstance(endpoint, str) or not endpoint or type(capacity) is not int or capacity <= 0:
+        return None
+    if stride is not None and (type(stride) is not int or stride < 1):
         return None
     if not isinstance(hashes, list):
         return None
@@ -351,7 +387,7 @@ def _parse_fact(fact: Any) -> tuple[str, int, list[int]] | None:
         array("Q", hashes)
     except (TypeError, OverflowError):
         return None
-    return endpoint, capacity, hashes
+    return endpoint, capacity, hashes, stride
 
 
 class _IndexerMetrics:

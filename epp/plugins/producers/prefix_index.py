@@ -40,6 +40,11 @@ slots in the endpoint's block-to-run map, in its run's list and in the owners ma
 int; the owner tuple is shared) and about 61 for each further endpoint holding it. With one
 ordered-dict LRU per endpoint it was 195."""
 
+DENSE_BLOCKS: Final = 16
+"""A chain's first blocks, each indexed (1,024 tokens in 64-token blocks)."""
+STRIDE: Final = 8
+"""Past them, one block in ``STRIDE`` is indexed, standing for the group it closes."""
+
 _PACK_PAIR = struct.Struct("<QQ").pack
 
 
@@ -104,12 +109,13 @@ class _Run:
 class _Held:
     """One endpoint's blocks: which run holds each, and the runs least recently used first."""
 
-    __slots__ = ("alone", "runs", "where")
+    __slots__ = ("alone", "runs", "weight", "where")
 
     def __init__(self, endpoint: str) -> None:
         self.alone = (endpoint,)
         self.runs: OrderedDict[_Run, None] = OrderedDict()
         self.where: dict[int, _Run] = {}
+        self.weight = 0  # the blocks its entries stand for
 
 
 class PrefixIndex:
@@ -127,16 +133,28 @@ class PrefixIndex:
     implies the chain's first ``i`` blocks, which lie on the runs above it. Input that breaks
     this (a block seen at two depths, repeats within a chain) keeps the index consistent and
     bounded, but may refresh or record less than the chain named.
+
+    Past a chain's first ``dense`` blocks, one block in ``stride`` is indexed (the last of each
+    group), an entry that stands for the ``stride`` blocks it closes: ``match`` then reports a
+    long prefix to the last whole group it holds (at most ``stride - 1`` blocks short), and a
+    195,000-token prompt costs the index 16 + 378 entries instead of 3,047. Capacities count
+    blocks, so an endpoint still holds what its KV cache holds. ``stride=1`` indexes every block.
     """
 
-    def __init__(self, default_capacity: int) -> None:
+    def __init__(
+        self, default_capacity: int, dense: int = DENSE_BLOCKS, stride: int = STRIDE
+    ) -> None:
         if default_capacity <= 0:
             raise ValueError(f"default_capacity must be > 0, got {default_capacity}")
+        if dense < 0 or stride < 1:
+            raise ValueError(f"need dense >= 0 and stride >= 1, got {dense} and {stride}")
         self.default_capacity = default_capacity
+        self.dense, self.stride = dense, stride
         self._owners: dict[int, tuple[str, ...]] = {}
         self._held: dict[str, _Held] = {}
         self._capacity: dict[str, int] = {}
-        self._size = 0
+        self._size = 0  # blocks the entries stand for
+        self._entries = 0
         # Owner tuples are shared: every block held by one endpoint points at that endpoint's
         # one-tuple (48 bytes saved per entry), and each combination of several owners is one
         # tuple. The few combinations that appear stay until the index is rebuilt.
@@ -144,11 +162,37 @@ class PrefixIndex:
 
     @property
     def size(self) -> int:
-        """Number of (endpoint, block) entries."""
+        """Number of (endpoint, block) pairs the index stands for (what capacities bound)."""
         return self._size
 
+    @property
+    def entries(self) -> int:
+        """Number of (endpoint, block) entries stored."""
+        return self._entries
+
     def approx_bytes(self) -> int:
-        return self._size * BYTES_PER_BLOCK
+        return self._entries * BYTES_PER_BLOCK
+
+    def blocks(self, entries: int) -> int:
+        """The blocks that a chain's first ``entries`` indexed entries stand for."""
+        dense = self.dense
+        return entries if entries <= dense else dense + (entries - dense) * self.stride
+
+    def _entries_for(self, blocks: int) -> int:
+        """How many of a chain's first entries stand for at most ``blocks`` blocks."""
+        dense = self.dense
+        return blocks if blocks <= dense else dense + (blocks - dense) // self.stride
+
+    def reachable(self, blocks: int) -> int:
+        """The most ``match`` reports for a chain of ``blocks`` blocks."""
+        return self.blocks(self._entries_for(blocks))
+
+    def indexed(self, chain: Sequence[int]) -> Sequence[int]:
+        """The chain's blocks that are indexed: the dense head, then one per ``stride``."""
+        dense, stride = self.dense, self.stride
+        if stride == 1 or len(chain) <= dense:
+            return chain
+        return [*chain[:dense], *chain[dense + stride - 1 :: stride]]
 
     def table_bytes(self) -> tuple[int, int]:
         """Bytes of the hash tables: the owners map's, and the endpoints' own (each one's
@@ -168,10 +212,12 @@ class PrefixIndex:
         return list(self._held)
 
     def block_counts(self) -> dict[str, int]:
-        return {ep: len(held.where) for ep, held in self._held.items()}
+        """Endpoint → the blocks its entries stand for."""
+        return {ep: held.weight for ep, held in self._held.items()}
 
     def recency(self, endpoint: str) -> list[int]:
-        """The endpoint's blocks, least recently used first: the order eviction takes them."""
+        """The endpoint's indexed blocks, least recently used first: the order eviction takes
+        them."""
         held = self._held.get(endpoint)
         if held is None:
             return []
@@ -191,13 +237,22 @@ class PrefixIndex:
         blocks end up most recently used: under pressure the tail goes first, and a tail block is
         worthless once its prefix is gone. A chain longer than the capacity keeps its head.
         """
+        cap = self._set_capacity(endpoint, capacity)
+        self.add_indexed(endpoint, self.indexed(hashes[:cap]), capacity)
+
+    def _set_capacity(self, endpoint: str, capacity: int | None) -> int:
+        if capacity is not None and capacity > 0:
+            self._capacity[endpoint] = capacity
+        return self._capacity.get(endpoint, self.default_capacity)
+
+    def add_indexed(self, endpoint: str, entries: Sequence[int], capacity: int | None) -> None:
+        """``add`` for a chain's indexed blocks only (``indexed``), as other replicas send them:
+        the same index with the same stride."""
         held = self._held.get(endpoint)
         if held is None:
             held = self._held[endpoint] = _Held(endpoint)
-        if capacity is not None and capacity > 0:
-            self._capacity[endpoint] = capacity
-        cap = self._capacity.get(endpoint, self.default_capacity)
-        chain = hashes[:cap]
+        cap = self._set_capacity(endpoint, capacity)
+        chain = entries[: self._entries_for(cap)]
         known = _held_head(held.where, chain)
         head = self._cut(held, chain[known - 1], known) if known else None
         if head is None:
@@ -209,8 +264,8 @@ class PrefixIndex:
         while head is not None:  # the path up to the chain's first block, which ends newest
             move(head)
             head = head.parent
-        if len(held.where) > cap:
-            self._evict(held, len(held.where) - cap)
+        if held.weight > cap:
+            self._evict(held, held.weight - cap)
 
     def _cut(self, held: _Held, last: int, known: int) -> _Run | None:
         """The run ending with ``last``, the chain's block ``known - 1``, split off the run
@@ -257,8 +312,12 @@ class PrefixIndex:
             if head is not None:
                 head.adopt(run)
             held.runs[run] = None
+        start = run.base + len(run.blocks)  # the chain position of the first new entry
+        weight = self.blocks(start + len(tail)) - self.blocks(start)
         run.blocks += tail
-        self._size += len(tail)
+        held.weight += weight
+        self._size += weight
+        self._entries += len(tail)
         alone = held.alone
         owners_before = list(map(self._owners.setdefault, tail, repeat(alone)))
         if owners_before.count(alone) == len(tail):  # the usual case: nobody else holds them
@@ -272,14 +331,14 @@ class PrefixIndex:
 
         Stops at the first block nobody holds (or once every endpoint has dropped out), so the
         cost follows the match length, not the prompt length. Endpoints with no leading block
-        are absent.
+        are absent. Past the dense head, a count is a multiple of the stride (see the class).
         """
         owners = self._owners
         result: dict[str, int] = {}
         alive: set[str] = set()
         previous: tuple[str, ...] = ()
         depth = 0
-        for h in hashes:
+        for h in self.indexed(hashes):
             held = owners.get(h)
             if held is None:
                 break
@@ -300,6 +359,8 @@ class PrefixIndex:
             depth += 1
         for ep in alive:
             result[ep] = depth
+        if depth > self.dense:  # entries past the dense head stand for ``stride`` blocks each
+            return {ep: self.blocks(n) for ep, n in result.items()}
         return result
 
     def remove_endpoint(self, endpoint: str) -> None:
@@ -309,7 +370,8 @@ class PrefixIndex:
             return
         for h in held.where:
             self._drop_owner(h, endpoint)
-        self._size -= len(held.where)
+        self._size -= held.weight
+        self._entries -= len(held.where)
         for key in [k for k in self._tuples if endpoint in k]:
             del self._tuples[key]
 
@@ -320,24 +382,30 @@ class PrefixIndex:
             self.remove_endpoint(ep)
         return gone
 
-    def _evict(self, held: _Held, count: int) -> None:
-        """Drop the endpoint's ``count`` least recently used blocks: the last blocks of its
-        least recently used run (a leaf: a run is touched after every run below it)."""
+    def _evict(self, held: _Held, excess: int) -> None:
+        """Drop the endpoint's least recently used entries until ``excess`` blocks are gone: the
+        last entries of its least recently used run (a leaf: a run is touched after every run
+        below it), then the next run's."""
         runs = held.runs
-        self._size -= count
-        while count > 0:
+        while excess > 0:
             run = next(iter(runs))
             blocks = run.blocks
-            if len(blocks) <= count:
+            end = run.base + len(blocks)
+            keep = max(run.base, self._entries_for(self.blocks(end) - excess))
+            weight = self.blocks(end) - self.blocks(keep)
+            if keep == run.base:
                 del runs[run]
                 if run.parent is not None:
                     run.parent.disown(run)
                 gone = blocks
             else:
-                gone = blocks[len(blocks) - count :]
-                del blocks[len(blocks) - count :]
+                gone = blocks[keep - run.base :]
+                del blocks[keep - run.base :]
             run.orphan_children()
-            count -= len(gone)
+            excess -= weight
+            held.weight -= weight
+            self._size -= weight
+            self._entries -= len(gone)
             self._forget(held, gone)
 
     def _forget(self, held: _Held, gone: list[int]) -> None:

@@ -30,7 +30,7 @@ async def test_micro_measures_every_hot_path_step_when_run_once() -> None:
     lookups = [r for r in rows if r.step == "prefix index match"]
     assert len(lookups) == 5 and all(r.unit == "ns/matched block" for r in lookups)
     (memory,) = [r for r in rows if r.step == "prefix index memory"]
-    assert 50 < memory.ratio < 2000
+    assert 5 < memory.ratio < 2000  # long chains: past the dense head one entry per 8 blocks
     assert all(r.ratio > 0 for r in rows)
 
 

@@ -282,8 +282,9 @@ async def test_metrics_recorded_when_request_scheduled() -> None:
     await _schedule(p, _request(1280), pool, pool[0])
     labels = {"plugin_name": "approx-prefix-cache-producer", "plugin_type": p.TYPE}
     r = h.registry
-    assert _sample(r, "llm_d_epp_prefix_indexer_size", **labels) == 20
-    assert _sample(r, "inference_extension_prefix_indexer_size") == 20
+    # 20 blocks: the dense head of 16, then whole groups of 8 only
+    assert _sample(r, "llm_d_epp_prefix_indexer_size", **labels) == 16
+    assert _sample(r, "inference_extension_prefix_indexer_size") == 16
     assert _sample(r, "llm_d_epp_prefix_indexer_hit_ratio_count", **labels) == 2
     assert _sample(r, "llm_d_epp_prefix_indexer_hit_ratio_sum", **labels) == 0.5
     # bytes = blocks * 64 tokens * 4: the second request matched 10 blocks
@@ -394,3 +395,17 @@ async def test_chat_request_matches_when_token_producer_runs_first() -> None:
     assert total == 5  # 6 + 1160 + 4 + 2 bytes -> 293 pseudo-tokens -> 5 blocks of 64
     assert infos[pool[0].id].match_blocks == total
     assert infos[pool[1].id].match_blocks == 0
+
+
+async def test_a_long_prompt_matches_to_its_last_whole_group_unless_the_stride_is_one() -> None:
+    pool = [make_endpoint(0)]
+    for stride, expected in ((8, 32), (1, 39)):
+        p = _producer(indexStride=stride)
+        await _schedule(p, _request(39 * 64), pool, pool[0])
+        infos = await _schedule(p, _request(39 * 64), pool, pool[0])
+        assert (infos[pool[0].id].match_blocks, infos[pool[0].id].total_blocks) == (expected, 39)
+
+
+def test_index_stride_is_rejected_when_below_one() -> None:
+    with pytest.raises(ParamError, match="indexStride must be >= 1"):
+        _producer(indexStride=0)

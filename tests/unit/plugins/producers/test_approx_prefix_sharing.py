@@ -63,8 +63,8 @@ async def test_it_is_shared_state_and_buffers_nothing_until_a_syncer_asks() -> N
     assert p.export_facts() == []  # the first call starts the buffering
     await schedule(p, request(640), POOL, 1)
     (fact,) = p.export_facts()
-    endpoint, capacity, hashes = fact
-    assert (endpoint, capacity, len(hashes)) == (POOL[1].id, 31250, 10)
+    endpoint, capacity, hashes, stride = fact
+    assert (endpoint, capacity, len(hashes), stride) == (POOL[1].id, 31250, 10, 8)
     assert p.export_facts() == []
 
 
@@ -84,7 +84,7 @@ async def test_a_repeated_chain_is_sent_once_after_the_others() -> None:
     await schedule(a, request(320, first=2), POOL, 0)
     await schedule(a, request(640, first=1), POOL, 0)  # again: sent once, as the newest
     facts = a.export_facts()
-    assert [len(hashes) for _, _, hashes in facts] == [5, 10]
+    assert [len(hashes) for _, _, hashes, _ in facts] == [5, 10]
     b.apply_facts(facts, "replica-a")
     # the receiving index has the same recency order, so it evicts the same blocks first
     assert b.index.recency(POOL[0].id) == a.index.recency(POOL[0].id)
@@ -120,7 +120,7 @@ async def test_the_capacity_comes_from_the_scraped_cache_of_the_endpoint() -> No
     )
     a.export_facts()
     await schedule(a, request(640), [small], 0)
-    ((_, capacity, _),) = a.export_facts()
+    ((_, capacity, _, _),) = a.export_facts()
     assert capacity == 10  # 40 engine blocks of 16 tokens = 10 index blocks of 64
 
 
@@ -136,8 +136,10 @@ async def test_malformed_facts_are_reported_after_the_valid_ones_are_applied() -
         [POOL[0].id, 5, "123"],
         [POOL[0].id, 5, [1, 2.5]],
         [POOL[0].id, 5, [1, "2"]],
+        [POOL[0].id, 5, [1], 0],
+        [POOL[0].id, 5, [1], "8"],
     ]
-    with pytest.raises(ValueError, match="9 of 10 facts from replica-a are malformed"):
+    with pytest.raises(ValueError, match="11 of 12 facts from replica-a are malformed"):
         b.apply_facts([*bad, [POOL[1].id, 5, [1, 2]]], "replica-a")
     assert b.index.block_counts() == {POOL[1].id: 2}
 
@@ -150,7 +152,7 @@ async def test_pending_blocks_are_bounded_oldest_dropped_and_counted(monkeypatch
     await schedule(a, request(640, first=1), POOL, 0)
     await schedule(a, request(640, first=2), POOL, 1)
     facts = a.export_facts()
-    assert [(ep, len(h)) for ep, _, h in facts] == [(POOL[1].id, 10), (POOL[0].id, 5)]
+    assert [(ep, len(h)) for ep, _, h, _ in facts] == [(POOL[1].id, 10), (POOL[0].id, 5)]
     dropped = registry.get_sample_value(
         "llm_d_epp_prefix_indexer_sync_dropped_blocks_total",
         {"plugin_name": "approx-prefix-cache-producer", "plugin_type": a.TYPE},
@@ -222,3 +224,42 @@ async def test_new_blocks_ask_for_prompt_sharing_and_a_full_hit_does_not() -> No
     assert handle.shared_soon == 1
     await schedule(p, request(640, first=7), POOL, 2)  # new to that endpoint
     assert handle.shared_soon == 2
+
+
+async def test_a_full_hit_of_a_long_prompt_does_not_ask_for_prompt_sharing() -> None:
+    p = producer()
+    handle = p.handle
+    assert isinstance(handle, FakeHandle)
+    p.export_facts()
+    await schedule(p, request(39 * 64, first=7), POOL, 1)  # 39 blocks: 16 + 2 whole groups
+    assert handle.shared_soon == 1
+    await schedule(p, request(39 * 64, first=7), POOL, 1)  # matched to its last whole group
+    assert handle.shared_soon == 1
+
+
+async def test_a_long_chain_is_sent_as_its_indexed_blocks_and_applied_as_routed() -> None:
+    a, b = producer(), producer()
+    a.export_facts()
+    await schedule(a, request(200 * 64, first=3), POOL, 2)  # 200 blocks: 16 + 23 groups of 8
+    (fact,) = a.export_facts()
+    assert (len(fact[2]), fact[3]) == (16 + 23, 8)
+    b.apply_facts([fact], "replica-a")
+    assert b.index.recency(POOL[2].id) == a.index.recency(POOL[2].id)
+    assert await matches(b, request(200 * 64, first=3), POOL) == {
+        POOL[0].id: 0,
+        POOL[1].id: 0,
+        POOL[2].id: 200,
+    }
+
+
+async def test_a_whole_chain_without_a_stride_is_indexed_on_arrival() -> None:
+    b = producer()
+    b.apply_facts([[POOL[0].id, 1000, list(range(1, 41))]], "replica-a")  # 40 blocks
+    assert b.index.block_counts() == {POOL[0].id: 40} and b.index.entries == 19
+
+
+async def test_facts_of_another_stride_are_skipped_and_said() -> None:
+    b = producer()
+    with pytest.raises(ValueError, match=r"1 of 2 facts from replica-a were skipped.*indexStride"):
+        b.apply_facts([[POOL[0].id, 100, [1, 2], 4], [POOL[1].id, 100, [5, 6], 8]], "replica-a")
+    assert b.index.block_counts() == {POOL[1].id: 2}

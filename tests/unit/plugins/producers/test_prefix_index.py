@@ -239,7 +239,7 @@ class _PlainIndex:
 
 def test_add_and_removal_match_the_plain_rules_when_driven_by_chains() -> None:
     rng = random.Random(7)
-    index, plain = PrefixIndex(40), _PlainIndex(40)
+    index, plain = PrefixIndex(40, stride=1), _PlainIndex(40)
     endpoints = ["a", "b", "c", "d"]
     for ep, chain in chained_adds(rng, 4000, endpoints):
         if rng.random() < 0.02:
@@ -258,11 +258,73 @@ def test_add_and_removal_match_the_plain_rules_when_driven_by_chains() -> None:
     assert index.block_counts() == {ep: len(lru) for ep, lru in plain.lrus.items()}
 
 
+class _PlainStrided:
+    """The strided rules written out plainly: the indexed blocks of each chain (the first
+    ``dense``, then the last of each group of ``stride``) in one list per endpoint, each weighing
+    the blocks it stands for; the least recent go until the weights fit the capacity."""
+
+    def __init__(self, default_capacity: int, dense: int, stride: int) -> None:
+        self.default, self.dense, self.stride = default_capacity, dense, stride
+        self.lrus: dict[str, list[int]] = {}  # oldest first
+        self.caps: dict[str, int] = {}
+        self.weight: dict[int, int] = {}
+
+    def add(self, endpoint: str, hashes: list[int], capacity: int | None) -> None:
+        lru = self.lrus.setdefault(endpoint, [])
+        if capacity:
+            self.caps[endpoint] = capacity
+        cap = self.caps.get(endpoint, self.default)
+        for i, h in reversed(list(enumerate(hashes[:cap]))):
+            if i < self.dense or (i - self.dense) % self.stride == self.stride - 1:
+                if h in lru:
+                    lru.remove(h)
+                lru.append(h)
+                self.weight[h] = 1 if i < self.dense else self.stride
+        while sum(self.weight[h] for h in lru) > cap:
+            lru.pop(0)
+
+
+def test_a_strided_index_matches_the_plain_rules_when_driven_by_chains() -> None:
+    rng = random.Random(11)
+    index, plain = PrefixIndex(40, dense=2, stride=3), _PlainStrided(40, 2, 3)
+    for ep, chain in chained_adds(rng, 4000, ["a", "b", "c"]):
+        capacity = rng.choice([None, None, None, 15, 40, 60])
+        index.add(ep, chain, capacity)
+        plain.add(ep, chain, capacity)
+        assert {e: index.recency(e) for e in index.endpoints()} == plain.lrus
+        _check_consistent(index)
+        for e, lru in plain.lrus.items():
+            assert index.block_counts()[e] == sum(plain.weight[h] for h in lru)
+
+
+def test_a_long_match_is_reported_to_the_last_whole_group() -> None:
+    index = PrefixIndex(1000)  # the defaults: 16 blocks, then groups of 8
+    chain = list(range(100, 140))  # 40 blocks: 16 + 3 groups (16-23, 24-31, 32-39)
+    index.add("e", chain)
+    assert index.entries == 19 and index.size == 40 == index.block_counts()["e"]
+    assert index.match(chain) == {"e": 40}
+    assert index.match(chain[:39]) == {"e": 32} == {"e": index.reachable(39)}
+    assert index.match(chain[:10]) == {"e": 10}  # the dense head is exact
+    index.add("e", [*chain[:30], 7, 8])  # a fork inside the third group: its own entries
+    assert index.match([*chain[:30], 7, 8]) == {"e": 32}
+    assert index.match([*chain[:30], 7]) == {"e": 24}
+
+
+def test_a_strided_endpoint_evicts_whole_entries_until_its_blocks_fit() -> None:
+    index = PrefixIndex(40)
+    index.add("e", list(range(100, 140)))  # 40 blocks: full
+    index.add("e", [1, 2])  # 2 more: the last group (8 blocks) goes
+    assert index.block_counts()["e"] == 34 and index.match(list(range(100, 140))) == {"e": 32}
+    _check_consistent(index)
+
+
 def _check_consistent(index: PrefixIndex) -> None:
     held = {ep: index.recency(ep) for ep in index.endpoints()}
+    counts = index.block_counts()
     for ep, blocks in held.items():
-        assert len(blocks) == len(set(blocks)) <= index.capacity(ep)
-    assert index.size == sum(map(len, held.values()))
+        assert len(blocks) == len(set(blocks)) and counts[ep] <= index.capacity(ep)
+    assert index.entries == sum(map(len, held.values()))
+    assert index.size == sum(counts.values())
     every = {h for blocks in held.values() for h in blocks}
     assert len(index) == len(every)
     for h in every:
@@ -270,6 +332,10 @@ def _check_consistent(index: PrefixIndex) -> None:
     for ep in held:  # each block in one run, which the map names; the runs' links both ways
         own = index._held[ep]
         assert len(own.where) == sum(len(run.blocks) for run in own.runs)
+        weight = sum(
+            index.blocks(run.base + len(run.blocks)) - index.blocks(run.base) for run in own.runs
+        )
+        assert own.weight == counts[ep] == weight
         for run in own.runs:
             assert run.blocks and all(own.where[h] is run for h in run.blocks)
             assert run.parent is None or (run.parent in own.runs and run in run.parent.children)
@@ -362,7 +428,7 @@ def test_bytes_per_block_stays_under_estimate_when_measured() -> None:
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        index = PrefixIndex(10**6)
+        index = PrefixIndex(10**6, stride=1)
         for _ in range(100):  # 64-bit hashes, as xxh64 gives them (the ints are the index's)
             index.add("default/pod-0", [rng.getrandbits(64) | 1 << 63 for _ in range(1000)])
         gc.collect()

@@ -9,10 +9,11 @@ numbers compare across sizes:
   endpoint) on a ~195K-token chat prompt (ns per token; the producer matches at most
   ``maxPrefixTokensToMatch`` = 131072 tokens by default);
 * sharing one request's prefix facts with another replica or worker (``--workers``): a
-  195K-token chain of 3,047 blocks exported (``PendingBlocks`` add and drain), encoded and
-  decoded as ``redis-syncer`` does (msgpack), and applied to the other side's index at its bound,
-  as a fresh prompt (every block new, each evicting one) and as an agent's turn (every block
-  known; µs per request and ns per block);
+  195K-token chain of 3,047 blocks, sent as its 394 indexed blocks (the first 16, then one in
+  8), exported (``PendingBlocks`` add and drain), encoded and decoded as ``redis-syncer`` does
+  (msgpack), and applied to the other side's index at its bound, as a fresh prompt (every block
+  new, evicting as many) and as an agent's turn (every block known; µs per request and ns per
+  block of the chain);
 * ``Scheduler.schedule`` with the built-in default profile (what ``epp`` runs without
   ``--config-*``; ``--help`` lists its plugins and weights, read from that config) over 10, 100
   and 1000 endpoints with scraped metrics and prefix match info (µs per endpoint).
@@ -306,7 +307,8 @@ def _sharing_rows(runs: int) -> list[Row]:
         return [rng.getrandbits(64) for _ in range(n)]
 
     pending = PendingBlocks(65536)
-    known = chain()
+    index = PrefixIndex(capacity)
+    known = index.indexed(chain())  # what the routing worker sends: the chain's indexed blocks
 
     def export() -> object:
         pending.add("pod-0", known, capacity)
@@ -314,15 +316,14 @@ def _sharing_rows(runs: int) -> list[Row]:
 
     encoder, decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(dict[str, list[Any]])
     batch = {"prefix": export()}
-    index = PrefixIndex(capacity)
     for i in range(10):  # at its bound: every new block evicts one
-        index.add("pod-0", known if i == 9 else chain(), capacity)
-    fresh = [chain() for _ in range(runs)]
+        index.add_indexed("pod-0", known if i == 9 else index.indexed(chain()), capacity)
+    fresh = [index.indexed(chain()) for _ in range(runs)]
     steps = (
         ("export", lambda: export()),
         ("encode and decode", lambda: decoder.decode(encoder.encode(batch))),
-        ("apply, a turn (known)", lambda: index.add("pod-0", known, capacity)),
-        ("apply, a fresh prompt", lambda: index.add("pod-0", fresh.pop(), capacity)),
+        ("apply, a turn (known)", lambda: index.add_indexed("pod-0", known, capacity)),
+        ("apply, a fresh prompt", lambda: index.add_indexed("pod-0", fresh.pop(), capacity)),
     )
     rows = []
     for what, fn in steps:
