@@ -54,6 +54,10 @@ def _long(row: Mapping[str, Any], what: str, idle: float) -> str:
     )
 
 
+def _workers(n: int) -> str:
+    return "1 worker or replica" if n == 1 else f"{n} workers or replicas"
+
+
 def _line(g: Mapping[str, Any], seed: Mapping[str, float]) -> str:
     c = g.get("computed") or {}
     if not c:
@@ -64,7 +68,7 @@ def _line(g: Mapping[str, Any], seed: Mapping[str, float]) -> str:
         f"{c['us_per_request_195k']:,.0f} µs + {cps:,.0f} chunks/s x "
         f"{c['us_per_chunk']:.1f} µs (measured at {c['at_rate']:g}/s) = **{c['cores']:.2f} cores** "
         f"({c['cores_requests']:.2f} for requests, {c['cores_chunks']:.2f} for chunks): "
-        f"{c['workers_needed']} workers or replicas at one core each; llm-d's Go EPP: "
+        f"{_workers(c['workers_needed'])} at one core each; llm-d's Go EPP: "
         f"{cps:,.0f} x {seed['go_us_per_chunk']:g} µs = **{c['go_cores_chunks_only']:.2f} "
         f"cores** for the chunks alone"
         + (f"; with agents' turns instead of fresh prompts ({c['us_per_request_turn']:,.0f} µs "

@@ -1,6 +1,8 @@
 """How the approximate prefix index's memory settles once it is at its bound: the size of its
-hash tables (``sys.getsizeof`` of the owners map and of every endpoint's LRU, the LRUs' nodes
-included) while agents' turns churn it, long after its entry count stopped growing.
+hash tables (``sys.getsizeof`` of the owners map and of every endpoint's block-to-run map and
+run LRU) while agents' turns churn it, long after the blocks it holds stopped growing. The
+blocks held are what the pods' KV bounds; past a prompt's first 16 blocks one entry stands for 8
+(``indexStride``), so the tables hold fewer entries than blocks.
 
 CPython grows a dict's table when its free slots run out, and a deletion does not free a slot: at
 its bound every new block deletes an evicted one and takes a slot, so each table grows once more,
@@ -87,12 +89,12 @@ def settled_at(samples: list[Sample], bound: int) -> tuple[Sample, Sample]:
 def table(samples: list[Sample], opts: Options) -> str:
     bound = opts.pods * opts.capacity
     rows = [
-        f"{opts.pods} pods x {opts.capacity:,} blocks ({bound:,} entries at the bound), "
+        f"{opts.pods} pods x {opts.capacity:,} blocks ({bound:,} blocks held at the bound), "
         f"{opts.agents:,} agents, {opts.new_blocks} new blocks a turn:",
         "",
         f"Sampled every {opts.every:,} turns; a row for each change of the tables, and the last:",
         "",
-        "| turns | entries | owners table MB | LRUs MB | index tables MB | bytes per entry |",
+        "| turns | blocks held | owners table MB | LRUs MB | index tables MB | bytes per block |",
         "|---|---|---|---|---|---|",
     ]
     for s in samples:
