@@ -41,4 +41,7 @@ def test_the_quick_cores_run_answers_every_request_and_computes_the_line(tmp_pat
     two = report["groups"][1]
     assert len(two["big"]["us_per_request_by_worker"]) == 2  # each worker measured on its own
     assert two["big"]["us_applied_per_request"] > 0  # the EPP timed the applying
+    by_plugin = two["big"]["us_applied_by_plugin"]  # and said which plugin it was
+    assert by_plugin["approx-prefix-cache-producer"] > 0
+    assert sum(by_plugin.values()) == pytest.approx(two["big"]["us_applied_per_request"], abs=1)
     assert "llm-d's Go EPP" in (tmp_path / "cores-quick.md").read_text()

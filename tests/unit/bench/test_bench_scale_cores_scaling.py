@@ -126,3 +126,4 @@ def test_apply_seconds_sums_every_worker_and_plugin_of_a_metrics_page() -> None:
     )
     assert cores.apply_seconds(page) == 0.75
     assert cores.apply_seconds("") == 0.0
+    assert cores.apply_seconds_by_plugin(page) == {"a": 0.25, "b": 0.5}

@@ -129,11 +129,18 @@ APPLY_FAMILY = "llm_d_epp_state_sync_apply_seconds_total"
 def apply_seconds(metrics_text: str) -> float:
     """The time the EPP's workers spent applying each other's facts, summed over the workers
     and plugins of a ``/metrics`` page (0 without sharing)."""
-    total = 0.0
+    return sum(apply_seconds_by_plugin(metrics_text).values())
+
+
+def apply_seconds_by_plugin(metrics_text: str) -> dict[str, float]:
+    """The same per ``plugin_name`` (summed over the workers)."""
+    out: dict[str, float] = {}
     for line in metrics_text.splitlines():
         if line.startswith(APPLY_FAMILY + "{") or line.startswith(APPLY_FAMILY + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+            labels, value = line.rsplit(" ", 1)
+            name = labels.partition('plugin_name="')[2].partition('"')[0]
+            out[name] = out.get(name, 0.0) + float(value)
+    return out
 
 
 def _ok(shots: Sequence[Shot]) -> int:
@@ -176,17 +183,21 @@ async def _big(group: _Group, opts: CoresOptions, make: Bodies) -> dict[str, Any
     ``big_rate`` and at ``big_rate`` (twice each, interleaved), so what the load costs whatever
     the rate (scrapes of busy pods, sync rounds) is not charged to the few requests of a run."""
     low = max(opts.big_rate / 3.0, 0.5)
-    applied = -apply_seconds(await asyncio.to_thread(group.eset.scrape, 0))
+    before = apply_seconds_by_plugin(await asyncio.to_thread(group.eset.scrape, 0))
     runs: list[tuple[float, int, int, float, dict[int, float]]] = []
     for i, rate in enumerate((low, opts.big_rate, low, opts.big_rate)):
         n = max(1, math.ceil(rate * opts.big_duration))
         shots, cpu, each = await _run(group, make(n, i), rate, opts.big_duration)
         runs.append((rate, _ok(shots), len(shots) - _ok(shots), cpu, each))
-    applied += apply_seconds(await asyncio.to_thread(group.eset.scrape, 0))
+    after = apply_seconds_by_plugin(await asyncio.to_thread(group.eset.scrape, 0))
     slope = _slope([(r[0] == low, r[1], r[3]) for r in runs])
-    answered = sum(r[1] for r in runs)
+    answered = max(sum(r[1] for r in runs), 1)
+    by_plugin = {name: (t - before.get(name, 0.0)) / answered * 1e6 for name, t in after.items()}
     sharing = (
-        {"us_applied_per_request": round(applied / max(answered, 1) * 1e6, 1)}
+        {
+            "us_applied_per_request": round(sum(by_plugin.values()), 1),
+            "us_applied_by_plugin": {k: round(v, 1) for k, v in sorted(by_plugin.items())},
+        }
         if group.eset.workers > 1
         else {}
     )

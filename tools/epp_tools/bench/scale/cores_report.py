@@ -42,7 +42,9 @@ def _long(row: Mapping[str, Any], what: str, idle: float) -> str:
         + ", ".join(f"{v:,.0f} µs" for v in workers)
         + " (the least busy one mostly receives and applies the other's facts)"
         + (f"; applying them took {row['us_applied_per_request']:,.0f} µs per request as the "
-           "EPP timed it (`llm_d_epp_state_sync_apply_seconds_total`)"
+           "EPP timed it (`llm_d_epp_state_sync_apply_seconds_total`"
+           + "".join(f", {k} {v:,.0f} µs" for k, v in row.get("us_applied_by_plugin", {}).items())
+           + ")"
            if "us_applied_per_request" in row else "")
         + ".\n"
     ) if workers else ""  # fmt: skip
