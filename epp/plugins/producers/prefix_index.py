@@ -87,23 +87,10 @@ class _Run:
         self.blocks = blocks
         self.base = base
         self.parent = parent
-        self.children: set[_Run] | None = None
-
-    def adopt(self, child: _Run) -> None:
-        if self.children is None:
-            self.children = set()
-        self.children.add(child)
-
-    def disown(self, child: _Run) -> None:
-        if self.children is not None:
-            self.children.discard(child)
-
-    def orphan_children(self) -> None:
-        """Cut the runs below: their blocks no longer follow this run's (only for input that
-        is not chained, see ``PrefixIndex``)."""
-        for child in self.children or ():
-            child.parent = None
-        self.children = None
+        # How many runs follow this one. A run is always touched after every run below it (a
+        # new run is put in before the path above it is moved), so it leaves the LRU after
+        # them: only a run with none is ever evicted, and a run with some is never extended.
+        self.children = 0
 
 
 class _Held:
@@ -252,7 +239,8 @@ class PrefixIndex:
         if held is None:
             held = self._held[endpoint] = _Held(endpoint)
         cap = self._set_capacity(endpoint, capacity)
-        chain = entries[: self._entries_for(cap)]
+        limit = self._entries_for(cap)
+        chain = entries if len(entries) <= limit else entries[:limit]  # read, never kept
         known = _held_head(held.where, chain)
         head = self._cut(held, chain[known - 1], known) if known else None
         if head is None:
@@ -279,14 +267,11 @@ class PrefixIndex:
             return run
         # The head becomes a run of its own (it is about to be touched); the rest keeps the
         # run's place in the LRU, which an OrderedDict can only give the object already there.
-        top = _Run(blocks[: pos + 1], run.base, run.parent)
-        if run.parent is not None:
-            run.parent.disown(run)
-            run.parent.adopt(top)
+        top = _Run(blocks[: pos + 1], run.base, run.parent)  # in the run's place below its parent
         del blocks[: pos + 1]
         run.base += pos + 1
         run.parent = top
-        top.adopt(run)
+        top.children = 1
         held.where.update(zip(top.blocks, repeat(top)))
         held.runs[top] = None
         return top
@@ -310,7 +295,7 @@ class PrefixIndex:
                 return
         if run is not head:
             if head is not None:
-                head.adopt(run)
+                head.children += 1
             held.runs[run] = None
         start = run.base + len(run.blocks)  # the chain position of the first new entry
         weight = self.blocks(start + len(tail)) - self.blocks(start)
@@ -396,12 +381,11 @@ class PrefixIndex:
             if keep == run.base:
                 del runs[run]
                 if run.parent is not None:
-                    run.parent.disown(run)
+                    run.parent.children -= 1
                 gone = blocks
             else:
                 gone = blocks[keep - run.base :]
                 del blocks[keep - run.base :]
-            run.orphan_children()
             excess -= weight
             held.weight -= weight
             self._size -= weight

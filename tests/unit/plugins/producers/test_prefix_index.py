@@ -336,10 +336,12 @@ def _check_consistent(index: PrefixIndex) -> None:
             index.blocks(run.base + len(run.blocks)) - index.blocks(run.base) for run in own.runs
         )
         assert own.weight == counts[ep] == weight
+        order = {run: i for i, run in enumerate(own.runs)}  # least recent first
         for run in own.runs:
             assert run.blocks and all(own.where[h] is run for h in run.blocks)
-            assert run.parent is None or (run.parent in own.runs and run in run.parent.children)
-            assert all(child.parent is run for child in run.children or ())
+            below = [r for r in own.runs if r.parent is run]
+            assert run.children == len(below) and all(order[r] < order[run] for r in below)
+            assert run.parent is None or run.parent in order
 
 
 def test_input_that_is_not_chained_keeps_the_index_consistent_and_bounded() -> None:
