@@ -44,4 +44,7 @@ def test_the_quick_cores_run_answers_every_request_and_computes_the_line(tmp_pat
     by_plugin = two["big"]["us_applied_by_plugin"]  # and said which plugin it was
     assert by_plugin["approx-prefix-cache-producer"] > 0
     assert sum(by_plugin.values()) == pytest.approx(two["big"]["us_applied_per_request"], abs=1)
+    slopes = two["big"]["us_applied_slope_by_plugin"]  # what grows with the requests, apart
+    assert set(slopes) == set(by_plugin) and min(slopes.values()) >= 0
+    assert two["computed"]["us_applied_195k"] == two["big"]["us_applied_slope"]
     assert "llm-d's Go EPP" in (tmp_path / "cores-quick.md").read_text()

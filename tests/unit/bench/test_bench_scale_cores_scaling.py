@@ -127,3 +127,24 @@ def test_apply_seconds_sums_every_worker_and_plugin_of_a_metrics_page() -> None:
     assert cores.apply_seconds(page) == 0.75
     assert cores.apply_seconds("") == 0.0
     assert cores.apply_seconds_by_plugin(page) == {"a": 0.25, "b": 0.5}
+
+
+def test_a_periodic_applying_cost_is_left_out_of_the_slope_but_not_the_mean() -> None:
+    # Each run lasts as long: the in-flight producer's refreshes cost 2 ms a run whatever the
+    # rate, while the prefix index's facts cost 300 us per request.
+    runs = [(True, 10), (False, 30), (True, 10), (False, 30)]
+    applied = [{"inflight": 0.0, "prefix": 0.0}]
+    for _, n in runs:
+        last = applied[-1]
+        applied.append({"inflight": last["inflight"] + 0.002, "prefix": last["prefix"] + n * 3e-4})
+    out = cores._applying(applied, runs)
+    assert out["us_applied_by_plugin"] == {"inflight": 100.0, "prefix": 300.0}  # 8 ms / 80
+    assert out["us_applied_slope_by_plugin"] == {"inflight": 0.0, "prefix": 300.0}
+    assert out["us_applied_per_request"] == 400.0 and out["us_applied_slope"] == 300.0
+
+
+def test_the_computed_line_takes_the_applying_slope_when_there_is_one() -> None:
+    big = {"us_per_request": 9_000.0, "us_per_request_by_worker": [8_700.0, 420.0],
+           "us_applied_per_request": 380.0, "us_applied_slope": 310.0}  # fmt: skip
+    group = {"steps": [{"rate": 100.0, "reached": True, "us_per_chunk": 6.0}], "big": big}
+    assert cores.computed(group)["us_applied_195k"] == 310.0

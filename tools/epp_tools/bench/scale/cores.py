@@ -33,6 +33,10 @@ that many workers (or active-active replicas, which share nothing on the request
 whether that holds is what the 1- and 2-worker measurements show. With 2 workers each worker's
 own CPU slope is measured too: one worker routes nearly every long request at these rates, so
 the other's is what applying its facts costs, which each further worker adds to every request.
+The EPP also times the applying itself, per plugin (``llm_d_epp_state_sync_apply_seconds_total``),
+read after every run: its slope between the two rates is what each further worker adds to every
+request (the computed line uses it), its mean per request also charges what the sync rounds cost
+per second (``_applying``).
 """
 
 from __future__ import annotations
@@ -183,39 +187,64 @@ async def _big(group: _Group, opts: CoresOptions, make: Bodies) -> dict[str, Any
     ``big_rate`` and at ``big_rate`` (twice each, interleaved), so what the load costs whatever
     the rate (scrapes of busy pods, sync rounds) is not charged to the few requests of a run."""
     low = max(opts.big_rate / 3.0, 0.5)
-    before = apply_seconds_by_plugin(await asyncio.to_thread(group.eset.scrape, 0))
+    sharing = group.eset.workers > 1
+    applied = [await _applied(group)] if sharing else []
     runs: list[tuple[float, int, int, float, dict[int, float]]] = []
     for i, rate in enumerate((low, opts.big_rate, low, opts.big_rate)):
         n = max(1, math.ceil(rate * opts.big_duration))
         shots, cpu, each = await _run(group, make(n, i), rate, opts.big_duration)
         runs.append((rate, _ok(shots), len(shots) - _ok(shots), cpu, each))
-    after = apply_seconds_by_plugin(await asyncio.to_thread(group.eset.scrape, 0))
+        if sharing:
+            applied.append(await _applied(group))
     slope = _slope([(r[0] == low, r[1], r[3]) for r in runs])
-    answered = max(sum(r[1] for r in runs), 1)
-    by_plugin = {name: (t - before.get(name, 0.0)) / answered * 1e6 for name, t in after.items()}
-    sharing = (
-        {
-            "us_applied_per_request": round(sum(by_plugin.values()), 1),
-            "us_applied_by_plugin": {k: round(v, 1) for k, v in sorted(by_plugin.items())},
-        }
-        if group.eset.workers > 1
-        else {}
-    )
-    lo = [r for r in runs if r[0] == low]
-    hi = [r for r in runs if r[0] != low]
     return {
-        **sharing,
+        **(_applying(applied, [(r[0] == low, r[1]) for r in runs]) if sharing else {}),
         **_by_process(group, [(r[0] == low, r[1], r[4]) for r in runs]),
         "tokens": opts.big_tokens,
         "rate": opts.big_rate,
         "low_rate": round(low, 2),
-        "answered": answered,
+        "answered": sum(r[1] for r in runs),
         "errors": sum(r[2] for r in runs),
         "us_per_request": round(max(slope, 0.0) * 1e6, 1),
         "us_per_request_at": {
             f"{rate:g}": round(sum(r[3] for r in rs) / max(sum(r[1] for r in rs), 1) * 1e6, 1)
-            for rate, rs in ((low, lo), (opts.big_rate, hi))
+            for rate, rs in (
+                (low, [r for r in runs if r[0] == low]),
+                (opts.big_rate, [r for r in runs if r[0] != low]),
+            )
         },
+    }
+
+
+async def _applied(group: _Group) -> dict[str, float]:
+    """The workers' applying time so far, per plugin (``apply_seconds_by_plugin``)."""
+    return apply_seconds_by_plugin(await asyncio.to_thread(group.eset.scrape, 0))
+
+
+def _applying(
+    applied: Sequence[dict[str, float]], runs: Sequence[tuple[bool, int]]
+) -> dict[str, Any]:
+    """What applying the other workers' facts cost per request, from the EPP's own timing read
+    before the first run and after each (``applied``; ``runs``: low rate?, answered).
+
+    The mean (``us_applied_per_request``) charges the requests with what the sync rounds cost
+    whatever the rate: a plugin whose facts are periodic (the in-flight load producer's full
+    refresh every second, one update per round) costs per second, not per request, and at a few
+    requests per second that is most of its mean. The slope between the low- and high-rate runs
+    (``us_applied_slope``) is what one more request adds, the figure that grows with the rate."""
+    answered = max(sum(n for _, n in runs), 1)
+    plugins = sorted(applied[-1])
+    by_plugin = {p: (applied[-1][p] - applied[0].get(p, 0.0)) / answered * 1e6 for p in plugins}
+    slopes = {
+        p: max(0.0, _slope([(low, n, applied[i + 1].get(p, 0.0) - applied[i].get(p, 0.0))
+                            for i, (low, n) in enumerate(runs)])) * 1e6
+        for p in plugins
+    }  # fmt: skip
+    return {
+        "us_applied_per_request": round(sum(by_plugin.values()), 1),
+        "us_applied_by_plugin": {p: round(v, 1) for p, v in by_plugin.items()},
+        "us_applied_slope": round(sum(slopes.values()), 1),
+        "us_applied_slope_by_plugin": {p: round(v, 1) for p, v in slopes.items()},
     }
 
 
@@ -315,7 +344,10 @@ def computed(group: dict[str, Any]) -> dict[str, Any]:
     } if turns else {}  # fmt: skip
     applied = {  # what applying the other worker's facts cost per request: as the EPP timed it
         # (llm_d_epp_state_sync_apply_seconds_total), else the least busy worker's own CPU
-        key: row.get("us_applied_per_request", row["us_per_request_by_worker"][-1])
+        key: row.get(
+            "us_applied_slope",
+            row.get("us_applied_per_request", row["us_per_request_by_worker"][-1]),
+        )
         for key, row in (("us_applied_195k", group["big"]), ("us_applied_turn", turns))
         if row.get("us_per_request_by_worker")
     }

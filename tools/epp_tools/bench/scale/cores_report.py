@@ -46,6 +46,7 @@ def _long(row: Mapping[str, Any], what: str, idle: float) -> str:
            + "".join(f", {k} {v:,.0f} µs" for k, v in row.get("us_applied_by_plugin", {}).items())
            + ")"
            if "us_applied_per_request" in row else "")
+        + _slope(row)
         + ".\n"
     ) if workers else ""  # fmt: skip
     return (
@@ -54,6 +55,17 @@ def _long(row: Mapping[str, Any], what: str, idle: float) -> str:
         f"{f' (CPU per answered request, net of idle: {each})' if each else ''}; "
         f"{row['answered']} answered, {row['errors']} errors{idle_before}.\n{by_worker}"
     )
+
+
+def _slope(row: Mapping[str, Any]) -> str:
+    """What of the applying grows with the requests (the rest is paid per second)."""
+    if "us_applied_slope" not in row:
+        return ""
+    by = row.get("us_applied_slope_by_plugin", {})
+    return (f", of which {row['us_applied_slope']:,.0f} µs grows with the requests (the slope "
+            "between the two rates" + "".join(f", {k} {v:,.0f} µs" for k, v in by.items())
+            + "; the rest is paid per second whatever the rate: periodic refreshes and sync "
+            "rounds)")  # fmt: skip
 
 
 def _workers(n: int) -> str:
@@ -119,7 +131,8 @@ def _added(sc: Mapping[str, Any], suffix: str) -> str:
     if applied is None:
         return f"a second worker added {total}"
     return (f"applying the other worker's facts cost each worker {applied:,.0f} µs per "
-            "request (receiving and decoding them not included); the 2-worker total exceeded "
+            "request (what grows with the requests; receiving and decoding them not included); the "
+            "2-worker total exceeded "
             f"the 1-worker one by {total}")  # fmt: skip
 
 
