@@ -10,10 +10,11 @@ blocks of ``block_size`` tokens (the last block may be partial)::
 so a block's hash identifies the whole prefix up to and including it: two prompts that differ in
 their first block share no hash at all, and different models or cache salts never collide.
 
-Index. ``hash → endpoints holding it`` plus, per endpoint, an LRU of its blocks bounded by that
-endpoint's capacity (in blocks), kept as runs of consecutive blocks of one chain (a turn costs
-its new blocks and the runs on its path, not its length). Evicting a block from an endpoint's
-LRU removes the endpoint from the block's owners, so memory is at most ``sum(capacities)``
+Index. Per endpoint, an LRU of its blocks bounded by that endpoint's capacity (in blocks), kept
+as runs of consecutive blocks of one chain (a turn costs its new blocks and the runs on its path,
+not its length), and one map ``hash → the run holding it`` (one run per endpoint for a block
+several hold), which tells both the block's endpoints and where each keeps it. Evicting a block
+from an endpoint's LRU takes its run out of the map, so memory is at most ``sum(capacities)``
 entries (``approx_bytes`` estimates it); endpoints that left the pool are dropped with ``retain``.
 ``match`` costs O(matched blocks): it walks the request's hashes in order and stops at the first
 block no endpoint holds.
@@ -26,19 +27,19 @@ from __future__ import annotations
 
 import struct
 import sys
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from itertools import repeat
 from typing import Any, Final
 
 from xxhash import xxh64_intdigest
 
-BYTES_PER_BLOCK: Final = 150
+BYTES_PER_BLOCK: Final = 100
 """Estimated memory of one (endpoint, block) entry. Measured with ``tracemalloc`` on CPython 3.11
-(64-bit hashes, the hash ints counted): about 149 bytes for a block held by one endpoint (its
-slots in the endpoint's block-to-run map, in its run's list and in the owners map, and the hash
-int; the owner tuple is shared) and about 61 for each further endpoint holding it. With one
-ordered-dict LRU per endpoint it was 195."""
+(64-bit hashes, the hash ints counted): about 97 bytes for a block held by one endpoint (its slot
+in the block map and in its run's list, and the hash int), plus a tuple of runs for a block
+several endpoints hold. With a block-to-run map per endpoint beside an owners map it was 149,
+with one ordered-dict LRU per endpoint 195."""
 
 DENSE_BLOCKS: Final = 16
 """A chain's first blocks, each indexed (1,024 tokens in 64-token blocks)."""
@@ -81,12 +82,13 @@ class _Run:
     """Consecutive blocks of one endpoint's chains, touched together: ``blocks[0]`` sits at
     position ``base`` of every chain through it and follows the last block of ``parent``."""
 
-    __slots__ = ("base", "blocks", "children", "parent")
+    __slots__ = ("base", "blocks", "children", "owner", "parent")
 
-    def __init__(self, blocks: list[int], base: int, parent: _Run | None) -> None:
+    def __init__(self, blocks: list[int], base: int, parent: _Run | None, owner: _Held) -> None:
         self.blocks = blocks
         self.base = base
         self.parent = parent
+        self.owner = owner
         # How many runs follow this one. A run is always touched after every run below it (a
         # new run is put in before the path above it is moved), so it leaves the LRU after
         # them: only a run with none is ever evicted, and a run with some is never extended.
@@ -94,22 +96,36 @@ class _Run:
 
 
 class _Held:
-    """One endpoint's blocks: which run holds each, and the runs least recently used first."""
+    """One endpoint's blocks: its runs, least recently used first."""
 
-    __slots__ = ("alone", "runs", "weight", "where")
+    __slots__ = ("alone", "runs", "weight")
 
     def __init__(self, endpoint: str) -> None:
-        self.alone = (endpoint,)
+        self.alone: tuple[str, ...] = (endpoint,)  # the owners of a block only this endpoint holds
         self.runs: OrderedDict[_Run, None] = OrderedDict()
-        self.where: dict[int, _Run] = {}
         self.weight = 0  # the blocks its entries stand for
+
+
+_Where = _Run | tuple[_Run, ...]
+"""What the index keeps per block: the run holding it, or one run per endpoint holding it."""
+
+
+def _run_of(where: _Where, held: _Held) -> _Run | None:
+    """The run of ``held``'s endpoint among the block's, if it holds the block."""
+    if isinstance(where, _Run):
+        return where if where.owner is held else None
+    for run in where:
+        if run.owner is held:
+            return run
+    return None
 
 
 class PrefixIndex:
     """Which endpoints are believed to hold which prefix blocks; see the module docstring.
 
-    Owners are stored as tuples: most blocks live on one endpoint, and a one-element tuple costs
-    a fifth of a set. The tuples are shared (one per endpoint, one per combination).
+    One map serves matching and each endpoint's bookkeeping: a block maps to the run holding it
+    (its endpoint is the run's owner), or, for the few blocks several endpoints hold, to a tuple
+    of their runs. A new block then costs one map write, an evicted one one removal.
 
     An endpoint's blocks are kept in runs, not one by one: a chain's blocks are touched together
     (last first), so its recency order is the runs' order, each read from its last block to its
@@ -137,15 +153,11 @@ class PrefixIndex:
             raise ValueError(f"need dense >= 0 and stride >= 1, got {dense} and {stride}")
         self.default_capacity = default_capacity
         self.dense, self.stride = dense, stride
-        self._owners: dict[int, tuple[str, ...]] = {}
+        self._at: dict[int, _Where] = {}
         self._held: dict[str, _Held] = {}
         self._capacity: dict[str, int] = {}
         self._size = 0  # blocks the entries stand for
         self._entries = 0
-        # Owner tuples are shared: every block held by one endpoint points at that endpoint's
-        # one-tuple (48 bytes saved per entry), and each combination of several owners is one
-        # tuple. The few combinations that appear stay until the index is rebuilt.
-        self._tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     @property
     def size(self) -> int:
@@ -182,18 +194,16 @@ class PrefixIndex:
         return [*chain[:dense], *chain[dense + stride - 1 :: stride]]
 
     def table_bytes(self) -> tuple[int, int]:
-        """Bytes of the hash tables: the owners map's, and the endpoints' own (each one's
-        block-to-run map and run LRU). At the entry bound they still grow once, as the churn
-        takes their free slots (``epp_tools.bench.scale.settle``), then keep their size. The
-        runs' lists hold one slot per entry and are not counted."""
-        own = sum(
-            sys.getsizeof(held.where) + sys.getsizeof(held.runs) for held in self._held.values()
-        )
-        return sys.getsizeof(self._owners), own
+        """Bytes of the hash tables: the block map's, and the endpoints' run LRUs. At the entry
+        bound the block map still grows once, as the churn takes its free slots
+        (``epp_tools.bench.scale.settle``), then keeps its size. The runs' lists hold one slot
+        per entry and are not counted."""
+        own = sum(sys.getsizeof(held.runs) for held in self._held.values())
+        return sys.getsizeof(self._at), own
 
     def __len__(self) -> int:
         """Number of distinct block hashes held by at least one endpoint."""
-        return len(self._owners)
+        return len(self._at)
 
     def endpoints(self) -> list[str]:
         return list(self._held)
@@ -214,7 +224,12 @@ class PrefixIndex:
         return self._capacity.get(endpoint, self.default_capacity)
 
     def owners(self, block_hash: int) -> tuple[str, ...]:
-        return self._owners.get(block_hash, ())
+        where = self._at.get(block_hash)
+        if where is None:
+            return ()
+        if isinstance(where, _Run):
+            return where.owner.alone
+        return tuple(run.owner.alone[0] for run in where)
 
     def add(self, endpoint: str, hashes: Sequence[int], capacity: int | None = None) -> None:
         """Record that ``endpoint`` now holds ``hashes`` (a request's chain, in prompt order).
@@ -241,7 +256,7 @@ class PrefixIndex:
         cap = self._set_capacity(endpoint, capacity)
         limit = self._entries_for(cap)
         chain = entries if len(entries) <= limit else entries[:limit]  # read, never kept
-        known = _held_head(held.where, chain)
+        known = _held_head(self._at, held, chain)
         head = self._cut(held, chain[known - 1], known) if known else None
         if head is None:
             known = 0  # nothing known, or not where a chain would hold it: all of it is new
@@ -258,7 +273,9 @@ class PrefixIndex:
     def _cut(self, held: _Held, last: int, known: int) -> _Run | None:
         """The run ending with ``last``, the chain's block ``known - 1``, split off the run
         holding it if blocks follow; ``None`` if it is held at another depth (not chained)."""
-        run = held.where[last]
+        run = _run_of(self._at[last], held)
+        if run is None:
+            return None
         blocks = run.blocks
         pos = known - 1 - run.base
         if not (0 <= pos < len(blocks) and blocks[pos] == last):
@@ -267,30 +284,40 @@ class PrefixIndex:
             return run
         # The head becomes a run of its own (it is about to be touched); the rest keeps the
         # run's place in the LRU, which an OrderedDict can only give the object already there.
-        top = _Run(blocks[: pos + 1], run.base, run.parent)  # in the run's place below its parent
+        top = _Run(blocks[: pos + 1], run.base, run.parent, held)  # in the run's place
         del blocks[: pos + 1]
         run.base += pos + 1
         run.parent = top
         top.children = 1
-        held.where.update(zip(top.blocks, repeat(top)))
+        self._rename(run, top, top.blocks)
         held.runs[top] = None
         return top
+
+    def _rename(self, run: _Run, top: _Run, blocks: list[int]) -> None:
+        """``blocks``, held by ``run``, are now ``top``'s (a C-level pass when, as usual, no
+        other endpoint holds them)."""
+        at = self._at
+        prior = list(map(at.__getitem__, blocks))
+        if prior.count(run) == len(blocks):
+            at.update(zip(blocks, repeat(top)))
+            return
+        for h, where in zip(blocks, prior, strict=True):
+            at[h] = top if where is run else tuple(top if r is run else r for r in where)  # type: ignore[union-attr]
 
     def _extend(self, held: _Held, head: _Run | None, tail: Sequence[int], base: int) -> None:
         """Add the chain's new blocks, ``tail`` (chain positions from ``base``), below ``head``.
 
-        Each map is written with one ``setdefault`` pass (C-level), whose answers tell whether a
-        block was already there: for chained input none was, and the pass did all the work.
+        The block map is written with one ``setdefault`` pass (C-level), whose answers tell
+        whether a block was already there: for chained input that no other endpoint holds none
+        was, and the pass did all the work.
         """
         # the chain goes on where its known head ends (an agent's next turn), or branches off
-        run = head if head is not None and not head.children else _Run([], base, head)
-        where = held.where
-        before = len(where)
-        prior = list(map(where.setdefault, tail, repeat(run)))
-        if len(where) - before != len(tail):  # not chained: add only the blocks that are new
-            had = set(run.blocks)
-            fresh = (h for h, was in zip(tail, prior, strict=True) if was is run and h not in had)
-            tail = list(dict.fromkeys(fresh))
+        run = head if head is not None and not head.children else _Run([], base, head, held)
+        at = self._at
+        before = len(at)
+        prior = list(map(at.setdefault, tail, repeat(run)))
+        if len(at) - before != len(tail):  # held elsewhere too, or not chained
+            tail = self._join(held, run, tail, prior)
             if not tail:
                 return
         if run is not head:
@@ -303,13 +330,25 @@ class PrefixIndex:
         held.weight += weight
         self._size += weight
         self._entries += len(tail)
-        alone = held.alone
-        owners_before = list(map(self._owners.setdefault, tail, repeat(alone)))
-        if owners_before.count(alone) == len(tail):  # the usual case: nobody else holds them
-            return
-        for h, owners in zip(tail, owners_before, strict=True):
-            if owners is not alone:
-                self._owners[h] = self._joined(owners, alone[0])
+
+    def _join(
+        self, held: _Held, run: _Run, tail: Sequence[int], prior: list[_Where]
+    ) -> list[int]:
+        """The blocks of ``tail`` new to ``held``'s endpoint, each once, in order: those the
+        ``setdefault`` pass put in (``prior`` is ``run``), and those other endpoints hold, which
+        ``run`` now holds too. Those this endpoint holds already (not chained) are left out."""
+        had = set(run.blocks)
+        fresh: dict[int, None] = {}
+        at = self._at
+        for h, where in zip(tail, prior, strict=True):
+            if h in fresh or h in had:
+                continue
+            if where is not run:
+                if _run_of(where, held) is not None:
+                    continue
+                at[h] = (*((where,) if isinstance(where, _Run) else where), run)
+            fresh[h] = None
+        return list(fresh)
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
         """Endpoint → number of leading blocks of ``hashes`` it holds consecutively.
@@ -318,17 +357,27 @@ class PrefixIndex:
         cost follows the match length, not the prompt length. Endpoints with no leading block
         are absent. Past the dense head, a count is a multiple of the stride (see the class).
         """
-        owners = self._owners
+        at = self._at
         result: dict[str, int] = {}
         alive: set[str] = set()
         previous: tuple[str, ...] = ()
+        last: _Where | None = None
         depth = 0
         for h in self.indexed(hashes):
-            held = owners.get(h)
-            if held is None:
+            where = at.get(h)
+            if where is None:
                 break
-            # Consecutive blocks of one prompt usually have the same owners: one tuple
-            # comparison then replaces the set work.
+            # Consecutive blocks of one prompt usually lie on one run, then on runs of the same
+            # endpoints: one identity test, else one tuple comparison, replaces the set work.
+            if where is last:
+                depth += 1
+                continue
+            last = where
+            held: tuple[str, ...]
+            if type(where) is _Run:
+                held = where.owner.alone
+            else:
+                held = tuple(run.owner.alone[0] for run in where)  # type: ignore[union-attr]
             if held != previous:
                 if depth == 0:
                     alive.update(held)
@@ -353,12 +402,10 @@ class PrefixIndex:
         self._capacity.pop(endpoint, None)
         if held is None:
             return
-        for h in held.where:
-            self._drop_owner(h, endpoint)
+        for run in held.runs:
+            self._forget(run, run.blocks)
+            self._entries -= len(run.blocks)
         self._size -= held.weight
-        self._entries -= len(held.where)
-        for key in [k for k in self._tuples if endpoint in k]:
-            del self._tuples[key]
 
     def retain(self, live: Collection[str]) -> list[str]:
         """Drop every endpoint not in ``live``; returns the dropped ids."""
@@ -390,48 +437,30 @@ class PrefixIndex:
             held.weight -= weight
             self._size -= weight
             self._entries -= len(gone)
-            self._forget(held, gone)
+            self._forget(run, gone)
 
-    def _forget(self, held: _Held, gone: list[int]) -> None:
-        """Remove evicted blocks from the endpoint's map and from their owners (C-level passes
-        when, as usual, nobody else holds them)."""
-        deque(map(held.where.__delitem__, gone), 0)
-        alone = held.alone
-        owners_before = list(map(self._owners.pop, gone))
-        if owners_before.count(alone) == len(gone):
+    def _forget(self, run: _Run, gone: list[int]) -> None:
+        """Take ``run``'s blocks ``gone`` out of the block map (one C-level pass when, as usual,
+        no other endpoint holds them)."""
+        at = self._at
+        prior = list(map(at.pop, gone))
+        if prior.count(run) == len(gone):
             return
-        for h, prior in zip(gone, owners_before, strict=True):
-            if prior is not alone:
-                self._owners[h] = prior
-                self._drop_owner(h, alone[0])
-
-    def _joined(self, held: tuple[str, ...], endpoint: str) -> tuple[str, ...]:
-        """``held`` plus ``endpoint``, one shared tuple per combination."""
-        key = (*held, endpoint)
-        return self._tuples.setdefault(key, key)
-
-    def _drop_owner(self, h: int, endpoint: str) -> None:
-        held = self._owners.get(h)
-        if held is None:
-            return
-        rest = tuple(ep for ep in held if ep != endpoint)
-        if len(rest) == 1:
-            other = self._held.get(rest[0])
-            self._owners[h] = other.alone if other is not None else rest
-        elif rest:
-            self._owners[h] = self._tuples.setdefault(rest, rest)
-        else:
-            del self._owners[h]
+        for h, where in zip(gone, prior, strict=True):
+            if where is not run:  # several endpoints held it: the others still do
+                rest = tuple(r for r in where if r is not run)  # type: ignore[union-attr]
+                at[h] = rest[0] if len(rest) == 1 else rest
 
 
-def _held_head(where: Mapping[int, object], chain: Sequence[int]) -> int:
+def _held_head(at: Mapping[int, _Where], held: _Held, chain: Sequence[int]) -> int:
     """How many leading blocks of ``chain`` the endpoint holds, found by bisection (a dozen
     lookups for a 3,000-block chain): an endpoint holds a chain's blocks as a prefix, since
     eviction takes a run's last blocks first and a run is evicted after every run below it."""
     lo, hi = 0, len(chain)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if chain[mid - 1] in where:
+        where = at.get(chain[mid - 1])
+        if where is not None and _run_of(where, held) is not None:
             lo = mid
         else:
             hi = mid - 1

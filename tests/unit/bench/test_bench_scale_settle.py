@@ -16,5 +16,5 @@ def test_the_tables_grow_past_the_entry_bound_once_then_hold_their_size() -> Non
     assert final.turns < opts.turns / 4  # then the same size for the rest of the run
     assert samples[-1].turns == opts.turns and samples[-1].total == final.total
     text = settle.table(samples, opts)
-    assert "| turns | blocks held | owners table MB | LRUs MB | index tables MB |" in text
+    assert "| turns | blocks held | block map MB | run LRUs MB | index tables MB |" in text
     assert f"| {opts.turns:,} | {bound:,} |" in text

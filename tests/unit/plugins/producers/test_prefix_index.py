@@ -11,6 +11,8 @@ import xxhash
 from epp.plugins.producers.prefix_index import (
     BYTES_PER_BLOCK,
     PrefixIndex,
+    _Run,
+    _run_of,
     block_hashes,
     seed_hash,
 )
@@ -329,16 +331,22 @@ def _check_consistent(index: PrefixIndex) -> None:
     assert len(index) == len(every)
     for h in every:
         assert set(index.owners(h)) == {ep for ep, blocks in held.items() if h in blocks}
+    for h, where in index._at.items():  # a block maps to its run, or one run per endpoint
+        runs = (where,) if isinstance(where, _Run) else where
+        assert len(runs) == len({run.owner for run in runs}) and (
+            runs is not where or len(runs) > 1
+        )
+        assert all(h in run.blocks and run in run.owner.runs for run in runs)
     for ep in held:  # each block in one run, which the map names; the runs' links both ways
         own = index._held[ep]
-        assert len(own.where) == sum(len(run.blocks) for run in own.runs)
         weight = sum(
             index.blocks(run.base + len(run.blocks)) - index.blocks(run.base) for run in own.runs
         )
         assert own.weight == counts[ep] == weight
         order = {run: i for i, run in enumerate(own.runs)}  # least recent first
         for run in own.runs:
-            assert run.blocks and all(own.where[h] is run for h in run.blocks)
+            assert run.owner is own and run.blocks
+            assert all(_run_of(index._at[h], own) is run for h in run.blocks)
             below = [r for r in own.runs if r.parent is run]
             assert run.children == len(below) and all(order[r] < order[run] for r in below)
             assert run.parent is None or run.parent in order
@@ -413,16 +421,17 @@ def test_a_fork_splits_the_run_it_leaves_and_eviction_takes_the_oldest_branch() 
     _check_consistent(index)
 
 
-def test_owner_tuples_are_shared_between_blocks() -> None:
+def test_a_block_one_endpoint_holds_maps_to_its_run_and_a_shared_one_to_a_run_each() -> None:
     index = PrefixIndex(100)
     index.add("a", [1, 2, 3])
     index.add("b", [2, 3])
-    assert index.owners(1) is not None and index.owners(1) is index.owners(1)
-    assert all(index.owners(h) is index.owners(1) for h in (1,))
-    assert index.owners(2) is index.owners(3) and index.owners(2) == ("a", "b")
+    assert isinstance(index._at[1], _Run) and index.owners(1) == ("a",)
+    assert index.owners(2) == index.owners(3) == ("a", "b")
+    assert [run.owner.alone for run in index._at[2]] == [("a",), ("b",)]  # type: ignore[union-attr]
     index.remove_endpoint("a")
-    assert index.owners(2) is index.owners(3) and index.owners(2) == ("b",)
-    assert index._tuples == {}
+    assert isinstance(index._at[2], _Run) and index.owners(2) == index.owners(3) == ("b",)
+    assert 1 not in index._at
+    _check_consistent(index)
 
 
 def test_bytes_per_block_stays_under_estimate_when_measured() -> None:
@@ -437,4 +446,4 @@ def test_bytes_per_block_stays_under_estimate_when_measured() -> None:
         measured = (tracemalloc.get_traced_memory()[0] - before) / index.size
     finally:
         tracemalloc.stop()
-    assert 120 < measured <= BYTES_PER_BLOCK
+    assert 80 < measured <= BYTES_PER_BLOCK

@@ -1,8 +1,8 @@
 """How the approximate prefix index's memory settles once it is at its bound: the size of its
-hash tables (``sys.getsizeof`` of the owners map and of every endpoint's block-to-run map and
-run LRU) while agents' turns churn it, long after the blocks it holds stopped growing. The
-blocks held are what the pods' KV bounds; past a prompt's first 16 blocks one entry stands for 8
-(``indexStride``), so the tables hold fewer entries than blocks.
+hash tables (``sys.getsizeof`` of its block map and of every endpoint's run LRU) while agents'
+turns churn it, long after the blocks it holds stopped growing. The blocks held are what the
+pods' KV bounds; past a prompt's first 16 blocks one entry stands for 8 (``indexStride``), so the
+tables hold fewer entries than blocks.
 
 CPython grows a dict's table when its free slots run out, and a deletion does not free a slot: at
 its bound every new block deletes an evicted one and takes a slot, so each table grows once more,
@@ -47,12 +47,12 @@ QUICK = Options(pods=4, capacity=2_000, agents=100, turns=3_000, every=10)
 class Sample:
     turns: int
     entries: int
-    owners_bytes: int
+    map_bytes: int
     lru_bytes: int
 
     @property
     def total(self) -> int:
-        return self.owners_bytes + self.lru_bytes
+        return self.map_bytes + self.lru_bytes
 
 
 def run(opts: Options) -> list[Sample]:
@@ -94,12 +94,12 @@ def table(samples: list[Sample], opts: Options) -> str:
         "",
         f"Sampled every {opts.every:,} turns; a row for each change of the tables, and the last:",
         "",
-        "| turns | blocks held | owners table MB | LRUs MB | index tables MB | bytes per block |",
+        "| turns | blocks held | block map MB | run LRUs MB | index tables MB | bytes per block |",
         "|---|---|---|---|---|---|",
     ]
     for s in samples:
         rows.append(
-            f"| {s.turns:,} | {s.entries:,} | {s.owners_bytes / 2**20:.1f} | "
+            f"| {s.turns:,} | {s.entries:,} | {s.map_bytes / 2**20:.1f} | "
             f"{s.lru_bytes / 2**20:.1f} | {s.total / 2**20:.1f} | "
             f"{s.total / max(s.entries, 1):.0f} |"
         )
