@@ -292,8 +292,8 @@ class ApproxPrefixCacheProducer(PluginBase):
                     pending.add(ep.id, entries, capacity)
         self._metrics.size(self.index.size)
         matched = state.matches.get(target.id, 0)
-        whole = sum(map(self.index.reachable, map(len, state.per_prompt)))
-        if pending is not None and matched < whole:
+        reachable = self.index.reachable
+        if pending is not None and matched < sum(map(reachable, map(len, state.per_prompt))):
             self.handle.share_soon()  # new blocks: the other replicas should route by them now
         unit = state.block_size * TOKEN_BYTES  # bytes per block, as upstream reports it
         self._metrics.hit(matched * unit, state.total_blocks * unit)
