@@ -172,7 +172,8 @@ async def test_gpu_attributes_filter_and_score_endpoints(
 
     # every GPU above the threshold: fallbackOnEmpty keeps routing, scored as before
     exporter.payload = _dcgm_page({"pod-0": 99, "pod-1": 92, "pod-2": 96})
-    await wait_for(lambda: _gpu(app)["pod-1"] == 0.92)
+    # every pod's figure, not one: a pod still at 90% would pass the filter alone
+    await wait_for(lambda: _gpu(app) == {"pod-0": 0.99, "pod-1": 0.92, "pod-2": 0.96})
     assert set(await _served(proxy.url, 3)) == {"pod-0"}
 
 
