@@ -296,6 +296,9 @@ class Envoy:
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""
 
     def stop(self) -> None:
+        """Stop Envoy and remove its directory. If it had exited on its own (killed, crashed),
+        its exit code and the end of its log go to stderr first: the log lives in the directory,
+        and a long benchmark otherwise only shows that every request failed from then on."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -303,6 +306,12 @@ class Envoy:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
+        elif self.proc is not None and self._workdir:
+            print(
+                f"envoy (pid {self.proc.pid}) had exited on its own with {self.proc.returncode}; "
+                f"the end of its log:\n{self.log()}",
+                file=sys.stderr,
+            )
         if self._workdir:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = ""
