@@ -32,8 +32,9 @@ import contextlib
 import logging
 import random
 import time
+import types
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from typing import Any
 
 from epp.config.pipeline import Pipeline
@@ -341,9 +342,44 @@ class Director(ResponseSide):
         for producer, timeout in self._producers:
             t0 = time.perf_counter()
             try:
-                async with asyncio.timeout(timeout):
-                    await producer.produce(request, pool)
+                await _bounded(producer.produce(request, pool), timeout)
             except Exception as exc:  # upstream: producer failures are logged, request goes on
                 log.warning("data producer failed", extra=_kv(request, producer, reason=repr(exc)))
             if trace is not None:
                 trace.plugin("DataProducer", producer.typed_name, time.perf_counter() - t0)
+
+
+async def _bounded(coro: Coroutine[Any, Any, None], timeout: float) -> None:
+    """Await a producer's ``produce`` with its timeout; the timer is only armed if the coroutine
+    waits. Most producers never do (hashing, matching, reading attributes), and a timeout can only
+    end a coroutine at an ``await``, so one that finishes on its first step is done exactly as it
+    would be under the timer, without the timer's cost (about a tenth of the producers' time on a
+    small request). The deadline still counts from the start."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    try:
+        waiting = coro.send(None)
+    except StopIteration:
+        return
+    async with asyncio.timeout_at(deadline):
+        await _resumed(coro, waiting)
+
+
+@types.coroutine
+def _resumed(coro: Coroutine[Any, Any, None], waiting: Any) -> Generator[Any, Any, None]:
+    """The rest of ``coro`` after the step that yielded ``waiting``, driven as a task drives it:
+    what it waits on goes up to the task, a cancellation (the timeout's, or the request's) goes
+    down into it."""
+    try:
+        while True:
+            try:
+                yield waiting
+            except GeneratorExit:  # this wrapper is being closed: ``finally`` closes the coroutine
+                raise
+            except BaseException as exc:  # handed to the coroutine, as a task does
+                waiting = coro.throw(exc)
+            else:
+                waiting = coro.send(None)
+    except StopIteration:
+        return
+    finally:
+        coro.close()  # no-op once it ended; ends it if this wrapper is closed half-way
