@@ -34,7 +34,7 @@ import random
 import time
 import types
 import uuid
-from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from typing import Any
 
 from epp.config.pipeline import Pipeline
@@ -349,13 +349,17 @@ class Director(ResponseSide):
                 trace.plugin("DataProducer", producer.typed_name, time.perf_counter() - t0)
 
 
-async def _bounded(coro: Coroutine[Any, Any, None], timeout: float) -> None:
+async def _bounded(coro: Awaitable[None], timeout: float) -> None:
     """Await a producer's ``produce`` with its timeout; the timer is only armed if the coroutine
     waits. Most producers never do (hashing, matching, reading attributes), and a timeout can only
     end a coroutine at an ``await``, so one that finishes on its first step is done exactly as it
     would be under the timer, without the timer's cost (about a tenth of the producers' time on a
     small request). The deadline still counts from the start."""
     deadline = asyncio.get_running_loop().time() + timeout
+    if type(coro) is not types.CoroutineType and not isinstance(coro, Coroutine):
+        async with asyncio.timeout_at(deadline):  # a ``produce`` that returns another awaitable
+            await coro
+        return
     try:
         waiting = coro.send(None)
     except StopIteration:

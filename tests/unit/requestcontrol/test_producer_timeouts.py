@@ -136,3 +136,13 @@ async def test_a_failure_after_a_wait_is_the_producers_error() -> None:
 
     with pytest.raises(ValueError, match="bad fact"):
         await _bounded(produce(), 5.0)
+
+
+async def test_a_produce_that_returns_another_awaitable_is_awaited_under_its_timer() -> None:
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    loop.call_soon(done.set_result, None)
+    await _bounded(done, 5.0)
+    assert done.done()
+    with pytest.raises(TimeoutError):
+        await _bounded(loop.create_future(), 0.01)
