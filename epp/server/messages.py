@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import struct
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias, cast
@@ -181,6 +182,92 @@ def _framing(n: int, response: bool, end_of_stream: bool) -> tuple[bytes, bytes]
         size += len(prefix)
     outer = (_RESPONSE_TAG if response else _REQUEST_TAG) + _varint(size)
     return outer + head, tail
+
+
+# A request-headers reply (the routed request's headers: the destination, the owned headers
+# removed, the ``envoy.lb`` metadata), written by hand like the body replies: building it as
+# protobuf objects, the metadata through ``Struct.update``, was a twentieth of a small request's
+# CPU. Tags from the descriptors, as above.
+_HEADERS_TAG = _len_tag(_field_number(pb.ProcessingResponse, "request_headers"))
+_METADATA_TAG = _len_tag(_field_number(pb.ProcessingResponse, "dynamic_metadata"))
+_COMMON_TAG = _len_tag(_field_number(pb.HeadersResponse, "response"))
+_MUTATION_TAG = _len_tag(_field_number(pb.CommonResponse, "header_mutation"))
+_CLEAR_ROUTE_CACHE = _varint(_field_number(pb.CommonResponse, "clear_route_cache") << 3) + b"\x01"
+_SET_TAG = _len_tag(_field_number(pb.HeaderMutation, "set_headers"))
+_REMOVE_TAG = _len_tag(_field_number(pb.HeaderMutation, "remove_headers"))
+_OPTION_HEADER_TAG = _len_tag(_field_number(pb.HeaderValueOption, "header"))
+_OVERWRITE_ACTION = _varint(_field_number(pb.HeaderValueOption, "append_action") << 3) + _varint(
+    _OVERWRITE
+)
+_KEY_TAG = _len_tag(_field_number(pb.HeaderValue, "key"))
+_RAW_VALUE_TAG = _len_tag(_field_number(pb.HeaderValue, "raw_value"))
+_STRUCT_FIELD_TAG = _len_tag(_field_number(struct_pb2.Struct, "fields"))
+_ENTRY_KEY_TAG, _ENTRY_VALUE_TAG = _len_tag(1), _len_tag(2)  # a map entry: key 1, value 2
+_NULL = _varint(_field_number(struct_pb2.Value, "null_value") << 3) + b"\x00"
+_NUMBER = _varint(_field_number(struct_pb2.Value, "number_value") << 3 | 1)  # 64-bit
+_STRING = _len_tag(_field_number(struct_pb2.Value, "string_value"))
+_BOOL = _varint(_field_number(struct_pb2.Value, "bool_value") << 3)
+_STRUCT = _len_tag(_field_number(struct_pb2.Value, "struct_value"))
+_LIST = _len_tag(_field_number(struct_pb2.Value, "list_value"))
+_LIST_ITEM_TAG = _len_tag(_field_number(struct_pb2.ListValue, "values"))
+_DOUBLE = struct.Struct("<d")
+
+
+def _delimited(tag: bytes, payload: bytes) -> bytes:
+    return tag + _varint(len(payload)) + payload
+
+
+def _struct_fields(values: Mapping[str, Any]) -> bytes:
+    """A ``google.protobuf.Struct`` of ``values`` as ``Struct.update`` builds it."""
+    return b"".join(
+        _delimited(
+            _STRUCT_FIELD_TAG,
+            _delimited(_ENTRY_KEY_TAG, k.encode()) + _delimited(_ENTRY_VALUE_TAG, _value(v)),
+        )
+        for k, v in values.items()
+    )
+
+
+def _value(v: Any) -> bytes:
+    """A ``google.protobuf.Value`` (its oneof always written: ``0``, ``""`` and ``False`` too)."""
+    if isinstance(v, str):
+        return _delimited(_STRING, v.encode())
+    if isinstance(v, bool):
+        return _BOOL + (b"\x01" if v else b"\x00")
+    if isinstance(v, int | float):
+        return _NUMBER + _DOUBLE.pack(v)
+    if v is None:
+        return _NULL
+    if isinstance(v, Mapping):
+        return _delimited(_STRUCT, _struct_fields(v))
+    if isinstance(v, list | tuple):
+        return _delimited(_LIST, b"".join(_delimited(_LIST_ITEM_TAG, _value(x)) for x in v))
+    raise TypeError(f"no google.protobuf.Value for {type(v).__name__}")
+
+
+def encoded_headers_reply(
+    set_headers: Mapping[str, str], remove: Sequence[str], metadata: Mapping[str, Any] | None
+) -> bytes:
+    """``request_headers_reply(set_headers, remove, metadata).SerializeToString()``, a message
+    that parses to the same, written directly (a value ``Struct`` cannot hold raises
+    ``TypeError``, as ``Struct.update`` raises ``ValueError``)."""
+    parts = [
+        _delimited(
+            _SET_TAG,
+            _delimited(
+                _OPTION_HEADER_TAG,
+                _delimited(_KEY_TAG, k.encode()) + _delimited(_RAW_VALUE_TAG, v.encode()),
+            )
+            + _OVERWRITE_ACTION,
+        )
+        for k, v in set_headers.items()
+    ]
+    parts.extend(_delimited(_REMOVE_TAG, h.encode()) for h in remove if h not in set_headers)
+    common = _delimited(_MUTATION_TAG, b"".join(parts)) + _CLEAR_ROUTE_CACHE
+    out = _delimited(_HEADERS_TAG, _delimited(_COMMON_TAG, common))
+    if metadata:
+        out += _delimited(_METADATA_TAG, _struct_fields({wire.LB_NAMESPACE: metadata}))
+    return out
 
 
 Reply: TypeAlias = "pb.ProcessingResponse | bytes"

@@ -174,7 +174,7 @@ class RequestStream:
         dest = endpoint.hostport
         self.answered = True
         return [
-            messages.request_headers_reply(
+            messages.encoded_headers_reply(
                 self._set_headers(dest, None),
                 wire.OWNED_REQUEST_HEADERS,
                 {wire.DESTINATION_HEADER: dest},
@@ -262,7 +262,7 @@ class RequestStream:
         owned = wire.OWNED_REQUEST_HEADERS
         if self.request_mode == _FULL_DUPLEX:
             replies: Replies = [
-                messages.request_headers_reply(set_headers, owned, lb),
+                messages.encoded_headers_reply(set_headers, owned, lb),
                 *messages.streamed_body(decision.body, response=False),
             ]
             return [*replies, messages.EMPTY_REQUEST_TRAILERS] if trailers else replies

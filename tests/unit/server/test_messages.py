@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from google.protobuf import json_format
 
@@ -214,3 +216,53 @@ def test_response_headers_reply_is_the_same_bytes_whether_prebuilt_or_not(
     mutation = got.response_headers.response.header_mutation
     assert {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers} == set_headers
     assert reply == messages._response_headers(set_headers).SerializeToString()
+
+
+def _random_value(rng: random.Random, depth: int) -> object:
+    kinds = ["str", "int", "float", "bool", "none"] + (["dict", "list"] if depth < 3 else [])
+    kind = rng.choice(kinds)
+    if kind == "str":
+        return "".join(rng.choice("aé:./- 0") for _ in range(rng.randrange(0, 200)))
+    if kind == "int":
+        return rng.randrange(-(10**6), 10**6)
+    if kind == "float":
+        return rng.uniform(-1e9, 1e9)
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "none":
+        return None
+    if kind == "dict":
+        return {f"k{i}": _random_value(rng, depth + 1) for i in range(rng.randrange(0, 4))}
+    return [_random_value(rng, depth + 1) for _ in range(rng.randrange(0, 4))]
+
+
+def test_encoded_headers_reply_parses_to_what_protobuf_builds() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        set_headers = {
+            f"x-h{i}": "".join(rng.choice("ab:é1") for _ in range(rng.randrange(0, 300)))
+            for i in range(rng.randrange(0, 5))
+        }
+        remove = [f"x-h{i}" for i in range(rng.randrange(0, 7))]
+        metadata = (
+            None
+            if rng.random() < 0.2
+            else {f"m{i}": _random_value(rng, 0) for i in range(rng.randrange(0, 3))}
+        )
+        got = pb.ProcessingResponse.FromString(
+            messages.encoded_headers_reply(set_headers, remove, metadata)
+        )
+        assert got == messages.request_headers_reply(set_headers, remove, metadata)
+
+
+def test_encoded_headers_reply_is_byte_for_byte_the_routed_reply() -> None:
+    dest = {wire.DESTINATION_HEADER: "10.0.0.7:8000"}
+    headers = {**dest, "content-length": "312", wire.REQUEST_ID_HEADER: "r-1"}
+    owned = wire.OWNED_REQUEST_HEADERS
+    want = messages.request_headers_reply(headers, owned, dest).SerializeToString()
+    assert messages.encoded_headers_reply(headers, owned, dest) == want
+
+
+def test_encoded_headers_reply_refuses_what_a_struct_cannot_hold() -> None:
+    with pytest.raises(TypeError):
+        messages.encoded_headers_reply({}, [], {"k": object()})

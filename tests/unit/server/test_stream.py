@@ -262,7 +262,7 @@ async def test_a_header_only_request_before_the_first_discovery_waits_for_it() -
     director.discovering = True
     out = stream.dispatch(headers(eos=True))
     assert not isinstance(out, list)  # a coroutine: it waits for the sync, then picks
-    (reply,) = await out
+    (reply,) = parsed(await out)
     assert director.names() == ["begin", "first_discovery", "pick_random"]
     assert lb(reply) == {wire.DESTINATION_HEADER: DEST}
 
