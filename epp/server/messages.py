@@ -219,13 +219,12 @@ def _delimited(tag: bytes, payload: bytes) -> bytes:
 
 def _struct_fields(values: Mapping[str, Any]) -> bytes:
     """A ``google.protobuf.Struct`` of ``values`` as ``Struct.update`` builds it."""
-    return b"".join(
-        _delimited(
-            _STRUCT_FIELD_TAG,
-            _delimited(_ENTRY_KEY_TAG, k.encode()) + _delimited(_ENTRY_VALUE_TAG, _value(v)),
-        )
-        for k, v in values.items()
-    )
+    out = []
+    for k, v in values.items():
+        value = _delimited(_STRING, v.encode()) if type(v) is str else _value(v)
+        entry = _delimited(_ENTRY_KEY_TAG, k.encode()) + _delimited(_ENTRY_VALUE_TAG, value)
+        out.append(_delimited(_STRUCT_FIELD_TAG, entry))
+    return b"".join(out)
 
 
 def _value(v: Any) -> bytes:
@@ -245,24 +244,30 @@ def _value(v: Any) -> bytes:
     raise TypeError(f"no google.protobuf.Value for {type(v).__name__}")
 
 
+@functools.lru_cache(maxsize=256)
+def _header_key(key: str) -> bytes:
+    return _delimited(_KEY_TAG, key.encode())
+
+
+def _set_header(key: str, value: str) -> bytes:
+    header = _header_key(key) + _delimited(_RAW_VALUE_TAG, value.encode())
+    return _delimited(_SET_TAG, _delimited(_OPTION_HEADER_TAG, header) + _OVERWRITE_ACTION)
+
+
+@functools.lru_cache(maxsize=256)
+def _removals(remove: tuple[str, ...], set_keys: tuple[str, ...]) -> bytes:
+    """The removals, less the headers being set: the same few combinations on every request."""
+    return b"".join(_delimited(_REMOVE_TAG, h.encode()) for h in remove if h not in set_keys)
+
+
 def encoded_headers_reply(
     set_headers: Mapping[str, str], remove: Sequence[str], metadata: Mapping[str, Any] | None
 ) -> bytes:
     """``request_headers_reply(set_headers, remove, metadata).SerializeToString()``, a message
     that parses to the same, written directly (a value ``Struct`` cannot hold raises
     ``TypeError``, as ``Struct.update`` raises ``ValueError``)."""
-    parts = [
-        _delimited(
-            _SET_TAG,
-            _delimited(
-                _OPTION_HEADER_TAG,
-                _delimited(_KEY_TAG, k.encode()) + _delimited(_RAW_VALUE_TAG, v.encode()),
-            )
-            + _OVERWRITE_ACTION,
-        )
-        for k, v in set_headers.items()
-    ]
-    parts.extend(_delimited(_REMOVE_TAG, h.encode()) for h in remove if h not in set_headers)
+    parts = [_set_header(k, v) for k, v in set_headers.items()]
+    parts.append(_removals(tuple(remove), tuple(set_headers)))
     common = _delimited(_MUTATION_TAG, b"".join(parts)) + _CLEAR_ROUTE_CACHE
     out = _delimited(_HEADERS_TAG, _delimited(_COMMON_TAG, common))
     if metadata:
