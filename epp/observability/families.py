@@ -12,7 +12,7 @@ from typing import Any, Final, NamedTuple
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.metrics_core import Metric
 
-from epp.observability.fasthist import FastHistogram
+from epp.plugin.fasthist import FastHistogram
 
 Family = Counter | Gauge | Histogram
 

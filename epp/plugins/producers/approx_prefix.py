@@ -97,6 +97,7 @@ from epp.plugin import (
     SchedulingResult,
     TokenizedPrompt,
 )
+from epp.plugin.fasthist import FastHistogram
 from epp.plugin.metrics import metric_family
 from epp.plugin.prefix import TOKEN_BYTES
 from epp.plugins.producers.prefix_index import (
@@ -429,5 +430,8 @@ def _family(
     labels: Sequence[str],
     buckets: Sequence[float],
 ) -> Any:
-    extra = {"buckets": (*buckets, math.inf)} if kind is Histogram else {}
-    return metric_family(registry, kind, name, doc, labels, **extra)
+    if kind is Histogram:  # observed in pre_request, on the loop: the lock-free kind
+        return metric_family(
+            registry, FastHistogram, name, doc, labels, buckets=(*buckets, math.inf)
+        )
+    return metric_family(registry, kind, name, doc, labels)

@@ -9,7 +9,7 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from epp.observability.fasthist import FastHistogram
+from epp.plugin.fasthist import FastHistogram
 
 BOUNDS = (0.001, 0.005, 0.01, 0.1, 1.0, 10.0)
 

@@ -1,5 +1,7 @@
 """``FastHistogram``: a ``prometheus_client`` histogram whose ``observe`` costs a bisection and two
-additions.
+additions, for families observed only on the App's event loop (the App's own request metrics,
+and a plugin's that it observes from its request-path hooks: pass it as ``metric_family``'s
+``kind``).
 
 The stock ``observe`` walks the bucket bounds one by one and takes a lock per bucket increment
 and per sum update; the request path observes a few dozen histograms per request and one per
