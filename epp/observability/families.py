@@ -12,7 +12,7 @@ from typing import Any, Final, NamedTuple
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.metrics_core import Metric
 
-from epp.plugin.fasthist import FastHistogram
+from epp.plugin.fastmetrics import FastCounter, FastGauge, FastHistogram
 
 Family = Counter | Gauge | Histogram
 
@@ -72,11 +72,18 @@ class MetricSpec(NamedTuple):
     twin_labels: tuple[str, ...] | None = None
 
 
+_FAST: dict[type[Any], type[Any]] = {
+    Counter: FastCounter,
+    Gauge: FastGauge,
+    Histogram: FastHistogram,
+}
+
+
 def build_families(spec: MetricSpec, registry: CollectorRegistry) -> list[Family]:
     """Register the row's family, then its twin if any (that order: the wrappers rely on it).
-    Histograms are ``FastHistogram``s."""
+    The families are ``epp.plugin.fastmetrics``' lock-free kinds."""
     kw: dict[str, Any] = {} if spec.buckets is None else {"buckets": spec.buckets}
-    kind = FastHistogram if spec.kind is Histogram else spec.kind
+    kind = _FAST[spec.kind]
     families: list[Family] = [kind(spec.name, spec.doc, spec.labels, registry=registry, **kw)]
     if spec.twin is not None:
         doc = f"Deprecated: {spec.name}" if spec.twin_doc is None else spec.twin_doc

@@ -97,7 +97,7 @@ from epp.plugin import (
     SchedulingResult,
     TokenizedPrompt,
 )
-from epp.plugin.fasthist import FastHistogram
+from epp.plugin.fastmetrics import FastHistogram
 from epp.plugin.metrics import metric_family
 from epp.plugin.prefix import TOKEN_BYTES
 from epp.plugins.producers.prefix_index import (
