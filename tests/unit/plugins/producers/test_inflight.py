@@ -8,6 +8,7 @@ from epp.plugin import Endpoint, ProfileResult, ResponseInfo, SchedulingResult
 from epp.plugin.inflight import LOAD_ESTIMATE, InFlightLoad
 from epp.plugin.prefix import PrefixMatchInfo, TokenizedPrompt
 from epp.plugins.producers.inflight import MAX_COMPLETIONS, InflightLoadProducer
+from epp.plugins.producers.inflight_metrics import MAX_IDLE_SERIES
 from scorers.active_request import ActiveRequestScorer
 from scorers.token_load import TokenLoadScorer
 from tests.builders import handle, make_cycle, make_endpoint, make_request
@@ -358,7 +359,32 @@ def test_inflight_gauges_follow_requests_and_tokens_per_fairness_and_priority() 
     assert _gauge(p, "llm_d_epp_inflight_tokens") == {a: 100.0, b: 0.0}
     for rid in ("a", "c"):
         p.response_complete(make_request(request_id=rid), info)
-    assert _gauge(p, "llm_d_epp_inflight_requests") == {a: 1.0}  # team-b's series is gone
+    assert _gauge(p, "llm_d_epp_inflight_requests") == {a: 1.0, b: 0.0}  # team-b's is idle
     p.response_complete(make_request(request_id="b"), info)
-    assert _gauge(p, "llm_d_epp_inflight_requests") == {}
-    assert _gauge(p, "llm_d_epp_inflight_tokens") == {}
+    assert _gauge(p, "llm_d_epp_inflight_requests") == {a: 0.0, b: 0.0}
+    assert _gauge(p, "llm_d_epp_inflight_tokens") == {a: 0.0, b: 0.0}
+
+
+def test_idle_inflight_series_are_kept_up_to_a_bound_then_the_oldest_go() -> None:
+    """Fairness ids are the client's: however many it sends, at most ``MAX_IDLE_SERIES`` series
+    at zero stay (a series in use never goes), and one back in use leaves the idle ones."""
+    p = producer()
+    result = SchedulingResult({"default": ProfileResult((EPS[1],))}, "default")
+    busy = make_request(request_id="busy", fairness_id="busy")
+    p.pre_request(busy, result)
+    extra = 5
+    for i in range(MAX_IDLE_SERIES + extra):
+        req = make_request(request_id=f"r{i}", fairness_id=f"tenant-{i}")
+        p.pre_request(req, result)
+        p.response_complete(req, ResponseInfo(request_id=f"r{i}", headers={}))
+        if i == 100:  # the first idle series is used again: it is the newest idle one now
+            first = make_request(request_id="again", fairness_id="tenant-0")
+            p.pre_request(first, result)
+            p.response_complete(first, ResponseInfo(request_id="again", headers={}))
+    series = _gauge(p, "llm_d_epp_inflight_requests")
+    tenants = {labels[3] for labels in series}
+    assert len(series) == MAX_IDLE_SERIES + 1  # the idle ones and the busy one
+    assert "busy" in tenants and "tenant-0" in tenants
+    assert {f"tenant-{i}" for i in range(1, extra + 1)}.isdisjoint(tenants)  # the oldest went
+    assert f"tenant-{extra + 1}" in tenants
+    assert series[("pod-1-rank-0", "default", "inflight-load-producer", "busy", "0")] == 1.0
