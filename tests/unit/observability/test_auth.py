@@ -86,6 +86,25 @@ async def test_pprof_profile_behind_auth(start_app: Any) -> None:
         assert len(await r.read()) > 0
 
 
+async def test_pprof_clock_cpu_leaves_the_idle_wait_out(start_app: Any) -> None:
+    """An idle EPP profiled for a second: the wall clock counts the second (the loop's wait in
+    ``epoll``), the loop thread's CPU time almost none of it."""
+    app = await start_app([closed_port()], ready=False, metrics_token=TOKEN)
+    port = app.metrics_port
+
+    async def seconds(clock: str) -> float:
+        path = f"/debug/pprof/profile?seconds=1&format=text&clock={clock}"
+        status, body = await get(port, path, TOKEN)
+        assert status == 200, body[:300]
+        found = re.search(r"function calls.* in ([0-9.]+) seconds", body)
+        assert found is not None, body[:300]
+        return float(found.group(1))
+
+    assert await seconds("wall") >= 0.9
+    assert await seconds("cpu") < 0.5
+    assert (await get(port, "/debug/pprof/profile?seconds=1&clock=sometimes", TOKEN))[0] == 400
+
+
 async def test_pprof_index_lists_the_profiles_served_as_go_does(start_app: Any) -> None:
     app = await start_app([closed_port()], ready=False, metrics_token=TOKEN)
     port = app.metrics_port
