@@ -44,7 +44,9 @@ from epp.server import extproc_rpc
 
 STREAMS = 32
 CHUNKS = 100
-REQUESTS = 256
+REQUESTS = 1024
+"""Per phase: the child's CPU is read in clock ticks (10 ms), so the per-request figure moves in
+steps of 10 ms / ``REQUESTS`` (about 10 µs here; 39 µs with the 256 this used to be)."""
 _TICK = os.sysconf("SC_CLK_TCK")
 _CHUNK = (
     b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"delta":{"content":"x"}}]}\n\n'
