@@ -377,7 +377,7 @@ def test_idle_inflight_series_are_kept_up_to_a_bound_then_the_oldest_go() -> Non
         req = make_request(request_id=f"r{i}", fairness_id=f"tenant-{i}")
         p.pre_request(req, result)
         p.response_complete(req, ResponseInfo(request_id=f"r{i}", headers={}))
-        if i == 100:  # the first idle series is used again: it is the newest idle one now
+        if i == MAX_IDLE_SERIES // 2:  # the first idle series is used again: newest idle now
             first = make_request(request_id="again", fairness_id="tenant-0")
             p.pre_request(first, result)
             p.response_complete(first, ResponseInfo(request_id="again", headers={}))
