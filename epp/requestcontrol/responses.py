@@ -103,33 +103,37 @@ class ResponseSide:
             if end_of_stream:
                 self.complete(ex, TerminationCause.NATURAL)
             return Forward(data, whole=False, changed=False)
-        if ex.response is None:  # response body without headers (response_header_mode SKIP)
-            ex.response = ResponseInfo(request_id=ex.request.request_id, headers={})
+        info = ex.response
+        if info is None:  # response body without headers (response_header_mode SKIP)
+            info = ex.response = ResponseInfo(request_id=ex.request.request_id, headers={})
             ex.buffer = bytearray()
         if self._stats is not None:  # TTFT at the first chunk, inter-chunk latency after it
-            self._stats.on_chunk(ex.request, ex.response.streaming, ex.started)
+            self._stats.on_chunk(ex.request, info.streaming, ex.started)
         ex.size += len(data)
         held = ex.buffer
-        if held is not None and copy_held:
-            held += data
-            if end_of_stream:
-                self._finish_held(ex)
-            out = restore_model(ex.decision, data)
-            return Forward(out, whole=False, changed=out is not data)
-        if held is not None and (hold_limit is None or len(held) + len(data) <= hold_limit):
-            held += data
-            return self._release(ex) if end_of_stream else None
-        if held:  # a held response grew past the limit: send what was held first
-            data = bytes(held) + data
-        ex.buffer = None
-        if ex.state is not None:
-            learn(ex.response, ex.state.feed(data, end_of_stream))
+        if held is not None:
+            if copy_held:
+                held += data
+                if end_of_stream:
+                    self._finish_held(ex)
+                out = restore_model(ex.decision, data)
+                return Forward(out, False, out is not data)
+            if hold_limit is None or len(held) + len(data) <= hold_limit:
+                held += data
+                return self._release(ex) if end_of_stream else None
+            if held:  # a held response grew past the limit: send what was held first
+                data = bytes(held) + data
+            ex.buffer = None
+        state = ex.state
+        if state is not None:
+            learn(info, state.feed(data, end_of_stream))
         if self._streaming:
             stream_hooks(self._streaming, ex, end_of_stream)
         out = restore_model(ex.decision, data)
         if end_of_stream:
             self.complete(ex, TerminationCause.NATURAL)
-        return Forward(out, whole=False, changed=out is not data)
+        # positional: a NamedTuple built with keywords costs half as much again, on every chunk
+        return Forward(out, False, out is not data)
 
     def on_response_trailers(self, ex: Exchange, *, copy_held: bool = False) -> Forward | None:
         """Trailers end the response: a held body is released (``copy_held``: its chunks already

@@ -12,6 +12,7 @@ from epp.plugins.parsers.usage import (
     NullResponseState,
     OpenAIDialect,
     ResponseUsageState,
+    SGLangDialect,
     is_event_stream,
     openai_usage,
     parse_whole,
@@ -409,10 +410,17 @@ ONE_EVENT_CHUNKS = [
     b'data: {"a":1}\n',
     b'data: {"a":1}',
     b": comment\n\n",
+    b"data: [DONE]x\n\n",
+    b"data: x\n\n",
+    b"data: \r\n\n",
+    b"data:\n\n",
+    b"\n\n",
+    b'data: {"text":"Hi","meta_info":{"finish_reason":null}}\n\n',
+    b'data: {"text":"Hi","meta_info":{"finish_reason":{"type":"stop"},"prompt_tokens":5}}\n\n',
 ]
 
 
-@pytest.mark.parametrize("dialect", [OpenAIDialect, AnthropicDialect])
+@pytest.mark.parametrize("dialect", [OpenAIDialect, AnthropicDialect, SGLangDialect])
 @pytest.mark.parametrize("end", [False, True])
 @pytest.mark.parametrize("chunk", ONE_EVENT_CHUNKS)
 def test_a_chunk_fed_on_its_own_gives_what_the_line_scan_gives(
