@@ -155,13 +155,20 @@ class ExtProcCall:
         self._close(error=False, status=codes.CANCELED)
 
     def _step(self, data: bytes) -> Coroutine[Any, Any, Replies] | None:
-        """Handle one message; a coroutine when it has to route."""
+        """Handle one message; a coroutine when it has to route. A response body chunk, one per
+        streamed token, skips protobuf (``messages.response_chunk``) unless it comes first."""
         try:
-            try:
-                msg = pb.ProcessingRequest.FromString(data)
-            except DecodeError as exc:
-                raise ProtocolError(UNDECODABLE, f"undecodable ProcessingRequest: {exc}") from None
-            out = self.stream.dispatch(msg)
+            stream = self.stream
+            chunk = None if stream.first else messages.response_chunk(data)
+            if chunk is not None:
+                out: Replies | Coroutine[Any, Any, Replies] = stream.response_chunk(*chunk)
+            else:
+                try:
+                    msg = pb.ProcessingRequest.FromString(data)
+                except DecodeError as exc:
+                    reason = f"undecodable ProcessingRequest: {exc}"
+                    raise ProtocolError(UNDECODABLE, reason) from None
+                out = stream.dispatch(msg)
         except ProtocolError as err:
             self._protocol_error(err)
             return None

@@ -1,4 +1,5 @@
-"""Builders for the ext_proc ``ProcessingResponse`` messages the EPP sends."""
+"""Builders for the ext_proc ``ProcessingResponse`` messages the EPP sends, and a decoder written
+by hand for the ``ProcessingRequest`` Envoy sends most often, a response body chunk."""
 
 from __future__ import annotations
 
@@ -273,6 +274,57 @@ def encoded_headers_reply(
     if metadata:
         out += _delimited(_METADATA_TAG, _struct_fields({wire.LB_NAMESPACE: metadata}))
     return out
+
+
+# A response body chunk, decoded by hand: ``ProcessingRequest{response_body: HttpBody{body,
+# end_of_stream}}`` is one message per streamed token, and protobuf's decode with the oneof and
+# field lookups after it cost more than reading its few bytes here. Anything else, or the same
+# message written another way (another field, a repeated one, fields out of order, a long
+# varint), is left to protobuf. Tags from the descriptors, as above.
+_CHUNK_TAG: Final = _len_tag(_field_number(pb.ProcessingRequest, "response_body"))[0]
+_CHUNK_BODY_TAG: Final = _len_tag(_field_number(pb.HttpBody, "body"))[0]
+_CHUNK_EOS_TAG: Final = _varint(_field_number(pb.HttpBody, "end_of_stream") << 3)[0]
+
+
+def _varint_at(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint at ``pos`` and the position after it; ``(-1, pos)`` if it does not end within
+    ``data`` or runs past four bytes (never for a message under 256 MB). One byte, the usual
+    length of a token's chunk, is read without the loop."""
+    byte = data[pos] if pos < len(data) else 0x80
+    if byte < 0x80:
+        return byte, pos + 1
+    value = shift = 0
+    for i in range(pos, min(pos + 4, len(data))):
+        byte = data[i]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, i + 1
+        shift += 7
+    return -1, pos
+
+
+def response_chunk(data: bytes) -> tuple[bytes, bool] | None:
+    """``(body, end_of_stream)`` when ``data`` is a serialized ``ProcessingRequest`` holding
+    only a ``response_body`` (its ``body``, then its ``end_of_stream``, each optional), as
+    Envoy writes it; ``None`` for anything else, which protobuf then decodes."""
+    end = len(data)
+    if end < 2 or data[0] != _CHUNK_TAG:
+        return None
+    size, pos = _varint_at(data, 1)
+    if pos + size != end:  # another field follows, the message is cut short, or a bad varint
+        return None
+    body = b""
+    if pos < end and data[pos] == _CHUNK_BODY_TAG:
+        size, pos = _varint_at(data, pos + 1)
+        if size < 0 or pos + size > end:
+            return None
+        body = data[pos : pos + size]
+        pos += size
+    if pos == end:
+        return body, False
+    if pos + 2 == end and data[pos] == _CHUNK_EOS_TAG and data[pos + 1] < 2:
+        return body, data[pos + 1] == 1
+    return None
 
 
 Reply: TypeAlias = "pb.ProcessingResponse | bytes"

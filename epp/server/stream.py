@@ -118,18 +118,32 @@ class RequestStream:
 
     def _on_response(self, kind: str, msg: pb.ProcessingRequest) -> Replies:
         """A response message, timed for ``response_processing_duration_seconds``."""
+        if kind == "response_body":
+            chunk = msg.response_body
+            return self.response_chunk(chunk.body, chunk.end_of_stream)
         t0 = time.perf_counter()
         self.response_started = self.response_started or time.monotonic()
         try:
             if kind == "response_headers":
                 return self._on_response_headers(msg)
-            if kind == "response_body":
-                return self._on_response_body(msg.response_body)
             return self._on_response_trailers()
         finally:
-            self.response_busy += time.perf_counter() - t0
-            if self.response_ended and not self.response_finished:
-                self.response_finished = time.monotonic()
+            self._response_timed(t0)
+
+    def response_chunk(self, body: bytes, end_of_stream: bool) -> Replies:
+        """A ``response_body`` message that is not the stream's first, as ``dispatch`` handles
+        it; the server calls this directly with what ``messages.response_chunk`` decoded."""
+        t0 = time.perf_counter()
+        self.response_started = self.response_started or time.monotonic()
+        try:
+            return self._on_response_body(body, end_of_stream)
+        finally:
+            self._response_timed(t0)
+
+    def _response_timed(self, t0: float) -> None:
+        self.response_busy += time.perf_counter() - t0
+        if self.response_ended and not self.response_finished:
+            self.response_finished = time.monotonic()
 
     # ---- request phase ----------------------------------------------------------------------
 
@@ -353,23 +367,22 @@ class RequestStream:
             return [messages.response_headers_reply(set_headers, skip_body=self.request_mode)]
         return [messages.response_headers_reply(set_headers)]
 
-    def _on_response_body(self, chunk: pb.HttpBody) -> Replies:
+    def _on_response_body(self, body: bytes, eos: bool) -> Replies:
         ex = self._response_exchange()
         self.response_body = True
         duplex = self.response_mode == _FULL_DUPLEX
-        eos = chunk.end_of_stream
         self.response_ended = eos
         limit = self.ctx.max_body_bytes if duplex else None
         per_chunk = self.response_mode in _PER_CHUNK
         forward = self.director.on_response_chunk(
-            ex, chunk.body, eos, hold_limit=limit, copy_held=per_chunk
+            ex, body, eos, hold_limit=limit, copy_held=per_chunk
         )
         if forward is None:  # held until the end of the response
             return [] if duplex else [messages.buffered_response_body_reply(None)]
         replies: Replies
         if not duplex:  # Envoy takes ``streamed_response`` only in FULL_DUPLEX_STREAMED
-            body = forward.body if forward.changed else None
-            replies = [messages.buffered_response_body_reply(body)]
+            changed = forward.body if forward.changed else None
+            replies = [messages.buffered_response_body_reply(changed)]
         else:
             replies = messages.streamed_body(forward.body, response=True, end_of_stream=eos)
         if ex.response is not None and ex.response.dynamic_metadata:

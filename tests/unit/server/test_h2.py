@@ -70,13 +70,19 @@ class Stream:
         self.closed: list[bool] = []
         self.abandons = False  # what ``abandoned_on_half_close`` answers
         self.eviction = None  # never evictable
+        self.first = True
 
     def abandoned_on_half_close(self) -> bool:
         return self.abandons
 
     def dispatch(self, msg: pb.ProcessingRequest) -> Any:
+        self.first = False
         self.seen.append(str(msg.WhichOneof("request")))
         return self.handler(msg)
+
+    def response_chunk(self, body: bytes, end_of_stream: bool) -> Any:  # decoded by hand
+        chunk = pb.HttpBody(body=body, end_of_stream=end_of_stream)
+        return self.dispatch(pb.ProcessingRequest(response_body=chunk))
 
     def close(self, *, error: bool) -> None:
         self.closed.append(error)

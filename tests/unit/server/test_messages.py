@@ -266,3 +266,78 @@ def test_encoded_headers_reply_is_byte_for_byte_the_routed_reply() -> None:
 def test_encoded_headers_reply_refuses_what_a_struct_cannot_hold() -> None:
     with pytest.raises(TypeError):
         messages.encoded_headers_reply({}, [], {"k": object()})
+
+
+@pytest.mark.parametrize("size", [0, 1, 96, 127, 128, 16_383, 16_384, 70_000])
+@pytest.mark.parametrize("eos", [False, True])
+def test_response_chunk_reads_what_protobuf_reads(size: int, eos: bool) -> None:
+    body = bytes(random.Random(size).randrange(256) for _ in range(size))
+    data = pb.ProcessingRequest(
+        response_body=pb.HttpBody(body=body, end_of_stream=eos)
+    ).SerializeToString()
+    assert messages.response_chunk(data) == (body, eos)
+
+
+def _chunk_like() -> list[bytes]:
+    """Messages that are not a lone response body chunk as Envoy writes it, or are one written
+    another way: each must be left to protobuf (``None``) or read exactly as protobuf reads it."""
+    plain = pb.ProcessingRequest(response_body=pb.HttpBody(body=b"data: x\n\n", end_of_stream=True))
+    raw = plain.SerializeToString()
+    inner = raw[2:]
+    with_meta = pb.ProcessingRequest()
+    with_meta.CopyFrom(plain)
+    with_meta.metadata_context.filter_metadata["envoy.lb"].update({"a": "b"})
+    with_config = pb.ProcessingRequest()
+    with_config.CopyFrom(plain)
+    with_config.protocol_config.response_body_mode = pb.ProcessingMode.FULL_DUPLEX_STREAMED
+    eos_first = b"\x10\x01\x0a\x09data: x\n\n"
+    return [
+        b"",
+        b"\x2a",
+        raw[:-1],  # cut short
+        raw + b"\x00",
+        raw + raw,  # the field twice: protobuf merges
+        with_meta.SerializeToString(),
+        with_config.SerializeToString(),
+        b"\x2a" + bytes([len(eos_first)]) + eos_first,  # fields out of order
+        b"\x2a\x02\x10\x02",  # end_of_stream = 2 (true, written oddly)
+        b"\x2a\x03\x10\x81\x00",  # a two-byte varint for 1
+        b"\x2a\x00",  # an empty body message
+        b"\x2a\x02\x0a\x00",  # an empty body written out
+        b"\x2a\x80\x80\x80\x80\x01",  # a length varint longer than four bytes
+        b"\x2a\xff\xff\xff\x7f",  # a length far past the end
+        b"\x2a\x05\x0a\x09abc",  # the body's length past the message's end
+        bytes([0x22, len(inner)]) + inner,  # a request body, not a response body
+        b"\x2a\x04\x18\x01\x10\x01",  # an unknown field inside
+        pb.ProcessingRequest(
+            request_headers=pb.HttpHeaders(end_of_stream=True)
+        ).SerializeToString(),
+    ]
+
+
+@pytest.mark.parametrize("data", _chunk_like())
+def test_response_chunk_leaves_every_other_shape_to_protobuf(data: bytes) -> None:
+    got = messages.response_chunk(data)
+    if got is None:
+        return
+    msg = pb.ProcessingRequest.FromString(data)
+    assert msg.WhichOneof("request") == "response_body"
+    assert not msg.HasField("metadata_context") and not msg.HasField("protocol_config")
+    assert got == (msg.response_body.body, msg.response_body.end_of_stream)
+    assert [f.name for f, _ in msg.ListFields()] == ["response_body"]
+
+
+def test_response_chunk_agrees_with_protobuf_on_random_bytes() -> None:
+    rng = random.Random(7)
+    seen = 0
+    for _ in range(20_000):
+        body = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 12)))
+        data = bytes([0x2A, len(body)]) + body if rng.random() < 0.7 else body
+        got = messages.response_chunk(data)
+        if got is None:
+            continue
+        seen += 1
+        msg = pb.ProcessingRequest.FromString(data)
+        assert got == (msg.response_body.body, msg.response_body.end_of_stream)
+        assert msg.WhichOneof("request") == "response_body"
+    assert seen > 100

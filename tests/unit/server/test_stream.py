@@ -408,6 +408,31 @@ async def test_full_duplex_response_body_goes_through_the_director_in_pieces() -
     assert stream.eviction is None  # the response ended: nothing left to evict
 
 
+@pytest.mark.parametrize("mode", [MODE.FULL_DUPLEX_STREAMED, MODE.STREAMED])
+async def test_a_chunk_decoded_by_hand_is_handled_as_dispatch_handles_it(mode: int) -> None:
+    # the server hands a response chunk it decoded itself (``messages.response_chunk``) to
+    # ``response_chunk``: the same replies, director calls and response timing as ``dispatch``
+    outcomes = []
+    for by_hand in (False, True):
+        stream, director = new_stream(max_body_bytes=123)
+        await send(stream, headers(mode=mode))
+        await send(stream, body(b"{}"))
+        await send(stream, response_headers())
+        director.forward = Forward(b"token", whole=False, changed=True)
+        for data, eos in ((b"a", False), (b"b", True)):
+            if by_hand:
+                replies = parsed(stream.response_chunk(data, eos))
+            else:
+                replies = await send(stream, response_body(data, eos=eos))
+            outcomes.append((by_hand, replies, director.calls[-1]))
+        assert stream.response_ended and stream.response_finished
+        assert stream.response_busy > 0
+        with pytest.raises(ProtocolError, match="after the response ended"):
+            stream.response_chunk(b"c", False)
+    half = len(outcomes) // 2
+    assert [o[1:] for o in outcomes[:half]] == [o[1:] for o in outcomes[half:]]
+
+
 @pytest.mark.parametrize("changed", [False, True])
 async def test_other_modes_answer_response_chunks_with_plain_body_replies(changed: bool) -> None:
     stream, director = new_stream(max_body_bytes=123)
