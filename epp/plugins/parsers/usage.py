@@ -140,6 +140,8 @@ class OpenAIDialect:
     """Usage extraction for OpenAI-shaped responses."""
 
     counts_events: Final = True
+    wants_by_substring: Final = True
+    """``wants`` is a substring test: false for a text, it is false for every part of it."""
 
     @staticmethod
     def wants(content: bytes) -> bool:
@@ -190,6 +192,7 @@ class AnthropicDialect:
     """Usage extraction for Anthropic Messages responses."""
 
     counts_events: Final = False
+    wants_by_substring: Final = True
 
     @staticmethod
     def wants(content: bytes) -> bool:
@@ -265,6 +268,7 @@ class SGLangDialect:
     """Usage extraction for SGLang ``/generate`` responses (``meta_info``)."""
 
     counts_events: Final = False
+    wants_by_substring: Final = False  # an unfinished event beside a finished one hides it
 
     @staticmethod
     def wants(content: bytes) -> bool:
@@ -421,6 +425,21 @@ class ResponseUsageState:
             chunk = chunk[cut + 1 :]
             self._dropping = False
         data = self._tail + chunk if self._tail else chunk
+        dialect = self._dialect
+        if dialect.wants_by_substring and data.find(DONE) < 0 and not dialect.wants(data):
+            # No line carries usage, a response id or the end marker (several tokens, or a
+            # Responses API event and its type, in one chunk): count the complete ``data:``
+            # lines without splitting them; the general path below gives the same result.
+            cut = len(data) if end_of_stream else data.rfind(b"\n") + 1
+            if len(data) - cut <= MAX_SSE_LINE:
+                self._tail = data[cut:]
+                if not dialect.counts_events:
+                    return _NOTHING
+                events = data.count(b"\n" + DATA_PREFIX, 0, cut)
+                events += data.startswith(DATA_PREFIX, 0, cut)
+                if events < 2:
+                    return _ONE_EVENT if events else _NOTHING
+                return ParsedResponse(streamed_events=events)
         lines = data.split(b"\n")
         self._tail = b"" if end_of_stream else lines.pop()
         if len(self._tail) > MAX_SSE_LINE:

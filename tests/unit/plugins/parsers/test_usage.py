@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -449,3 +450,39 @@ def test_a_one_token_chunk_is_not_line_scanned(monkeypatch: Any) -> None:
     token = b'data: {"id":"1","choices":[{"delta":{"content":"x"}}]}\n\n'
     assert state.feed(token, False) == ParsedResponse(streamed_events=1)
     assert state.feed(b"data: [DONE]\n\n", False) == ParsedResponse()
+
+
+_SSE_LINES = [
+    b'data: {"id":"1","choices":[{"delta":{"content":"a"}}]}\n\n',
+    b'data: {"id":"1","choices":[{"delta":{"content":"b"}}]}\r\n\r\n',
+    b"event: response.output_text.delta\n"
+    b'data: {"type":"response.output_text.delta","delta":"c"}\n\n',
+    b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_9"}}\n\n',
+    b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}\n\n',
+    b'data: {"text":"x","meta_info":{"finish_reason":null,"prompt_tokens":2}}\n\n',
+    b'data: {"text":"y","meta_info":{"finish_reason":{"type":"stop"},"prompt_tokens":2,'
+    b'"completion_tokens":5}}\n\n',
+    b'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":6}}\n\n',
+    b": keep-alive\n\n",
+    b"data: [DONE]\n\n",
+]
+
+
+@pytest.mark.parametrize("dialect", [OpenAIDialect, AnthropicDialect, SGLangDialect])
+def test_random_streams_cut_anywhere_read_as_the_line_scan_reads_them(dialect: Dialect) -> None:
+    # chunks of one token, of several events, and of events cut anywhere, as a model server's
+    # writes and Envoy's reads bring them: each chunk reads as the general path (split into
+    # lines, the last kept until it ends, each line scanned) reads it
+    rng = random.Random(11)
+    for _ in range(400):
+        transcript = b"".join(rng.choice(_SSE_LINES) for _ in range(rng.randrange(1, 12)))
+        cuts = sorted(rng.sample(range(len(transcript) + 1), rng.randrange(0, 6)))
+        ends = [*cuts, len(transcript)]
+        chunks = [transcript[a:b] for a, b in zip([0, *cuts], ends, strict=True)]
+        state = ResponseUsageState(dialect, SSE)
+        tail = b""
+        for i, chunk in enumerate(chunks):
+            end = i == len(chunks) - 1
+            lines = (tail + chunk).split(b"\n")
+            tail = b"" if end else lines.pop()
+            assert state.feed(chunk, end) == usage_mod._scan_lines(dialect, lines), chunks
