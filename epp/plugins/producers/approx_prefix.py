@@ -16,6 +16,10 @@ Algorithm (spec §4.8):
 - Cap: ``maxPrefixTokensToMatch > 0`` gives ``tokens // blockSize`` blocks, else
   ``maxPrefixBlocksToMatch``; both 0 means no cap.
 - Hashes: see ``epp.plugins.producers.prefix_index`` (xxh64 chain seeded by target model + salt).
+  A prompt of at least 128 blocks that extends one of the last 32 hashed (an agent's next turn:
+  the whole conversation again, plus the answer and a tool result) reuses that prompt's hashes
+  and hashes only its new blocks (``ChainCache``: at most 8 MiB of those prompts' token bytes,
+  a fixed amount whatever the load; the chain is the same).
 - Match: per prompt, each endpoint's number of consecutive leading blocks in the index, summed
   over prompts; ``total_blocks`` is the number of hashes over all prompts. Past a prompt's first
   16 blocks the index holds one block in ``indexStride`` (the last of each group, standing for
@@ -102,9 +106,9 @@ from epp.plugin.metrics import metric_family
 from epp.plugin.prefix import TOKEN_BYTES
 from epp.plugins.producers.prefix_index import (
     STRIDE,
+    ChainCache,
     PendingBlocks,
     PrefixIndex,
-    block_hashes,
     seed_hash,
 )
 
@@ -202,6 +206,7 @@ class ApproxPrefixCacheProducer(PluginBase):
         self._input_key = TOKENIZED_PROMPT.key(TOKEN_PRODUCER)
         self._default_capacity = p.lru_capacity_per_server or DEFAULT_LRU_CAPACITY
         self.index = PrefixIndex(self._default_capacity, stride=p.index_stride)
+        self.chains = ChainCache()  # an agent's next turn hashes only its new blocks
         self._last_purge = handle.clock()
         self._metrics = _IndexerMetrics(handle.registry, self.typed_name.name, self.TYPE)
         self._pending: PendingBlocks | None = None  # created when a syncer first asks
@@ -269,7 +274,8 @@ class ApproxPrefixCacheProducer(PluginBase):
             return ()
         seed = seed_hash(target_model, prompt.cache_salt)
         cap = self.max_blocks(block_size)
-        chains = (block_hashes(p, block_size * TOKEN_BYTES, seed, cap) for p in prompt.prompts)
+        hashes = self.chains.hashes
+        chains = (hashes(p, block_size * TOKEN_BYTES, seed, cap) for p in prompt.prompts)
         return tuple(chain for chain in chains if chain)
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:

@@ -61,21 +61,132 @@ def block_hashes(tokens: bytes, block_bytes: int, seed: int, max_blocks: int | N
     Two passes keep the loops tight (about 0.8 ms for 800 KB in 256-byte blocks): the content
     hashes in one comprehension over byte slices, then the chain over 16-byte packed pairs.
     """
+    end = _hashed_end(tokens, block_bytes, max_blocks)
+    return _chain(tokens, 0, end, block_bytes, seed, []) if end > 0 else []
+
+
+def _hashed_end(tokens: bytes, block_bytes: int, max_blocks: int | None) -> int:
+    """Where hashing stops: the end of ``tokens`` or of its last block under the cap."""
+    if block_bytes <= 0:
+        return 0
     end = len(tokens)
-    if max_blocks is not None:
-        end = min(end, max_blocks * block_bytes)
-    if end <= 0 or block_bytes <= 0:
-        return []
+    return end if max_blocks is None else min(end, max_blocks * block_bytes)
+
+
+def _chain(
+    tokens: bytes, start: int, end: int, block_bytes: int, prev: int, out: list[int]
+) -> list[int]:
+    """``out`` extended by the chained hashes of the blocks from ``start`` (a block boundary) to
+    ``end``, the chain going on from ``prev``."""
     h = xxh64_intdigest
-    contents = [h(tokens[i : i + block_bytes]) for i in range(0, end, block_bytes)]
-    out: list[int] = []
+    contents = [h(tokens[i : i + block_bytes]) for i in range(start, end, block_bytes)]
     append = out.append
-    prev = seed
     pack = _PACK_PAIR
     for content in contents:
         prev = h(pack(content, prev))
         append(prev)
     return out
+
+
+class _CachedChain:
+    """A prompt hashed recently: its whole blocks (a view, no copy) and their hashes."""
+
+    __slots__ = ("block_bytes", "blocks", "hashes", "seed", "size")
+
+    def __init__(self, seed: int, block_bytes: int, tokens: bytes, hashes: list[int]) -> None:
+        self.seed = seed
+        self.block_bytes = block_bytes
+        whole = min(len(tokens) // block_bytes, len(hashes))
+        self.size = whole * block_bytes
+        self.blocks = memoryview(tokens)[: self.size]
+        self.hashes = hashes
+
+
+class ChainCache:
+    """The last prompts hashed, so that a prompt extending one of them hashes only what follows.
+
+    An agent's next turn sends its whole conversation again with the last answer and a tool
+    result appended: its first blocks are the previous turn's, and hashing them again was the
+    largest cost of routing it (about 2.3 ns per token, 0.4 ms for a 195,000-token context).
+    ``hashes`` looks for the longest cached prompt whose whole blocks begin the new one (one
+    ``memcmp`` per cached prompt, stopping at the first differing byte), takes their hashes, and
+    hashes the rest; the chain is the one ``block_hashes`` gives, since each hash covers the
+    whole prefix up to its block. The new prompt then takes the place of the one it extended.
+
+    Only prompts of at least ``min_blocks`` blocks are looked up and kept: below that, hashing
+    costs about what looking through the cache would (each ``memcmp`` runs through the system
+    prompt that sessions share), so short prompts are hashed as before. Bounded: at most
+    ``max_entries`` prompts and ``max_bytes`` of their bytes (views of the requests' own token
+    bytes, the oldest dropped first; a prompt larger than the budget is hashed and not kept), a
+    fixed amount however many requests are in flight. Lists returned are shared with the cache:
+    read them, never change them.
+    """
+
+    __slots__ = ("_entries", "_held", "hits", "max_bytes", "max_entries", "min_blocks", "misses")
+
+    def __init__(
+        self, max_bytes: int = 8 << 20, max_entries: int = 32, min_blocks: int = 128
+    ) -> None:
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+        self.min_blocks = min_blocks
+        self._entries: list[_CachedChain] = []  # oldest first
+        self._held = 0  # bytes viewed by the entries
+        self.hits = 0  # prompts that extended a cached one
+        self.misses = 0
+
+    def hashes(
+        self, tokens: bytes, block_bytes: int, seed: int, max_blocks: int | None
+    ) -> list[int]:
+        """``block_hashes(tokens, block_bytes, seed, max_blocks)``, from the cache where it can."""
+        end = _hashed_end(tokens, block_bytes, max_blocks)
+        if end <= 0:
+            return []
+        if end < self.min_blocks * block_bytes or type(tokens) is not bytes:
+            # short, or a mutable buffer (a view of it could change under the cache)
+            return _chain(tokens, 0, end, block_bytes, seed, [])
+        found = self._longest(tokens, block_bytes, seed, end)
+        if found is None:
+            self.misses += 1
+            out = _chain(tokens, 0, end, block_bytes, seed, [])
+        else:
+            self.hits += 1
+            old = self._entries.pop(found)
+            self._held -= old.size
+            whole = old.size // block_bytes
+            out = old.hashes[:whole]
+            _chain(tokens, old.size, end, block_bytes, out[-1], out)
+        self._keep(_CachedChain(seed, block_bytes, tokens, out))
+        return out
+
+    def _longest(self, tokens: bytes, block_bytes: int, seed: int, end: int) -> int | None:
+        best, best_size = None, 0
+        for i, entry in enumerate(self._entries):
+            size = entry.size
+            if (
+                best_size < size <= end
+                and entry.seed == seed
+                and entry.block_bytes == block_bytes
+                and tokens.startswith(entry.blocks)
+            ):
+                best, best_size = i, size
+        return best
+
+    def _keep(self, entry: _CachedChain) -> None:
+        if entry.size == 0 or entry.size > self.max_bytes:
+            return
+        entries = self._entries
+        entries.append(entry)
+        self._held += entry.size
+        while len(entries) > self.max_entries or self._held > self.max_bytes:
+            self._held -= entries.pop(0).size
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._held = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 class _Run:
@@ -331,9 +442,7 @@ class PrefixIndex:
         self._size += weight
         self._entries += len(tail)
 
-    def _join(
-        self, held: _Held, run: _Run, tail: Sequence[int], prior: list[_Where]
-    ) -> list[int]:
+    def _join(self, held: _Held, run: _Run, tail: Sequence[int], prior: list[_Where]) -> list[int]:
         """The blocks of ``tail`` new to ``held``'s endpoint, each once, in order: those the
         ``setdefault`` pass put in (``prior`` is ``run``), and those other endpoints hold, which
         ``run`` now holds too. Those this endpoint holds already (not chained) are left out."""

@@ -33,7 +33,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import hpack
 
@@ -44,6 +44,9 @@ from epp.server.h2 import PROCESS, ExtProcCall
 from epp.server.h2conn import Connection, Router
 from epp.server.misuse import MisuseLog
 from epp_tools.bench.micro import wire
+
+if TYPE_CHECKING:
+    from epp.app import App
 
 _ROUTE_TRIES = 100  # x 50 ms: the endpoints' file discovery has run by then
 
@@ -247,6 +250,13 @@ async def per_long_request(
 @asynccontextmanager
 async def epp() -> AsyncIterator[ServerContext]:
     """A whole EPP with the wire benchmark's endpoints: its server context."""
+    async with epp_app() as app:
+        yield app.context
+
+
+@asynccontextmanager
+async def epp_app() -> AsyncIterator[App]:
+    """A whole EPP with the wire benchmark's endpoints."""
     from epp.app import App
     from epp.settings import Settings
 
@@ -263,7 +273,7 @@ async def epp() -> AsyncIterator[ServerContext]:
             response_body_sample_ratio=1.0,  # the work on a chunk the EPP reads
         )
         async with App(settings) as app:
-            yield app.context
+            yield app
 
 
 async def _measure(chunks: int) -> float:

@@ -59,7 +59,8 @@ import orjson
 from prometheus_client import CollectorRegistry
 
 from epp.plugin import CycleState, Endpoint, InferenceRequest, Metrics, TypedName
-from epp.plugins.producers.prefix_index import PendingBlocks, PrefixIndex
+from epp.plugin.prefix import TOKENIZED_PROMPT, TokenizedPrompt
+from epp.plugins.producers.prefix_index import ChainCache, PendingBlocks, PrefixIndex
 from epp_tools.bench.workloads.text import words
 
 MODEL = "sim-model"
@@ -213,16 +214,55 @@ async def _producers(hot: HotPath, runs: int) -> list[Row]:
     for hook in hot.pre_request:
         hook.pre_request(request, result)
     tokens = len(body) // 4
+    size = f"{tokens // 1000}K tokens"
     rows = []
     for producer in hot.producers:
+        chains = getattr(producer, "chains", None)
+        if isinstance(chains, ChainCache):  # approx-prefix-cache-producer: fresh, then a turn
+            us = await _prefix_producer_us(producer, chains, request, eps, runs, turn=False)
+            rows.append(Row(producer.typed_name.type, size, us, us * 1000 / tokens, "ns/token"))
+            us = await _prefix_producer_us(producer, chains, request, eps, runs, turn=True)
+            label = f"{size}, next turn"
+            rows.append(Row(producer.typed_name.type, label, us, us * 1000 / tokens, "ns/token"))
+            continue
 
         async def step(p: Any = producer) -> None:
             await p.produce(request, eps)
 
         us = await amedian_us(step, runs)
-        size = f"{tokens // 1000}K tokens"
         rows.append(Row(producer.typed_name.type, size, us, us * 1000 / tokens, "ns/token"))
     return rows
+
+
+TURN_TOKENS = 1_300
+"""What an agent's turn adds to its context in the ``next turn`` row: the answer and a tool
+result (as in ``epp bench scale``)."""
+
+
+async def _prefix_producer_us(
+    producer: Any,
+    chains: ChainCache,
+    request: InferenceRequest,
+    eps: Sequence[Endpoint],
+    runs: int,
+    *,
+    turn: bool,
+) -> float:
+    """The producer's time on ``request``, its chain cache emptied before each run (a fresh
+    prompt) or holding the prompt without its last ``TURN_TOKENS`` (the agent's previous turn)."""
+    prompt = request.attributes[TOKENIZED_PROMPT.key("token-producer")]
+    previous = TokenizedPrompt((prompt.prompts[0][: -TURN_TOKENS * 4],), prompt.cache_salt)
+    block_size = producer.block_size(eps)
+    samples = []
+    for _ in range(runs):
+        chains.clear()
+        if turn:
+            producer.hash_prompt(request.target_model, previous, block_size)
+        t0 = time.perf_counter_ns()
+        await producer.produce(request, eps)
+        samples.append(time.perf_counter_ns() - t0)
+    chains.clear()
+    return statistics.median(samples) / 1000.0
 
 
 def _parse_rows(hot: HotPath, runs: int) -> list[Row]:

@@ -8,7 +8,9 @@ chat requests of about ``tokens`` prompt tokens, each a copy of one long context
 last words, as an agent's next turns are: the shared prefix is indexed once, up front, so what is
 measured is what each request holds, not the prefix index (bounded on its own). The exchanges
 are kept as the server keeps them while answers stream; ``tracemalloc`` counts what they hold,
-the body's bytes included (copied as the server copies what it received)::
+the body's bytes included (copied as the server copies what it received); the prefix producer's
+cache of recent prompts (``ChainCache``, at most 8 MiB whatever the load) is emptied before
+counting::
 
     python -m epp_tools.bench.scale.retain            # 20 requests of 195,000 tokens
     python -m epp_tools.bench.scale.retain --quick    # 10 of 20,000 (tests)
@@ -28,9 +30,10 @@ from pathlib import Path
 
 import orjson
 
+from epp.plugins.producers.prefix_index import ChainCache
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.exchange import Exchange
-from epp_tools.bench.micro.chunkcost import epp
+from epp_tools.bench.micro.chunkcost import epp_app
 from epp_tools.bench.workloads.spec import MODEL
 from epp_tools.bench.workloads.text import words
 
@@ -81,13 +84,23 @@ async def held(director: Director, bodies: Sequence[bytes], *, send: bool) -> li
     return kept
 
 
-async def traced_per_request(director: Director, bodies: Sequence[bytes], *, send: bool) -> int:
-    """Bytes ``tracemalloc`` counts per request that ``held`` keeps."""
+async def traced_per_request(
+    director: Director,
+    bodies: Sequence[bytes],
+    *,
+    send: bool,
+    caches: Sequence[ChainCache] = (),
+) -> int:
+    """Bytes ``tracemalloc`` counts per request that ``held`` keeps. ``caches`` are emptied
+    before counting: the prefix producer's recent prompts (``ChainCache``) are a fixed amount
+    however many requests are in flight, not something a request holds."""
     gc.collect()
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
         kept = await held(director, bodies, send=send)
+        for cache in caches:
+            cache.clear()
         gc.collect()
         total = tracemalloc.get_traced_memory()[0] - base
     finally:
@@ -109,11 +122,13 @@ async def ready(director: Director, body: bytes) -> None:
 
 async def run(opts: Options) -> Result:
     bodies = turns(opts.requests + 1, opts.tokens, opts.seed)
-    async with epp() as ctx:
-        director = ctx.director
+    async with epp_app() as app:
+        director = app.context.director
+        caches = [getattr(p, "chains", None) for p in app.pipeline.producers]
+        chains = [c for c in caches if isinstance(c, ChainCache)]
         await ready(director, bodies[0])
-        kept = await traced_per_request(director, bodies[1:], send=False)
-        sent = await traced_per_request(director, bodies[1:], send=True)
+        kept = await traced_per_request(director, bodies[1:], send=False, caches=chains)
+        sent = await traced_per_request(director, bodies[1:], send=True, caches=chains)
     return Result(sum(map(len, bodies[1:])) // opts.requests, kept, sent)
 
 
