@@ -234,7 +234,7 @@ class Connection(asyncio.Protocol):
                 return b""
             if size_of - pos - 5 < size:
                 break
-            message = bytes(buf[pos + 5 : pos + 5 + size])
+            message = bytes(memoryview(buf)[pos + 5 : pos + 5 + size])  # one copy, not two
             pos += 5 + size
             if compressed:
                 self._abort(st, w.GRPC_UNIMPLEMENTED, "compressed messages are not accepted")

@@ -70,7 +70,9 @@ class RequestStream:
         self.exchange: Exchange | None = None
         self.generated_id = False
         self.metadata: dict[str, Any] = {}
-        self.body = bytearray()
+        # the request body's chunks, joined once when it routes (a one-chunk body: not copied)
+        self.body: list[bytes] = []
+        self.body_size = 0
         self.done = False
         self.first = True
         self.request_ended = False  # EOS seen on request headers or body, or request trailers
@@ -202,11 +204,14 @@ class RequestStream:
             raise ProtocolError(m.BODY_BEFORE_HEADERS, "request_body before request_headers")
         if self.request_ended or ex.decision is not None:
             raise ProtocolError(m.BODY_AFTER_END, "request_body after the request body ended")
-        if len(self.body) + len(chunk.body) > self.ctx.max_body_bytes:
+        data = chunk.body
+        if self.body_size + len(data) > self.ctx.max_body_bytes:
             limit = self.ctx.max_body_bytes
             too_large = f"request body exceeds the {limit}-byte limit"
             return [self._fail(InferenceError(ErrorCode.PAYLOAD_TOO_LARGE, too_large))]
-        self.body += chunk.body
+        if data:
+            self.body.append(data)
+            self.body_size += len(data)
         if msg.HasField("metadata_context"):
             self.metadata.update(messages.metadata_namespaces(msg, (wire.SUBSET_NAMESPACE,)))
         self.request_ended = chunk.end_of_stream
@@ -241,7 +246,7 @@ class RequestStream:
 
     async def _route(self, ex: Exchange, *, trailers: bool) -> Replies:
         try:
-            decision = await self.director.route(ex, bytes(self.body), self.metadata)
+            decision = await self.director.route(ex, b"".join(self.body), self.metadata)
         except InferenceError as err:
             if ex.trace is not None:
                 ex.trace.routed(err)
@@ -256,7 +261,7 @@ class RequestStream:
             return [self._fail(InferenceError(ErrorCode.INTERNAL, unexpected))]
         if ex.trace is not None:
             ex.trace.routed()
-        self.body = bytearray()  # the decision holds the body to forward
+        self.body = []  # the decision holds the body to forward
         self.answered = True
         dest = decision.destination
         lb: dict[str, Any] = {wire.DESTINATION_HEADER: dest}

@@ -259,8 +259,12 @@ class _Media:
 
 
 def _aligned(raw: bytes | bytearray) -> bytes:
+    """``raw`` padded to whole tokens, copied once (a serialiser's buffer is its own to pad)."""
     pad = -len(raw) % TOKEN_BYTES
-    return bytes(raw) + b"\0" * pad if pad else bytes(raw)
+    if isinstance(raw, bytearray):
+        raw += b"\0" * pad
+        return bytes(raw)
+    return raw + b"\0" * pad if pad else raw
 
 
 def _json(value: Any) -> bytes:
