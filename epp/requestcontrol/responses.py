@@ -89,7 +89,6 @@ class ResponseSide:
         ex: Exchange,
         data: bytes,
         end_of_stream: bool,
-        *,
         hold_limit: int | None,
         copy_held: bool = False,
     ) -> Forward | None:
@@ -126,7 +125,9 @@ class ResponseSide:
             ex.buffer = None
         state = ex.state
         if state is not None:
-            learn(info, state.feed(data, end_of_stream))
+            parsed = state.feed(data, end_of_stream)
+            if parsed.usage is not None or parsed.response_id:  # most chunks: nothing to learn
+                learn(info, parsed)
         if self._streaming:
             stream_hooks(self._streaming, ex, end_of_stream)
         out = restore_model(ex.decision, data)

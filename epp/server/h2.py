@@ -161,7 +161,9 @@ class ExtProcCall:
             stream = self.stream
             chunk = None if stream.first else messages.response_chunk(data)
             if chunk is not None:
-                out: Replies | Coroutine[Any, Any, Replies] = stream.response_chunk(*chunk)
+                out: Replies | Coroutine[Any, Any, Replies] = stream.response_chunk(
+                    chunk[0], chunk[1]
+                )
             else:
                 try:
                     msg = pb.ProcessingRequest.FromString(data)
@@ -221,7 +223,8 @@ class ExtProcCall:
 
     def _reply(self, replies: Replies) -> None:
         for reply in replies:
-            data = messages.encode(reply)
+            # ``messages.encode`` inlined: most replies (every streamed chunk's) are bytes already
+            data = reply if type(reply) is bytes else messages.encode(reply)
             if len(data) > self.max_send:  # as gRPC does: the call fails, nothing is cut
                 log.error("ext_proc reply of %d bytes over --grpc-max-send-msg-size", len(data))
                 self._end(w.GRPC_RESOURCE_EXHAUSTED, "reply over the send limit", error=True)

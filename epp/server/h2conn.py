@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 _now = time.monotonic  # the event loop's clock
 _PREFIX = w.MESSAGE_PREFIX.unpack_from
+_PACK_PREFIX = w.MESSAGE_PREFIX.pack
+_DATA = ngh2.DataReceived
 _DRAIN_PING = b"epp-gone"
 _KEEPALIVE_PING = b"epp-kal?"
 
@@ -75,8 +77,8 @@ class _Stream:
         self.finished = False  # our trailers are submitted
 
     def send(self, payload: bytes) -> None:
-        if not self.finished:
-            self.conn.send_message(self, w.grpc_message(payload))
+        if not self.finished:  # ``w.grpc_message`` inlined: one call per reply, per token
+            self.conn.send_message(self, _PACK_PREFIX(0, len(payload)) + payload)
 
     def finish(self, code: int, message: str = "") -> None:
         if not self.finished:
@@ -168,7 +170,7 @@ class Connection(asyncio.Protocol):
 
     def _events(self, events: list[ngh2.Event]) -> None:
         for ev in events:
-            if isinstance(ev, ngh2.DataReceived):
+            if type(ev) is _DATA:  # most events: a message
                 self._on_data(ev.stream_id, ev.data, ev.end_stream)
             elif isinstance(ev, ngh2.RequestReceived):
                 self._on_request(ev.stream_id, ev.headers, ev.end_stream)
@@ -275,7 +277,8 @@ class Connection(asyncio.Protocol):
         except ngh2.NGH2Error:
             return  # the stream or the connection is gone; its close event resets the call
         self._pings.sent = True
-        self._write_soon()
+        if not self._reading:  # while a read is handled, its end writes
+            self._write_soon()
 
     def send_trailers(self, st: _Stream, trailers: list[tuple[bytes, bytes]]) -> None:
         try:

@@ -114,8 +114,9 @@ def streamed_body(body: bytes, *, response: bool, end_of_stream: bool = True) ->
     already serialized: this is the reply to every streamed response chunk, and building it as
     protobuf objects cost more than everything else the EPP does per chunk (``encoded_body``)."""
     n = len(body)
-    if n <= wire.MAX_BODY_CHUNK:
-        return [encoded_body(body, response=response, end_of_stream=end_of_stream)]
+    if n <= wire.MAX_BODY_CHUNK:  # one piece, ``encoded_body`` inlined: the reply to each token
+        head, tail = _framing(n, response, end_of_stream)
+        return [head + body + tail if tail else head + body]
     return [
         encoded_body(
             body[i : i + wire.MAX_BODY_CHUNK],

@@ -132,15 +132,38 @@ class RequestStream:
         finally:
             self._response_timed(t0)
 
-    def response_chunk(self, body: bytes, end_of_stream: bool) -> Replies:
+    def response_chunk(self, body: bytes, eos: bool) -> Replies:
         """A ``response_body`` message that is not the stream's first, as ``dispatch`` handles
-        it; the server calls this directly with what ``messages.response_chunk`` decoded."""
+        it; the server calls this directly with what ``messages.response_chunk`` decoded. Timed
+        for ``response_processing_duration_seconds`` like the other response messages, inline:
+        this is one call per streamed token."""
         t0 = time.perf_counter()
-        self.response_started = self.response_started or time.monotonic()
+        if not self.response_started:
+            self.response_started = time.monotonic()
         try:
-            return self._on_response_body(body, end_of_stream)
+            ex = self._response_exchange()
+            self.response_body = True
+            self.response_ended = eos
+            replies: Replies
+            if self.response_mode == _FULL_DUPLEX:
+                limit = self.ctx.max_body_bytes
+                forward = self.director.on_response_chunk(ex, body, eos, limit)
+                if forward is None:  # held until the end of the response
+                    return []
+                replies = messages.streamed_body(forward.body, response=True, end_of_stream=eos)
+            else:  # Envoy takes ``streamed_response`` only in FULL_DUPLEX_STREAMED
+                per_chunk = self.response_mode in _PER_CHUNK
+                forward = self.director.on_response_chunk(ex, body, eos, None, per_chunk)
+                changed = forward.body if forward is not None and forward.changed else None
+                replies = [messages.buffered_response_body_reply(changed)]
+            info = ex.response
+            if info is not None and info.dynamic_metadata:
+                self._attach_metadata(ex, replies)
+            return replies
         finally:
-            self._response_timed(t0)
+            self.response_busy += time.perf_counter() - t0
+            if eos and not self.response_finished:
+                self.response_finished = time.monotonic()
 
     def _response_timed(self, t0: float) -> None:
         self.response_busy += time.perf_counter() - t0
@@ -371,28 +394,6 @@ class RequestStream:
             self.skip_asked = True
             return [messages.response_headers_reply(set_headers, skip_body=self.request_mode)]
         return [messages.response_headers_reply(set_headers)]
-
-    def _on_response_body(self, body: bytes, eos: bool) -> Replies:
-        ex = self._response_exchange()
-        self.response_body = True
-        duplex = self.response_mode == _FULL_DUPLEX
-        self.response_ended = eos
-        limit = self.ctx.max_body_bytes if duplex else None
-        per_chunk = self.response_mode in _PER_CHUNK
-        forward = self.director.on_response_chunk(
-            ex, body, eos, hold_limit=limit, copy_held=per_chunk
-        )
-        if forward is None:  # held until the end of the response
-            return [] if duplex else [messages.buffered_response_body_reply(None)]
-        replies: Replies
-        if not duplex:  # Envoy takes ``streamed_response`` only in FULL_DUPLEX_STREAMED
-            changed = forward.body if forward.changed else None
-            replies = [messages.buffered_response_body_reply(changed)]
-        else:
-            replies = messages.streamed_body(forward.body, response=True, end_of_stream=eos)
-        if ex.response is not None and ex.response.dynamic_metadata:
-            self._attach_metadata(ex, replies)
-        return replies
 
     def _attach_metadata(self, ex: Exchange, replies: Replies) -> None:
         """Response hooks wrote dynamic metadata (e.g. ``request-attribute-reporter`` at the end

@@ -109,7 +109,12 @@ class Director:
         return dict(self.response_set_headers)
 
     def on_response_chunk(
-        self, ex: Exchange, body: bytes, eos: bool, *, hold_limit: int | None, copy_held: bool
+        self,
+        ex: Exchange,
+        body: bytes,
+        eos: bool,
+        hold_limit: int | None,
+        copy_held: bool = False,
     ) -> Forward | None:
         assert isinstance(ex, Exchange)
         self.calls.append(("chunk", body, eos, hold_limit))
