@@ -311,13 +311,22 @@ def response_chunk(data: bytes) -> tuple[bytes, bool] | None:
     end = len(data)
     if end < 2 or data[0] != _CHUNK_TAG:
         return None
-    size, pos = _varint_at(data, 1)
+    size = data[1]  # the usual one-byte lengths are read inline, without ``_varint_at``
+    pos = 2
+    if size >= 0x80:
+        size, pos = _varint_at(data, 1)
     if pos + size != end:  # another field follows, the message is cut short, or a bad varint
         return None
     body = b""
     if pos < end and data[pos] == _CHUNK_BODY_TAG:
-        size, pos = _varint_at(data, pos + 1)
-        if size < 0 or pos + size > end:
+        size = data[pos + 1] if pos + 1 < end else 0x80
+        if size < 0x80:
+            pos += 2
+        else:
+            size, pos = _varint_at(data, pos + 1)
+            if size < 0:
+                return None
+        if pos + size > end:
             return None
         body = data[pos : pos + size]
         pos += size

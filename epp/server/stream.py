@@ -141,7 +141,9 @@ class RequestStream:
         if not self.response_started:
             self.response_started = time.monotonic()
         try:
-            ex = self._response_exchange()
+            ex = self.exchange
+            if ex is None or not self.answered or self.response_ended:
+                ex = self._response_exchange()  # raises, naming the case
             self.response_body = True
             self.response_ended = eos
             replies: Replies
