@@ -7,7 +7,9 @@ numbers compare across sizes:
 * ``token-producer`` (``estimate`` backend) and ``approx-prefix-cache-producer`` (hashing the
   prompt's blocks and matching them against an index that holds the same prompt for one
   endpoint) on a ~195K-token chat prompt (ns per token; the producer matches at most
-  ``maxPrefixTokensToMatch`` = 131072 tokens by default);
+  ``maxPrefixTokensToMatch`` = 131072 tokens by default), as a fresh prompt (its chain cache
+  empty) and as an agent's next turn (the cache holding the prompt without its last 1,300
+  tokens);
 * sharing one request's prefix facts with another replica or worker (``--workers``): a
   195K-token chain of 3,047 blocks, sent as its 394 indexed blocks (the first 16, then one in
   8), exported (``PendingBlocks`` add and drain), encoded and decoded as ``redis-syncer`` does
