@@ -19,7 +19,8 @@ Algorithm (spec §4.8):
   A prompt of at least 128 blocks that extends one of the last 32 hashed (an agent's next turn:
   the whole conversation again, plus the answer and a tool result) reuses that prompt's hashes
   and hashes only its new blocks (``ChainCache``: at most 8 MiB of those prompts' token bytes,
-  a fixed amount whatever the load; the chain is the same).
+  a fixed amount whatever the load; the chain is the same). ``/debug/plugins/state`` shows its
+  prompts, bytes, hits and misses (``hashCache``).
 - Match: per prompt, each endpoint's number of consecutive leading blocks in the index, summed
   over prompts; ``total_blocks`` is the number of hashes over all prompts. Past a prompt's first
   16 blocks the index holds one block in ``indexStride`` (the last of each group, standing for
@@ -374,6 +375,12 @@ class ApproxPrefixCacheProducer(PluginBase):
             "blocks": self.index.size,
             "approxBytes": self.index.approx_bytes(),
             **({"pendingBlocks": len(self._pending)} if self._pending is not None else {}),
+            "hashCache": {  # ``ChainCache``: prompts that extended a cached one (hits)
+                "prompts": len(self.chains),
+                "bytes": self.chains.held_bytes,
+                "hits": self.chains.hits,
+                "misses": self.chains.misses,
+            },
         }
 
 

@@ -185,6 +185,11 @@ class ChainCache:
         self._entries.clear()
         self._held = 0
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the cached prompts (views of the requests' token bytes)."""
+        return self._held
+
     def __len__(self) -> int:
         return len(self._entries)
 

@@ -19,6 +19,7 @@ from epp.plugin import (
 )
 from epp.plugin.params import ParamError, decode
 from epp.plugins.producers.approx_prefix import ApproxPrefixCacheProducer
+from epp.plugins.producers.prefix_index import ChainCache
 from epp.plugins.producers.tokens import TokenProducer
 from tests.builders import NOW, FakeHandle, make_endpoint, make_request
 
@@ -370,6 +371,22 @@ async def test_dump_state_reports_block_counts_when_index_populated() -> None:
     ]
     assert state["totalEndpoints"] == 2
     assert state["entries"] == 12
+
+
+async def test_a_turn_that_extends_a_cached_prompt_matches_as_one_hashed_whole() -> None:
+    # an agent's turns (each the last one plus more): the chain cache hashes only the new
+    # blocks, and every turn's match is what a producer without the cache reports
+    cached, plain = _producer(), _producer()
+    plain.chains = ChainCache(min_blocks=10**9)  # never used
+    pool = [make_endpoint(i) for i in range(3)]
+    for i, n in enumerate((9_000, 9_500, 9_530, 12_000)):
+        target = pool[i % 2]
+        got = await _schedule(cached, _request(n), pool, target)
+        assert got == await _schedule(plain, _request(n), pool, target)
+    state = cached.dump_state()["hashCache"]
+    assert (state["hits"], state["misses"], state["prompts"]) == (3, 1, 1)
+    assert state["bytes"] == 12_000 // 64 * 64 * 4  # the last turn's whole blocks
+    assert plain.dump_state()["hashCache"]["prompts"] == 0
 
 
 async def test_chat_request_matches_when_token_producer_runs_first() -> None:
