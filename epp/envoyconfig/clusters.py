@@ -199,7 +199,7 @@ def pool_cluster(opts: EnvoyOptions | None = None) -> Cluster:
     policy with outlier detection (``epp.envoyconfig.retries``); else ORIGINAL_DST: Envoy
     connects to the address in the header the EPP set."""
     if opts is not None and opts.pool:
-        return Cluster(
+        cluster = Cluster(
             name=POOL_CLUSTER,
             type=_addresses_type(opts.pool),
             connect_timeout=seconds(2.0),
@@ -208,10 +208,16 @@ def pool_cluster(opts: EnvoyOptions | None = None) -> Cluster:
             load_assignment=load_assignment(POOL_CLUSTER, opts.pool),
             load_balancing_policy=override_host_policy(),
             outlier_detection=outlier_detection(),
-            health_checks=[_pool_health_check(opts.pool_health_path)]
-            if opts.pool_health_path
-            else [],
         )
+        if opts.pool_health_path:
+            # No panic routing: with half the listed addresses failing their checks (pods
+            # gone, their replacements not up yet, one terminating), Envoy's default would
+            # spread retries over every address, dead ones included.
+            cluster.health_checks = [_pool_health_check(opts.pool_health_path)]
+            cluster.common_lb_config = ClusterCommonLbConfig(
+                healthy_panic_threshold=Percent(value=0)
+            )
+        return cluster
     return Cluster(
         name=POOL_CLUSTER,
         type=ClusterDiscoveryType.ORIGINAL_DST,

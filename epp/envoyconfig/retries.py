@@ -54,8 +54,11 @@ detection: its load balancer connects to the given address whatever the host's s
 steer retries and the fallback pick. With a static address list that can name addresses with no
 ready server (pods not started yet, or gone), turn them on with ``--pool-health-path /health``:
 outlier detection only learns of a dead address from a failed try, so a retry could land on one
-(``epp bench day2``'s rolls failed a request that way before its Envoy checked ``/health``). A
-headless Service name needs none: DNS lists only ready pods.
+(``epp bench day2``'s rolls failed a request that way before its Envoy checked ``/health``).
+With them, panic routing is off (``healthy_panic_threshold`` 0): Envoy's default spreads retries
+over every address, dead ones included, once half fail their checks, as during a roll with gone
+pods and replacements not up yet (a day2 roll failed a request after both its retries that
+way). A headless Service name needs none: DNS lists only ready pods.
 """
 
 from __future__ import annotations

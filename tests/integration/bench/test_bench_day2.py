@@ -68,7 +68,9 @@ def test_model_servers_rolled_one_at_a_time_fail_no_request(tmp_path: Path) -> N
     code, row = _run(tmp_path, "model-roll", "--rolled", "2")
     assert row["failed"] == 0, row
     assert row["figures"]["sent_to_terminating"] == 0, row
-    assert row["figures"]["new_pods_share_after"] > 0.2, row  # the new pods are routed to
+    # The roll waits until the EPP lists the new pods. How much they serve in the 3 s after is
+    # not asserted: with 4 agents, whether any session lived on a replaced pod is chance, and the
+    # others rightly stay where their context is cached (0.5% to 53% in six runs).
     assert row["ok"] and code == 0, row
 
 

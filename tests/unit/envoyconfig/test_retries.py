@@ -101,3 +101,11 @@ def test_a_pool_health_path_health_checks_each_model_server_and_none_by_default(
     (check,) = _pool(_bootstrap(*POOL, "--pool-health-path", "/health"))["health_checks"]
     assert check["http_health_check"] == {"path": "/health"}
     assert (check["unhealthy_threshold"], check["healthy_threshold"]) == (1, 1)
+
+
+def test_a_health_checked_pool_never_routes_retries_to_failing_addresses_in_panic() -> None:
+    # Envoy's default panic threshold (50%) would spread retries over every listed address once
+    # half of them fail their checks: a roll's gone pods and not-yet-started replacements
+    checked = _pool(_bootstrap(*POOL, "--pool-health-path", "/health"))
+    assert checked["common_lb_config"]["healthy_panic_threshold"] in ({}, {"value": 0.0})
+    assert "common_lb_config" not in _pool(_bootstrap(*POOL))
