@@ -15,6 +15,11 @@ def test_the_echo_floor_answers_every_message_and_counts_the_servers_cpu() -> No
     assert 0.0 < us < 10_000.0
 
 
+def test_the_lone_echo_floor_answers_each_message_before_the_next_is_sent() -> None:
+    us = floors.echo_us_per_message(messages=200, streams=1)
+    assert 0.0 < us < 10_000.0
+
+
 def test_the_scrape_floor_reads_whole_answers_from_simulated_pods() -> None:
     floor = floors.scrape_floor(pods=2, seconds=1.0, warmup=0.5)
     # 2 pods every 50 ms: about 40 scrapes a second; a loaded machine may reach fewer, but a

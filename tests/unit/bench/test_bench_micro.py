@@ -55,9 +55,10 @@ def test_wire_rows_measure_each_server_when_every_stream_is_answered() -> None:
         wire.Variant("epp", "epp"),
         wire.Variant("empty", "empty-aio"),
         wire.Variant("tls", "epp", tls=True),
+        wire.Variant("lockstep", "epp", lockstep=True),  # every reply read before the next write
     ]
     costs = wire.measure(variants, chunks=3, requests=wire.STREAMS)
-    assert [c.variant.label for c in costs] == ["epp", "empty", "tls"]
+    assert [c.variant.label for c in costs] == ["epp", "empty", "tls", "lockstep"]
     assert all(c.per_request_us >= 0 and c.per_chunk_us >= 0 for c in costs)
 
 

@@ -22,8 +22,10 @@ numbers compare across sizes:
 
 * the ext_proc wire (``epp_tools.bench.micro.wire``): the server process's CPU per request and per
   streamed response chunk, through a real server (the whole EPP, asyncio or uvloop, with or without
-  TLS; and, for reference, an empty grpc.aio / synchronous grpcio servicer, the floor of a grpcio
-  server) and a real gRPC client in this process; the EPP's CPU per chunk
+  TLS, and with each message sent only once the previous one is answered, as Envoy's arrive while
+  tokens come slower than the EPP answers; and, for reference, an empty grpc.aio / synchronous
+  grpcio servicer, the floor of a grpcio server) and a real gRPC client in this process; the
+  EPP's CPU per chunk
   inside the process, without the socket and the event loop (``epp_tools.bench.micro.chunkcost``),
   and per agent's turn of 195K tokens sent as Envoy sends it (its ~780 KB body in two chunks,
   forwarded back in full-duplex replies); and the wall-clock time of each round trip before a
@@ -36,8 +38,9 @@ numbers compare across sizes:
   100 simulated pods every 50 ms, as a share of one core, and the scrape rate the simulators saw
   (10 s each; also skipped by ``--no-wire``);
 * the asyncio floors under those rows (``epp_tools.bench.micro.floors``): a bare asyncio server's
-  CPU per message answered with one read and one write, and a bare asyncio process scraping 4 pods
-  every 50 ms without parsing (also skipped by ``--no-wire``).
+  CPU per message answered with one read and one write (32 connections, and one message at a
+  time on one), and a bare asyncio process scraping 4 pods every 50 ms without parsing (also
+  skipped by ``--no-wire``).
 
 The plugins are built from the built-in default configuration through the normal loader, so the
 numbers are those of the code the EPP runs. Nothing is asserted: this is a measuring tool.
@@ -456,6 +459,9 @@ def floor_rows() -> list[Row]:
 
     us = floors.echo_us_per_message()
     rows = [Row("asyncio floor: one read, one write", "25600 messages", us, us, "µs CPU/message")]
+    us = floors.echo_us_per_message(floors.LONE_MESSAGES, streams=1)
+    label = "asyncio floor: the same, one at a time"
+    rows.append(Row(label, f"{floors.LONE_MESSAGES} messages", us, us, "µs CPU/message"))
     floor = floors.scrape_floor()
     label = "asyncio floor: bare scraper, every 50 ms"
     rows.append(Row(label, "4 pods", 0.0, floor.share * 100.0, "% of a core"))

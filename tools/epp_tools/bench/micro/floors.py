@@ -6,7 +6,8 @@ asyncio itself costs for the same traffic, with none of the EPP's work.
   wait for its answer, ``MESSAGES`` times in all. The child's CPU per message is the floor of
   one socket read, one write and one event-loop turn per message: the part of the `h2`
   server's cost per streamed chunk that is not its own work (its wire row minus its in-process
-  row in ``epp bench micro``).
+  row in ``epp bench micro``). Again with one connection (``LONE_MESSAGES``), each message the only
+  one in flight: the floor under the wire row's "one message at a time".
 * ``scrape``: a child process sends ``GET /metrics`` every 50 ms on one keep-alive connection
   to each of 4 simulated pods (``epp sim``, as ``epp_tools.bench.micro.idle`` starts them) and reads
   the 4 answers (status line and headers, then a ``Content-Length`` body) without parsing them. Its
@@ -33,6 +34,7 @@ from epp_tools.bench.micro.idle import context_switches, run_seconds, scrapes_an
 
 STREAMS = 32
 MESSAGES = 25_600
+LONE_MESSAGES = 6_400
 _MESSAGE = b"m" * 120
 _REPLY = b"r" * 60
 _INTERVAL = 0.05
@@ -86,7 +88,7 @@ def _child(args: list[str]) -> subprocess.Popen[str]:
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
-async def _drive_echo(port: int, messages: int) -> None:
+async def _drive_echo(port: int, messages: int, streams: int = STREAMS) -> None:
     async def lane(n: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for _ in range(n):
@@ -95,18 +97,19 @@ async def _drive_echo(port: int, messages: int) -> None:
         writer.close()
 
     async with asyncio.timeout(300):
-        await asyncio.gather(*(lane(messages // STREAMS) for _ in range(STREAMS)))
+        await asyncio.gather(*(lane(messages // streams) for _ in range(streams)))
 
 
-def echo_us_per_message(messages: int = MESSAGES) -> float:
-    """CPU µs per message of a bare asyncio server answering each read with one write."""
+def echo_us_per_message(messages: int = MESSAGES, streams: int = STREAMS) -> float:
+    """CPU µs per message of a bare asyncio server answering each read with one write; with
+    ``streams=1`` each message is the only one in flight, so every read wakes the server."""
     child = _child(["echo"])
     try:
         assert child.stdout is not None
         port = int(child.stdout.readline())
-        asyncio.run(_drive_echo(port, messages // 10))  # warm up
+        asyncio.run(_drive_echo(port, messages // 10, streams))  # warm up
         t0 = run_seconds(child.pid)
-        asyncio.run(_drive_echo(port, messages))
+        asyncio.run(_drive_echo(port, messages, streams))
         return (run_seconds(child.pid) - t0) / messages * 1e6
     finally:
         child.kill()

@@ -62,6 +62,10 @@ class Variant:
     unread: bool = False
     """EPP: the response bodies go back unread (``--response-body-sample-ratio 0``: nothing in
     the config needs them); otherwise the EPP reads every one (ratio 1)."""
+    lockstep: bool = False
+    """One stream at a time, each message written once the previous one's reply is read: every
+    message reaches the server on its own, as Envoy's do while tokens come slower than the
+    server answers (``LOCKSTEP_REQUESTS`` requests of 1 + ``LOCKSTEP_CHUNKS`` chunks)."""
 
 
 VARIANTS = (
@@ -71,7 +75,10 @@ VARIANTS = (
     Variant("EPP, uvloop", "epp", "uvloop"),
     Variant("EPP, TLS", "epp", tls=True),
     Variant("EPP, bodies unread", "epp", unread=True),
+    Variant("EPP, one message at a time", "epp", lockstep=True),
 )
+LOCKSTEP_REQUESTS = 512
+LOCKSTEP_CHUNKS = 40
 
 
 @dataclass(frozen=True)
@@ -148,15 +155,37 @@ def channel(port: int, cert: bytes | None) -> grpc.aio.Channel:
     return grpc.aio.secure_channel(target, creds, options=override)
 
 
+async def _lockstep(channel: grpc.aio.Channel, requests: int, chunks: int) -> None:
+    """``requests`` streams one after another, each message written once the reply to the one
+    before is read (the body's two replies, sent together once it routed)."""
+    process = extproc_rpc.process(channel)
+    headers, body, *rest = stream_messages(chunks)
+    async with asyncio.timeout(600):
+        for _ in range(requests):
+            call = process()
+            await call.write(headers)
+            await call.write(body)
+            for _ in range(2):
+                await call.read()
+            for message in rest[:-1]:
+                await call.write(message)
+                await call.read()
+            await call.write(rest[-1])
+            await call.done_writing()
+            while await call.read() is not grpc.aio.EOF:  # its reply, then the stream's end
+                pass
+
+
 async def _measure(
-    pid: int, port: int, cert: bytes | None, chunks: int, requests: int
+    pid: int, port: int, cert: bytes | None, chunks: int, requests: int, lockstep: bool = False
 ) -> tuple[float, float]:
+    drive = _lockstep if lockstep else _drive
     async with channel(port, cert) as ch:
-        await _drive(ch, STREAMS, 2)  # warm up: connections, imports, caches
+        await drive(ch, STREAMS, 2)  # warm up: connections, imports, caches
         t0 = cpu_seconds(pid)
-        await _drive(ch, requests, 1)
+        await drive(ch, requests, 1)
         t1 = cpu_seconds(pid)
-        await _drive(ch, requests, 1 + chunks)
+        await drive(ch, requests, 1 + chunks)
         t2 = cpu_seconds(pid)
     per_request = (t1 - t0) / requests * 1e6
     per_chunk = max(0.0, (t2 - t1) - (t1 - t0)) / (requests * chunks) * 1e6
@@ -168,8 +197,11 @@ def measure(
 ) -> list[WireCost]:
     out = []
     for v in available(variants):
+        n, k = requests, chunks
+        if v.lockstep:  # a round trip per message: fewer, for about the same time
+            n, k = min(n, LOCKSTEP_REQUESTS), min(k, LOCKSTEP_CHUNKS)
         with serve(v) as (pid, port, cert):
-            cost = asyncio.run(_measure(pid, port, cert, chunks, requests))
+            cost = asyncio.run(_measure(pid, port, cert, k, n, v.lockstep))
         out.append(WireCost(v, *cost))
     return out
 

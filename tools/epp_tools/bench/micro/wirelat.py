@@ -6,9 +6,10 @@ EPP, or the empty grpc.aio servicer, grpcio's floor). This process is a
 grpc.aio client on one kept-alive channel with one stream at a time, as a lone request meets the
 EPP, and times per request, in order:
 
-* **route**: request headers and a ~300-byte body with end of stream written, until the reply
-  to the body (with the routing decision) is read; the empty servicer answers the headers too,
-  so its figure is two round trips;
+* **route**: request headers and a ~300-byte body with end of stream written, until both replies
+  are read (the EPP's, sent together once it routed: the headers' with the routing decision and
+  the body's; the empty servicer answers each message as it comes, so its figure is two round
+  trips);
 * **response headers**: the upstream's response headers written, until their reply is read;
 * **first chunk**: one 100-byte SSE chunk written, until its reply is read (a second chunk then
   ends the stream, untimed: the stream's completion work comes after the first token).
@@ -44,13 +45,13 @@ class RoundTrips:
     median_us: dict[str, float]
 
 
-async def _one(process: Any, empty: bool) -> list[float]:
+async def _one(process: Any) -> list[float]:
     headers, body, resp, chunk, last = wire.stream_messages(2)
     call = process()
     t0 = time.perf_counter()
     await call.write(headers)
     await call.write(body)
-    for _ in range(2 if empty else 1):
+    for _ in range(2):  # reading one left the EPP's body reply for the next phase to find
         await call.read()
     t1 = time.perf_counter()
     await call.write(resp)
@@ -66,13 +67,13 @@ async def _one(process: Any, empty: bool) -> list[float]:
     return [t1 - t0, t2 - t1, t3 - t2]
 
 
-async def _measure(port: int, cert: bytes | None, n: int, empty: bool) -> dict[str, float]:
+async def _measure(port: int, cert: bytes | None, n: int) -> dict[str, float]:
     async with wire.channel(port, cert) as ch:
         process = extproc_rpc.process(ch)
         async with asyncio.timeout(300):
             for _ in range(10):  # warm up: the connection, imports, caches
-                await _one(process, empty)
-            samples = [await _one(process, empty) for _ in range(n)]
+                await _one(process)
+            samples = [await _one(process) for _ in range(n)]
     return {phase: statistics.median(s[i] for s in samples) * 1e6 for i, phase in enumerate(PHASES)}
 
 
@@ -80,6 +81,6 @@ def measure(variants: Sequence[wire.Variant] = VARIANTS, n: int = 300) -> list[R
     out = []
     for v in wire.available(variants):
         with wire.serve(v) as (_, port, cert):
-            medians = asyncio.run(_measure(port, cert, n, v.server.startswith("empty-")))
+            medians = asyncio.run(_measure(port, cert, n))
         out.append(RoundTrips(v, medians))
     return out
