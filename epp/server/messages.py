@@ -289,11 +289,8 @@ _CHUNK_EOS_TAG: Final = _varint(_field_number(pb.HttpBody, "end_of_stream") << 3
 
 def _varint_at(data: bytes, pos: int) -> tuple[int, int]:
     """The varint at ``pos`` and the position after it; ``(-1, pos)`` if it does not end within
-    ``data`` or runs past four bytes (never for a message under 256 MB). One byte, the usual
-    length of a token's chunk, is read without the loop."""
-    byte = data[pos] if pos < len(data) else 0x80
-    if byte < 0x80:
-        return byte, pos + 1
+    ``data`` or runs past four bytes (never for a message under 256 MB). ``response_chunk``
+    reads the usual one-byte lengths itself and calls this for the longer ones."""
     value = shift = 0
     for i in range(pos, min(pos + 4, len(data))):
         byte = data[i]
