@@ -57,8 +57,8 @@ outlier detection only learns of a dead address from a failed try, so a retry co
 (``epp bench day2``'s rolls failed a request that way before its Envoy checked ``/health``).
 With them, panic routing is off (``healthy_panic_threshold`` 0): Envoy's default spreads retries
 over every address, dead ones included, once half fail their checks, as during a roll with gone
-pods and replacements not up yet (a day2 roll failed a request after both its retries that
-way). A headless Service name needs none: DNS lists only ready pods.
+pods and replacements not up yet. A headless Service name needs none: DNS lists only ready
+pods.
 """
 
 from __future__ import annotations
