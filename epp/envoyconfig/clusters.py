@@ -49,7 +49,7 @@ from envoy_data_plane.google.protobuf import Any
 
 from epp.envoyconfig.filters import EPP_CLUSTER, seconds
 from epp.envoyconfig.options import DESTINATION_HEADER, EnvoyOptions, HostPort, is_ip
-from epp.envoyconfig.retries import outlier_detection, override_host_policy
+from epp.envoyconfig.retries import outlier_detection, override_host_policy, retry_budget
 
 POOL_CLUSTER = "pool"
 FALLBACK_CLUSTER = "fallback"
@@ -62,13 +62,16 @@ EPP_MAX_CONCURRENT_STREAMS = 1000
 (``epp.server.h2limits.MAX_CONCURRENT_STREAMS``; the generator stands apart from the server)."""
 
 
-def circuit_breakers(limit: int) -> CircuitBreakers:
+def circuit_breakers(limit: int, *, retried: bool = False) -> CircuitBreakers:
     """Connections, pending and active requests up to ``limit`` (Envoy's default is 1,024 each,
     which caps a gateway at 1,024 requests in flight: each holds an ext_proc stream and, over
-    HTTP/1.1, a model-server connection). Retries keep Envoy's default budget."""
+    HTTP/1.1, a model-server connection). ``retried``: a model-server cluster the routes retry
+    on, which gets ``retries.retry_budget`` in place of Envoy's 3 retries at once."""
     threshold = CircuitBreakersThresholds(
         max_connections=limit, max_pending_requests=limit, max_requests=limit
     )
+    if retried:
+        threshold.retry_budget = retry_budget()
     return CircuitBreakers(thresholds=[threshold])
 
 
@@ -203,7 +206,7 @@ def pool_cluster(opts: EnvoyOptions | None = None) -> Cluster:
             name=POOL_CLUSTER,
             type=_addresses_type(opts.pool),
             connect_timeout=seconds(2.0),
-            circuit_breakers=circuit_breakers(_limit(opts)),
+            circuit_breakers=circuit_breakers(_limit(opts), retried=True),
             typed_extension_protocol_options=model_server_options(opts),
             load_assignment=load_assignment(POOL_CLUSTER, opts.pool),
             load_balancing_policy=override_host_policy(),
@@ -223,7 +226,7 @@ def pool_cluster(opts: EnvoyOptions | None = None) -> Cluster:
         type=ClusterDiscoveryType.ORIGINAL_DST,
         lb_policy=ClusterLbPolicy.CLUSTER_PROVIDED,
         connect_timeout=seconds(2.0),
-        circuit_breakers=circuit_breakers(_limit(opts)),
+        circuit_breakers=circuit_breakers(_limit(opts), retried=True),
         typed_extension_protocol_options=model_server_options(opts),
         original_dst_lb_config=ClusterOriginalDstLbConfig(
             use_http_header=True, http_header_name=DESTINATION_HEADER
@@ -244,7 +247,7 @@ def static_cluster(
         type=_addresses_type(endpoints),
         lb_policy=ClusterLbPolicy[lb_policy],
         connect_timeout=seconds(2.0),
-        circuit_breakers=circuit_breakers(_limit(opts)),
+        circuit_breakers=circuit_breakers(_limit(opts), retried=True),
         typed_extension_protocol_options=model_server_options(opts),
         load_assignment=load_assignment(name, endpoints),
     )

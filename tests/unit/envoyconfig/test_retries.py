@@ -75,6 +75,23 @@ def test_a_known_pool_retries_elsewhere_and_ejects_failing_pods() -> None:
     assert outlier["max_ejection_percent"] == 50
 
 
+@pytest.mark.parametrize("pool", [[], POOL], ids=["original-dst", "known-pool"])
+def test_retries_are_budgeted_by_share_not_envoys_three_at_once(pool: list[str]) -> None:
+    # Envoy's default lets 3 retries run at once per cluster: a pod dying under load failed the
+    # rest of the requests routed to it (tests/integration/test_envoy_pool_retries.py)
+    (threshold,) = _pool(_bootstrap(*pool))["circuit_breakers"]["thresholds"]
+    assert threshold["retry_budget"] == {
+        "budget_percent": {"value": 50.0},
+        "min_retry_concurrency": 32,
+    }
+
+
+def test_a_retry_picks_up_to_ten_times_to_avoid_a_pod_already_tried() -> None:
+    # least request favours the pod a try just failed on: it holds no requests
+    (route,) = _routes(_bootstrap(*POOL))
+    assert route["route"]["retry_policy"]["host_selection_retry_max_attempts"] == "10"
+
+
 def test_a_hostname_pool_is_resolved_by_dns_and_the_fallback_route_retries_too() -> None:
     doc = _bootstrap(
         "--body", "buffered", "--fail-open", "--fallback", "models:8000",
