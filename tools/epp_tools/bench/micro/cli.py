@@ -462,6 +462,10 @@ def floor_rows() -> list[Row]:
     us = floors.echo_us_per_message(floors.LONE_MESSAGES, streams=1)
     label = "asyncio floor: the same, one at a time"
     rows.append(Row(label, f"{floors.LONE_MESSAGES} messages", us, us, "µs CPU/message"))
+    pace = f"1 per {floors.PACE_S * 1000:g} ms"
+    for answered, label in ((True, "answered"), (False, "read, not answered")):
+        us = floors.paced_us_per_message(answered)
+        rows.append(Row(f"asyncio floor: paced, {label}", pace, us, us, "µs CPU/message"))
     floor = floors.scrape_floor()
     label = "asyncio floor: bare scraper, every 50 ms"
     rows.append(Row(label, "4 pods", 0.0, floor.share * 100.0, "% of a core"))

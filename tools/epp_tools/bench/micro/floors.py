@@ -8,6 +8,10 @@ asyncio itself costs for the same traffic, with none of the EPP's work.
   server's cost per streamed chunk that is not its own work (its wire row minus its in-process
   row in ``epp bench micro``). Again with one connection (``LONE_MESSAGES``), each message the only
   one in flight: the floor under the wire row's "one message at a time".
+* ``paced``: one connection, a message every ``PACE_S`` (as a token's chunk comes), answered or
+  not: the server's CPU per message with and without its write. Unanswered is what an ext_proc
+  stream in Envoy's observability mode (send and go) would cost: the part of a lone chunk's
+  cost that not replying saves.
 * ``scrape``: a child process sends ``GET /metrics`` every 50 ms on one keep-alive connection
   to each of 4 simulated pods (``epp sim``, as ``epp_tools.bench.micro.idle`` starts them) and reads
   the 4 answers (status line and headers, then a ``Content-Length`` body) without parsing them. Its
@@ -35,7 +39,10 @@ from epp_tools.bench.micro.idle import context_switches, run_seconds, scrapes_an
 STREAMS = 32
 MESSAGES = 25_600
 LONE_MESSAGES = 6_400
+PACED_MESSAGES = 3_000
+PACE_S = 0.0005
 _MESSAGE = b"m" * 120
+_LAST = b"!" * 120
 _REPLY = b"r" * 60
 _INTERVAL = 0.05
 _LENGTH = re.compile(rb"(?i)\r\ncontent-length: *(\d+)")
@@ -57,9 +64,17 @@ class _Echo(asyncio.Protocol):
         self._transport.write(_REPLY)
 
 
-async def _serve_echo() -> None:
+class _Sink(_Echo):
+    """Answers only the last message (so the client knows every one was read)."""
+
+    def data_received(self, data: bytes) -> None:
+        if data.endswith(_LAST):
+            self._transport.write(_REPLY)
+
+
+async def _serve_echo(protocol: type[_Echo] = _Echo) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(_Echo, "127.0.0.1", 0)
+    server = await loop.create_server(protocol, "127.0.0.1", 0)
     print(server.sockets[0].getsockname()[1], flush=True)
     await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
     server.close()
@@ -98,6 +113,35 @@ async def _drive_echo(port: int, messages: int, streams: int = STREAMS) -> None:
 
     async with asyncio.timeout(300):
         await asyncio.gather(*(lane(messages // streams) for _ in range(streams)))
+
+
+async def _drive_paced(port: int, messages: int, answered: bool) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async with asyncio.timeout(300):
+        for _ in range(messages - 1):
+            writer.write(_MESSAGE)
+            if answered:
+                await reader.readexactly(len(_REPLY))
+            time.sleep(PACE_S)  # blocking, on purpose: the next message comes after a pause
+        writer.write(_LAST)
+        await reader.readexactly(len(_REPLY))
+    writer.close()
+
+
+def paced_us_per_message(answered: bool, messages: int = PACED_MESSAGES) -> float:
+    """CPU µs per message of a bare asyncio server sent a message every ``PACE_S``: answering
+    each with one write (``answered``) or reading them only."""
+    child = _child(["echo" if answered else "sink"])
+    try:
+        assert child.stdout is not None
+        port = int(child.stdout.readline())
+        asyncio.run(_drive_paced(port, max(2, messages // 10), answered))  # warm up
+        t0 = run_seconds(child.pid)
+        asyncio.run(_drive_paced(port, messages, answered))
+        return (run_seconds(child.pid) - t0) / messages * 1e6
+    finally:
+        child.kill()
+        child.wait()
 
 
 def echo_us_per_message(messages: int = MESSAGES, streams: int = STREAMS) -> float:
@@ -141,8 +185,8 @@ def scrape_floor(pods: int = 4, *, seconds: float = 10.0, warmup: float = 3.0) -
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args and args[0] == "echo":
-        asyncio.run(_serve_echo())
+    if args and args[0] in ("echo", "sink"):
+        asyncio.run(_serve_echo(_Echo if args[0] == "echo" else _Sink))
     elif args and args[0] == "scrape":
         pairs = [a.rsplit(":", 1) for a in args[1:]]
         asyncio.run(_scrape([(h, int(p)) for h, p in pairs]))
