@@ -29,6 +29,8 @@ from epp_tools.stack.replicas import wait_endpoints
 RETRIES = "cluster.pool.upstream_rq_retry"
 RETRIED_OK = "cluster.pool.upstream_rq_retry_success"
 EJECTED = "cluster.pool.outlier_detection.ejections_enforced_total"
+RETRY_REFUSED = "cluster.pool.upstream_rq_retry_overflow"
+"""Retries the cluster's retry budget refused (the request then fails with its try's error)."""
 KILL_WINDOW = 1.0
 """Seconds after the kill counted as "during" (the EPP stops routing to it within a scrape)."""
 ROUTING_LAG = 0.1
@@ -42,7 +44,7 @@ def _ended(o: Outcome) -> float:
 
 
 def _counters(st: Stage) -> dict[str, int]:
-    return {k: st.envoy_stat(k) for k in (RETRIES, RETRIED_OK, EJECTED)}
+    return {k: st.envoy_stat(k) for k in (RETRIES, RETRIED_OK, EJECTED, RETRY_REFUSED)}
 
 
 def _delta(st: Stage, before: dict[str, int]) -> dict[str, float]:
@@ -51,7 +53,15 @@ def _delta(st: Stage, before: dict[str, int]) -> dict[str, float]:
         "envoy_retries": float(now[RETRIES] - before[RETRIES]),
         "envoy_retries_ok": float(now[RETRIED_OK] - before[RETRIED_OK]),
         "envoy_ejections": float(now[EJECTED] - before[EJECTED]),
+        "envoy_retries_refused": float(now[RETRY_REFUSED] - before[RETRY_REFUSED]),
     }
+
+
+def _retried(figures: dict[str, float]) -> str:
+    return (
+        f"Envoy retried {figures['envoy_retries']:.0f} ({figures['envoy_retries_ok']:.0f} "
+        f"succeeded, {figures['envoy_retries_refused']:.0f} refused by the retry budget)"
+    )
 
 
 async def _roll_one(st: Stage, k: int, run: Running) -> tuple[float, float]:
@@ -113,8 +123,7 @@ async def model_roll(opts: Day2Options) -> Row:
     row.notes.append(
         f"{len(in_flight)} requests in flight on a pod when it began terminating, "
         f"{failed(in_flight)} of them failed; {len(late)} served by a terminating pod more than "
-        f"{ROUTING_LAG * 1000:.0f} ms after; Envoy retried {row.figures['envoy_retries']:.0f} "
-        f"({row.figures['envoy_retries_ok']:.0f} succeeded); the new pods served "
+        f"{ROUTING_LAG * 1000:.0f} ms after; {_retried(row.figures)}; the new pods served "
         f"{100 * share:.0f}% of the requests after the roll, at a hit ratio of "
         f"{100 * hit_ratio(last):.1f}%"
     )
@@ -151,9 +160,8 @@ async def model_kill(opts: Day2Options) -> Row:
     row.ok = not others and not served_after
     row.notes.append(
         f"{len(streaming)} requests were streaming from the pod, {len(cut)} of them cut; "
-        f"{len(others)} other failures; Envoy retried {row.figures['envoy_retries']:.0f} "
-        f"requests that had not reached it ({row.figures['envoy_retries_ok']:.0f} succeeded "
-        f"elsewhere) and ejected it {row.figures['envoy_ejections']:.0f} time(s); "
+        f"{len(others)} other failures; {_retried(row.figures)} of the requests that had not "
+        f"reached it, and ejected it {row.figures['envoy_ejections']:.0f} time(s); "
         f"{len(served_after)} requests sent after the kill were served by it"
     )
     return row
