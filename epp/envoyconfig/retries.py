@@ -128,7 +128,8 @@ def retry_budget() -> CircuitBreakersThresholdsRetryBudget:
     once per cluster: a pod that dies (or stops listening on SIGTERM) while requests are being
     routed to it needs one retry for each, and past 3 Envoy answers the rest with the failed
     try's 503 (``upstream_rq_retry_overflow``): 42 of 200 requests in a test of 8 clients with
-    one dead pod of four. The budget still stops a retry storm when the whole pool is down."""
+    one dead pod of four. With the whole pool down it still bounds the retries (half the
+    requests in flight), so they do not double the load on whatever comes back first."""
     return CircuitBreakersThresholdsRetryBudget(
         budget_percent=Percent(value=RETRY_BUDGET_PERCENT),
         min_retry_concurrency=MIN_RETRY_CONCURRENCY,
