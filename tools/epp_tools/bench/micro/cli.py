@@ -39,8 +39,8 @@ numbers compare across sizes:
   (10 s each; also skipped by ``--no-wire``);
 * the asyncio floors under those rows (``epp_tools.bench.micro.floors``): a bare asyncio server's
   CPU per message answered with one read and one write (32 connections, and one message at a
-  time on one), and a bare asyncio process scraping 4 pods every 50 ms without parsing (also
-  skipped by ``--no-wire``).
+  time on one), per message sent every 0.5 ms and answered or only read, and a bare asyncio
+  process scraping 4 pods every 50 ms without parsing (also skipped by ``--no-wire``).
 
 The plugins are built from the built-in default configuration through the normal loader, so the
 numbers are those of the code the EPP runs. Nothing is asserted: this is a measuring tool.

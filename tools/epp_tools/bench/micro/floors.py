@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,36 +129,43 @@ async def _drive_paced(port: int, messages: int, answered: bool) -> None:
     writer.close()
 
 
-def paced_us_per_message(answered: bool, messages: int = PACED_MESSAGES) -> float:
-    """CPU µs per message of a bare asyncio server sent a message every ``PACE_S``: answering
-    each with one write (``answered``) or reading them only."""
-    child = _child(["echo" if answered else "sink"])
+def _server_us_per_message(
+    kind: str, messages: int, warmup: int, drive: Callable[[int, int], Awaitable[None]]
+) -> float:
+    """CPU µs per message of a child server (``echo`` or ``sink``) while ``drive(port, n)``
+    sends it ``messages``, after ``warmup`` messages."""
+    child = _child([kind])
     try:
         assert child.stdout is not None
         port = int(child.stdout.readline())
-        asyncio.run(_drive_paced(port, max(2, messages // 10), answered))  # warm up
+        asyncio.run(drive(port, warmup))
         t0 = run_seconds(child.pid)
-        asyncio.run(_drive_paced(port, messages, answered))
+        asyncio.run(drive(port, messages))
         return (run_seconds(child.pid) - t0) / messages * 1e6
     finally:
         child.kill()
         child.wait()
+
+
+def paced_us_per_message(answered: bool, messages: int = PACED_MESSAGES) -> float:
+    """CPU µs per message of a bare asyncio server sent a message every ``PACE_S``: answering
+    each with one write (``answered``) or reading them only."""
+
+    def drive(port: int, n: int) -> Awaitable[None]:
+        return _drive_paced(port, n, answered)
+
+    kind = "echo" if answered else "sink"
+    return _server_us_per_message(kind, messages, max(2, messages // 10), drive)
 
 
 def echo_us_per_message(messages: int = MESSAGES, streams: int = STREAMS) -> float:
     """CPU µs per message of a bare asyncio server answering each read with one write; with
     ``streams=1`` each message is the only one in flight, so every read wakes the server."""
-    child = _child(["echo"])
-    try:
-        assert child.stdout is not None
-        port = int(child.stdout.readline())
-        asyncio.run(_drive_echo(port, messages // 10, streams))  # warm up
-        t0 = run_seconds(child.pid)
-        asyncio.run(_drive_echo(port, messages, streams))
-        return (run_seconds(child.pid) - t0) / messages * 1e6
-    finally:
-        child.kill()
-        child.wait()
+
+    def drive(port: int, n: int) -> Awaitable[None]:
+        return _drive_echo(port, n, streams)
+
+    return _server_us_per_message("echo", messages, messages // 10, drive)
 
 
 def scrape_floor(pods: int = 4, *, seconds: float = 10.0, warmup: float = 3.0) -> ScrapeFloor:
