@@ -30,10 +30,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from epp_tools.bench.micro.idle import context_switches, run_seconds, scrapes_answered, start_fleets
 
@@ -130,7 +131,7 @@ async def _drive_paced(port: int, messages: int, answered: bool) -> None:
 
 
 def _server_us_per_message(
-    kind: str, messages: int, warmup: int, drive: Callable[[int, int], Awaitable[None]]
+    kind: str, messages: int, warmup: int, drive: Callable[[int, int], Coroutine[Any, Any, None]]
 ) -> float:
     """CPU µs per message of a child server (``echo`` or ``sink``) while ``drive(port, n)``
     sends it ``messages``, after ``warmup`` messages."""
@@ -151,7 +152,7 @@ def paced_us_per_message(answered: bool, messages: int = PACED_MESSAGES) -> floa
     """CPU µs per message of a bare asyncio server sent a message every ``PACE_S``: answering
     each with one write (``answered``) or reading them only."""
 
-    def drive(port: int, n: int) -> Awaitable[None]:
+    def drive(port: int, n: int) -> Coroutine[Any, Any, None]:
         return _drive_paced(port, n, answered)
 
     kind = "echo" if answered else "sink"
@@ -162,7 +163,7 @@ def echo_us_per_message(messages: int = MESSAGES, streams: int = STREAMS) -> flo
     """CPU µs per message of a bare asyncio server answering each read with one write; with
     ``streams=1`` each message is the only one in flight, so every read wakes the server."""
 
-    def drive(port: int, n: int) -> Awaitable[None]:
+    def drive(port: int, n: int) -> Coroutine[Any, Any, None]:
         return _drive_echo(port, n, streams)
 
     return _server_us_per_message("echo", messages, messages // 10, drive)
