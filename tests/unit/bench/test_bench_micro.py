@@ -122,3 +122,13 @@ def test_micro_help_names_the_default_profile_the_hot_path_loads(
     loaded = [f.typed_name.name for f in profile.filters]
     loaded += [f"{s.typed_name.name} {weight:g}" for s, weight in profile.scorers]
     assert f"The built-in default profile: {', '.join(loaded)}." in help_text
+
+
+def test_wakeup_rows_time_one_chunk_and_the_fixed_loop_after_each_sleep() -> None:
+    from epp_tools.bench.micro import wakeup
+
+    costs = wakeup.measure(gaps=(0.0, 0.001), samples=5)
+    assert [c.gap_s for c in costs] == [0.0, 0.001]
+    for cost in costs:
+        # a chunk is a few µs in process; 0 would mean no work was timed
+        assert 0.0 < cost.chunk_us < 100_000.0 and 0.0 < cost.loop_us < 100_000.0, cost

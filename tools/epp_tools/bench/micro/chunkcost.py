@@ -141,7 +141,7 @@ async def _settle(conn: Conn, sid: int) -> None:
         await call.task
 
 
-async def _routed_stream(conn: Conn, client: Client, first: list[bytes]) -> int:
+async def routed_stream(conn: Conn, client: Client, first: list[bytes]) -> int:
     """A stream id whose request was routed (retried while discovery has no endpoints yet)."""
     for attempt in range(_ROUTE_TRIES):
         sid = 2 * attempt + 1
@@ -159,7 +159,7 @@ async def per_chunk(ctx: ServerContext, chunks: int, factory: Factory = Connecti
     """µs of process CPU per streamed chunk (see the module docstring)."""
     conn, client = connect(factory, ext_proc(ctx)), Client()
     msgs = [m.SerializeToString() for m in wire.stream_messages(chunks + 1)]
-    sid = await _routed_stream(conn, client, msgs[:2])
+    sid = await routed_stream(conn, client, msgs[:2])
     conn.data_received(client.message(sid, msgs[2]))
     frames = [client.message(sid, m) for m in msgs[3 : 3 + chunks]]
     t0 = time.process_time()
@@ -176,7 +176,7 @@ async def per_request(ctx: ServerContext, requests: int, factory: Factory = Conn
     """µs of process CPU per request of one chunk (see the module docstring)."""
     conn, client = connect(factory, ext_proc(ctx)), Client()
     msgs = [m.SerializeToString() for m in wire.stream_messages(1)]
-    await _routed_stream(conn, client, msgs[:2])  # discovery has run
+    await routed_stream(conn, client, msgs[:2])  # discovery has run
     t0 = time.process_time()
     for i in range(requests):
         sid = 1001 + 2 * i
@@ -218,7 +218,7 @@ async def per_long_request(
 
     conn, client = connect(factory, ext_proc(ctx)), Client()
     msgs = [m.SerializeToString() for m in wire.stream_messages(1)]
-    await _routed_stream(conn, client, msgs[:2])  # discovery has run
+    await routed_stream(conn, client, msgs[:2])  # discovery has run
     bodies = turn_bodies(requests + 1, 195_000, 1, 0)
     prepared = [
         _long_request_frames(client, 3001 + 2 * i, msgs[0], b) for i, b in enumerate(bodies)

@@ -30,7 +30,10 @@ numbers compare across sizes:
   and per agent's turn of 195K tokens sent as Envoy sends it (its ~780 KB body in two chunks,
   forwarded back in full-duplex replies); and the wall-clock time of each round trip before a
   lone request's first token (route, response
-  headers, first chunk; ``epp_tools.bench.micro.wirelat``). ``--no-wire`` skips them;
+  headers, first chunk; ``epp_tools.bench.micro.wirelat``); and one chunk's work in process,
+  and a fixed pure-Python loop, each run right after the process slept 0, 0.5, 2 and 10 ms
+  (``epp_tools.bench.micro.wakeup``): what a cold start of the core adds to a message that
+  arrives alone. ``--no-wire`` skips them;
 * one scrape's parsing and extraction of a simulated vLLM page, the previous path
   (``promtext.parse``) and the current one (``LineCache``) side by side
   (``epp_tools.bench.micro.scrapecost``);
@@ -408,7 +411,22 @@ def wire_rows() -> list[Row]:
     us = chunkcost.measure_long()
     size = f"{chunkcost.LONG_REQUESTS} 195K turns"
     rows.append(Row(label, size, us, us, "µs CPU/request"))
-    return rows + latency_rows()
+    return rows + latency_rows() + wakeup_rows()
+
+
+def wakeup_rows() -> list[Row]:
+    """One chunk's work and a fixed pure-Python loop, each right after the process slept
+    (``epp_tools.bench.micro.wakeup``): what a cold start of the core adds."""
+    from epp_tools.bench.micro import wakeup
+
+    rows = []
+    for cost in wakeup.measure():
+        size = f"after {cost.gap_s * 1000:g} ms asleep"
+        label = "ext_proc EPP, in process, one chunk"
+        rows.append(Row(label, size, cost.chunk_us, cost.chunk_us, "µs CPU/chunk"))
+        label = "Python floor: 300 additions"
+        rows.append(Row(label, size, cost.loop_us, cost.loop_us, "µs CPU"))
+    return rows
 
 
 def latency_rows() -> list[Row]:
