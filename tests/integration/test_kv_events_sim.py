@@ -193,12 +193,20 @@ async def test_index_mirrors_the_engine_cache_when_blocks_are_evicted_and_reset(
     prompts = [prompt(tag, 80) for tag in ("first", "second", "third", "fourth")]
     for text in prompts:  # 8 blocks each into a 24-block pool: the engine must evict
         await complete(fleet.urls[0], text)
-    await wait_for(lambda: stored_on(p, pool[0].id) == engine.pool.cached_blocks)
+
+    async def index_and_engine() -> tuple[list[int], list[int]]:
+        seen = [(await lookup(p, text, pool))[pool[0].id].match_blocks for text in prompts]
+        cached = [engine.pool.match_prefix(chain_hashes(tokenize(t), BLOCK, None)) for t in prompts]
+        return [*seen, stored_on(p, pool[0].id)], [*cached, engine.pool.cached_blocks]
+
+    # Equal counts alone can be a moment between two event batches (the last prompt's stores seen,
+    # its evictions not yet), so wait until every prompt's match agrees as well.
+    async with asyncio.timeout(30):
+        while (got := await index_and_engine())[0] != got[1]:
+            await asyncio.sleep(0.02)
     assert engine.pool.evictions > 0
     assert p.dump_state()["events"]["removed"] > 0
-    for text in prompts:
-        cached = engine.pool.match_prefix(chain_hashes(tokenize(text), BLOCK, None))
-        assert (await lookup(p, text, pool))[pool[0].id].match_blocks == cached
+    assert got[0][0] == 0 and got[0][3] == 8  # the oldest prompt went first, the newest stayed
     await reset(fleet.urls[0])
     await wait_for(lambda: stored_on(p, pool[0].id) == 0)
     assert p.dump_state()["events"]["cleared"] == 2
