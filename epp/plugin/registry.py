@@ -60,8 +60,12 @@ class PluginRegistry:
         infos = []
         # Walk distributions (not entry_points()) so each entry point knows its distribution, and
         # so a type claimed by two distributions is seen twice instead of being deduplicated.
+        # Reading a distribution's name parses its whole METADATA file (0.4 s for ~130 installed
+        # distributions), so only the few whose entry_points.txt names the group are read.
         seen_dists: set[str] = set()
         for dist in metadata.distributions():
+            if GROUP not in (dist.read_text("entry_points.txt") or ""):
+                continue
             name = dist.metadata["Name"] or "?"
             key = f"{name}=={dist.version}"
             if key in seen_dists:
