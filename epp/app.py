@@ -360,8 +360,10 @@ class App:
             PortOptions(reviewer, ssl_context, s.enable_debug_endpoints, s.enable_pprof),
         )
         self.metrics_port = await ms.start(private_host(s), s.metrics_port)
-        ports = {"extProcPort": self.grpc_port, "healthPort": self.health_port}
+        ports: dict[str, object] = {"extProcPort": self.grpc_port, "healthPort": self.health_port}
         ports |= {"metricsPort": self.metrics_port, "tls": s.secure_serving}
+        # the loop actually running ("uvloop" or "asyncio"), whatever --event-loop asked for
+        ports["eventLoop"] = type(asyncio.get_running_loop()).__module__.partition(".")[0]
         log.info("serving", extra=ports)
         return [grpc_servers.ext, grpc_servers.health, ms]
 

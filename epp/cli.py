@@ -15,7 +15,6 @@ are accepted as Go's flag package does. The flags themselves are declared once, 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import importlib
 import importlib.metadata
@@ -25,6 +24,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from epp.eventloop import run
 from epp.observability.logs import LogConfig, configure, log_config
 from epp.settings import Flag, Settings, SettingsError, flags
 
@@ -128,7 +128,7 @@ FLAG_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "bind-address", "objectives-file", "objectives-poll-interval", "admin-token-file",
             "grpc-client-ca-file", "tracing-plugin-threshold", "enable-debug-endpoints",
             "workers", "max-request-body-bytes", "response-body-sample-ratio",
-            "memory-trim-interval", "seed",
+            "memory-trim-interval", "event-loop", "seed",
         ),
     ),
 )  # fmt: skip
@@ -293,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from epp.plugin import PluginError
 
     try:
-        asyncio.run(_serve(settings))
+        run(_serve(settings), settings.event_loop)
     except (ConfigError, PluginError) as exc:
         return _startup_failed(settings, [exc])
     except BaseExceptionGroup as group:  # a start-up error raised inside the App's task group

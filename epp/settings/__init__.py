@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from epp.eventloop import EVENT_LOOPS
 from epp.plugin.selectors import parse_selector
 from epp.server.tlsopts import tls_problem
 from epp.settings.kinds import (
@@ -244,6 +245,11 @@ class Settings:
         DURATION,
     )
     """Our addition (``epp.observability.memory.HeapTrimmer``)."""
+    event_loop: str = flag(
+        "uvloop",
+        "the event loop: uvloop (default; libuv's, in C) or asyncio (the standard library's)",
+    )
+    """Our addition (``epp.eventloop``)."""
     seed: int | None = flag(None, "seed the scheduler's random source", INT)
     """Our addition: seeds the scheduler's random source (reproducible tie-breaks in tests)."""
     verbosity: int = flag(
@@ -305,9 +311,9 @@ class Settings:
     def validate(self) -> None:
         """Raise :class:`SettingsError` unless the fields fit together (spec §2): one config
         source; at most one Kubernetes mode, standalone mode with a well-formed selector and its
-        target ports; ``--workers`` 1..64 and never with leader election; a trim interval of 0
-        or more; leader election in
-        Kubernetes mode with 0 < retry < renew < lease."""
+        target ports; ``--workers`` 1..64 and never with leader election; a known
+        ``--event-loop``; a trim interval of 0 or more; leader election in Kubernetes mode with
+        0 < retry < renew < lease."""
         if self.config_file and self.config_text:
             raise SettingsError("--config-file and --config-text are mutually exclusive")
         problem = tls_problem(self)
@@ -326,6 +332,8 @@ class Settings:
             raise SettingsError("--endpoint-target-ports is only used with --endpoint-selector")
         if not 1 <= self.workers <= MAX_WORKERS:
             raise SettingsError(f"--workers must be 1..{MAX_WORKERS}")
+        if self.event_loop not in EVENT_LOOPS:
+            raise SettingsError(f"--event-loop must be one of {', '.join(EVENT_LOOPS)}")
         if self.memory_trim_interval < 0:
             raise SettingsError("--memory-trim-interval must be 0 (off) or more")
         if self.workers > 1 and self.ha_enable_leader_election:

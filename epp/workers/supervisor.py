@@ -32,6 +32,7 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from epp.config.loader import ConfigError
+from epp.eventloop import run
 from epp.k8s.review import metrics_reviewer
 from epp.observability.http import PortOptions
 from epp.server.health import HealthServicer
@@ -366,7 +367,7 @@ def supervise(settings: Settings) -> int:
         return code
 
     try:
-        return asyncio.run(main())
+        return run(main(), settings.event_loop)
     except ConfigError as exc:
         print(f"epp: {exc}", file=sys.stderr)
         return CONFIG_REFUSED

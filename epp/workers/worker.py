@@ -26,6 +26,7 @@ from typing import IO, Final
 
 from epp.app import App
 from epp.config.loader import ConfigError
+from epp.eventloop import run
 from epp.plugin import PluginError
 from epp.settings import Settings
 from epp.workers.spec import INDEX_ENV, WorkerReport, decode_settings
@@ -89,7 +90,7 @@ def main(setup_logging: Callable[..., None]) -> int:
         return 2
     setup_logging(settings, worker=index)
     try:
-        asyncio.run(serve(settings, report))
+        run(serve(settings, report), settings.event_loop)
     except (ConfigError, PluginError) as exc:
         print(f"epp: worker {index}: {exc}", file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp_tools.stack.envoy import free_port
@@ -27,7 +29,10 @@ async def check(port: int, service: str) -> int:
         return int(r.status)
 
 
-async def test_sigterm_turns_readiness_off_keeps_serving_then_exits(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+async def test_sigterm_turns_readiness_off_keeps_serving_then_exits(
+    tmp_path: Path, loop: str
+) -> None:
     eps = tmp_path / "eps.yaml"
     eps.write_text(endpoints_yaml(dead_ports(2)))
     cfg = tmp_path / "cfg.yaml"
@@ -47,6 +52,8 @@ async def test_sigterm_turns_readiness_off_keeps_serving_then_exits(tmp_path: Pa
             "--drain-timeout=1500ms",
             "--bind-address",
             "127.0.0.1",
+            f"--event-loop={loop}",
+            "--zap-encoder=json",
         ],
         stderr=subprocess.PIPE,
     )
@@ -69,6 +76,11 @@ async def test_sigterm_turns_readiness_off_keeps_serving_then_exits(tmp_path: Pa
         assert proc.wait(timeout=60) == 0
         # one-sided: the drain window (1.5 s) was honoured; a busy machine only makes it longer
         assert time.monotonic() - t0 > 1.2
+        assert proc.stderr is not None
+        serving_lines = [
+            json.loads(line) for line in proc.stderr.read().splitlines() if b'"serving"' in line
+        ]
+        assert [line["eventLoop"] for line in serving_lines] == [loop]
     finally:
         if proc.poll() is None:
             proc.kill()

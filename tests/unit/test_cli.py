@@ -297,6 +297,11 @@ def test_a_missing_config_file_is_a_usage_error(
         pytest.param({"workers": 0}, "--workers must be 1..64", id="workers-zero"),
         pytest.param({"workers": 65}, "--workers must be 1..64", id="workers-too-many"),
         pytest.param(
+            {"event_loop": "trio"},
+            "--event-loop must be one of uvloop, asyncio",
+            id="unknown-event-loop",
+        ),
+        pytest.param(
             {"memory_trim_interval": -5.0},
             "--memory-trim-interval must be 0 (off) or more",
             id="trim-negative",

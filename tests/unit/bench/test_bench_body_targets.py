@@ -22,6 +22,7 @@ from epp_tools.stack.replicas import EppSet
         ("epp", "full-duplex", []),
         ("epp-streamed", "streamed", ["--response-body-sample-ratio", "0.1"]),
         ("epp-sampled", "full-duplex", ["--response-body-sample-ratio", "0.1"]),
+        ("epp-asyncio", "full-duplex", ["--event-loop", "asyncio"]),
     ],
 )
 def test_each_target_runs_its_envoy_config_and_flags(

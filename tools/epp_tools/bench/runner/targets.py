@@ -19,6 +19,8 @@ key         what runs
 ``epp-sampled``  the ``epp`` target reading a tenth of the response bodies nothing needs
             (``--response-body-sample-ratio 0.1``; the ``epp`` target reads every one, the
             default); ``epp-streamed`` runs with that ratio too, or it would skip nothing
+``epp-asyncio``  the ``epp`` target on the standard library's event loop (``--event-loop
+            asyncio``; the ``epp`` target runs on uvloop, the default)
 ``rr``      Envoy alone, ``ROUND_ROBIN`` over the pods
 ``lr``      Envoy alone, ``LEAST_REQUEST`` over the pods
 ``sglang``  sglang-router ``cache_aware`` (see ``epp_tools.bench.peers.routers``)
@@ -90,7 +92,8 @@ STREAMED: dict[str, str] = {
     "epp-streamed": "EPP via Envoy, streamed (unneeded response bodies switched off)",
 }
 SAMPLED: dict[str, str] = {"epp-sampled": "EPP via Envoy, a tenth of unneeded bodies read"}
-NAMED_ONLY: dict[str, str] = {**BUFFERED, **STREAMED, **SAMPLED}
+ASYNCIO: dict[str, str] = {"epp-asyncio": "EPP via Envoy, on asyncio's own event loop"}
+NAMED_ONLY: dict[str, str] = {**BUFFERED, **STREAMED, **SAMPLED, **ASYNCIO}
 """The targets named on the command line only (not in the default list)."""
 PD_TARGET = "epp-pd"
 REPLICA_KEY = re.compile(r"epp-(r([2-8])(-redis)?|w([2-8]))")
@@ -190,6 +193,8 @@ def _start_epp(
     args: list[str] = []
     if key in SAMPLED or key in STREAMED:
         args += ["--response-body-sample-ratio", "0.1"]
+    if key in ASYNCIO:
+        args += ["--event-loop", "asyncio"]
     if base is not None:  # a config given on the command line may use alpha plugins
         args.append("--allow-experimental-plugins")
     if workload.objectives:
