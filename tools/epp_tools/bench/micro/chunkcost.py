@@ -33,7 +33,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import hpack
 
@@ -68,9 +68,11 @@ Factory = Callable[[Router, int, Callable[[Any], None]], Conn]
 class CountingTransport:
     def __init__(self) -> None:
         self.written = 0
+        self.writes = 0
 
     def write(self, data: bytes) -> None:
         self.written += len(data)
+        self.writes += 1
 
     def is_closing(self) -> bool:
         return False
@@ -122,9 +124,14 @@ class Client:
         return w.frame(w.DATA, w.END_STREAM if end else 0, sid, w.grpc_message(payload))
 
 
-def connect(factory: Factory, route: Router, max_message: int = 1 << 24) -> Conn:
+def connect(
+    factory: Factory,
+    route: Router,
+    max_message: int = 1 << 24,
+    transport: CountingTransport | None = None,
+) -> Conn:
     conn = factory(route, max_message, lambda c: None)
-    conn.connection_made(CountingTransport())
+    conn.connection_made(transport or CountingTransport())
     conn.data_received(Client.preface())
     return conn
 
@@ -155,13 +162,29 @@ async def routed_stream(conn: Conn, client: Client, first: list[bytes]) -> int:
     raise RuntimeError("the EPP routed no request")
 
 
-async def per_chunk(ctx: ServerContext, chunks: int, factory: Factory = Connection) -> float:
-    """µs of process CPU per streamed chunk (see the module docstring)."""
-    conn, client = connect(factory, ext_proc(ctx)), Client()
+class ChunkStream(NamedTuple):
+    conn: Conn
+    transport: CountingTransport  # the connection's
+    sid: int  # a routed stream whose response headers and first chunk went in
+    frames: list[bytes]  # more response chunks for it, one DATA frame each
+
+
+async def chunk_stream(
+    ctx: ServerContext, chunks: int, factory: Factory = Connection
+) -> ChunkStream:
+    """A connection with a stream ready for ``chunks`` streamed response chunks."""
+    transport, client = CountingTransport(), Client()
+    conn = connect(factory, ext_proc(ctx), transport=transport)
     msgs = [m.SerializeToString() for m in wire.stream_messages(chunks + 1)]
     sid = await routed_stream(conn, client, msgs[:2])
     conn.data_received(client.message(sid, msgs[2]))
     frames = [client.message(sid, m) for m in msgs[3 : 3 + chunks]]
+    return ChunkStream(conn, transport, sid, frames)
+
+
+async def per_chunk(ctx: ServerContext, chunks: int, factory: Factory = Connection) -> float:
+    """µs of process CPU per streamed chunk (see the module docstring)."""
+    conn, _, sid, frames = await chunk_stream(ctx, chunks, factory)
     t0 = time.process_time()
     for frame in frames:
         conn.data_received(frame)

@@ -25,8 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from epp.server.h2conn import Connection
-from epp_tools.bench.micro import chunkcost, wire
+from epp_tools.bench.micro import chunkcost
 
 GAPS_S: tuple[float, ...] = (0.0, 0.0005, 0.002, 0.01)
 SAMPLES = 100
@@ -60,12 +59,10 @@ def _after_sleep(work: Callable[[], object], gap_s: float, samples: int) -> floa
 
 async def _measure(gaps: tuple[float, ...], samples: int) -> list[WakeupCost]:
     async with chunkcost.epp() as ctx:
-        conn, client = chunkcost.connect(Connection, chunkcost.ext_proc(ctx)), chunkcost.Client()
         chunks = samples * len(gaps) + samples  # the first `samples` only warm up
-        msgs = [m.SerializeToString() for m in wire.stream_messages(chunks + 1)]
-        sid = await chunkcost.routed_stream(conn, client, msgs[:2])
-        conn.data_received(client.message(sid, msgs[2]))
-        frames = iter([client.message(sid, m) for m in msgs[3 : 3 + chunks]])
+        conn, transport, sid, frame_list = await chunkcost.chunk_stream(ctx, chunks)
+        frames = iter(frame_list)
+        writes = transport.writes
 
         def chunk() -> None:
             conn.data_received(next(frames))
@@ -77,6 +74,8 @@ async def _measure(gaps: tuple[float, ...], samples: int) -> list[WakeupCost]:
         ]
         if sid not in conn.streams:
             raise RuntimeError("the stream ended before its chunks did")
+        if transport.writes - writes != chunks:  # each chunk's reply goes out in its own write
+            raise RuntimeError(f"{chunks} chunks got {transport.writes - writes} writes")
         conn.connection_lost(None)
         return costs
 
