@@ -24,7 +24,6 @@ the broken rule. Example::
         check_scorer(scorer, sample_endpoints(5))
 """
 
-
 from __future__ import annotations
 
 import asyncio

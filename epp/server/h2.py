@@ -327,9 +327,7 @@ class UnaryCall:
         self.task = asyncio.get_running_loop().create_task(self._answer())
 
     async def _answer(self) -> None:
-        auth = next(
-            (str(v, "latin-1") for k, v in self.io.headers if k == b"authorization"), ""
-        )
+        auth = next((str(v, "latin-1") for k, v in self.io.headers if k == b"authorization"), "")
         try:
             reply = await self.handler(self.request, auth)
         except AdminError as err:

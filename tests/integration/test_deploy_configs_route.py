@@ -87,9 +87,7 @@ async def _route(path: Path, text: str, tmp_path: Path, fleet: Any, envoy: Any) 
     endpoints = tmp_path / "endpoints.yaml"
     labels = {i: {"llm-d.ai/role": role} for i, role in ROLES.items()}
     endpoints.write_text(endpoints_yaml(fleet.ports, labels=labels))
-    settings = make_settings(
-        epp_config_text(endpoints, (), text), allow_experimental_plugins=True
-    )
+    settings = make_settings(epp_config_text(endpoints, (), text), allow_experimental_plugins=True)
     async with App(settings) as app:
         await app.wait_ready(60)
         proxy = envoy(app)

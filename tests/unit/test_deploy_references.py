@@ -92,4 +92,3 @@ def test_every_reference_resolves_when_the_folder_is_rendered(folder: str) -> No
         for subject in binding.get("subjects", []):
             if subject["kind"] == "ServiceAccount":
                 assert subject["name"] in _names(docs, "ServiceAccount"), subject
-

@@ -61,11 +61,23 @@ BOOTSTRAPS = {
     "known-pool-dns-no-retries": [*EPP, "--pool-endpoint", "models.llm:8000", "--retries", "0"],
     "h2c-model-servers": [*EPP, "--app-protocol", "h2c"],
     "h2c-known-pool-fail-open": [
-        *EPP, "--app-protocol", "h2c", "--pool-endpoint", "10.0.0.7:8000", "--body", "buffered",
-        "--fail-open", "--fallback", "10.0.0.9:8000",
+        *EPP,
+        "--app-protocol",
+        "h2c",
+        "--pool-endpoint",
+        "10.0.0.7:8000",
+        "--body",
+        "buffered",
+        "--fail-open",
+        "--fallback",
+        "10.0.0.9:8000",
     ],
     "known-pool-health-checked": [
-        *EPP, "--pool-endpoint", "10.0.0.7:8000", "--pool-health-path", "/health",
+        *EPP,
+        "--pool-endpoint",
+        "10.0.0.7:8000",
+        "--pool-health-path",
+        "/health",
     ],
 }
 
