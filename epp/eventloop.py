@@ -3,10 +3,11 @@
 Every message Envoy sends the EPP wakes its event loop for one read and one write. The standard
 library's loop spends that turn in Python (``_run_once``, the selector, a handle per callback);
 uvloop spends it in libuv, in C. Behind Envoy, on a machine whose cores go cold between messages,
-the loop's own share of each wake-up is a large part of what a message costs: ``epp bench`` on
-the agentic workload b measured 10-14% less CPU per request with uvloop (docs/benchmarks.md,
-"Per-request cost"). The EPP's code is the same on both; ``--event-loop asyncio`` selects the
-standard library's loop, as does a machine where uvloop cannot be imported (with a warning).
+the loop's own share of each wake-up is part of what a message costs: side by side (``epp bench
+--targets epp,epp-asyncio``), uvloop took about 7% less CPU per request over twelve pairs on the
+workloads a, b and b-pressure, nine of them in its favour (docs/benchmarks.md, "uvloop as the
+default"). The EPP's code is the same on both; ``--event-loop asyncio`` selects the standard
+library's loop, as does a machine where uvloop cannot be imported (with a warning).
 """
 
 from __future__ import annotations
