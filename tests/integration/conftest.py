@@ -1,0 +1,28 @@
+"""The ext_proc server's own tests run on both event loops the EPP runs on: uvloop, its default
+(``epp.eventloop``), and asyncio's own; the other integration tests on asyncio's, as the unit
+tests do (the tests that start ``epp`` as a process run it on its default)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+
+import pytest
+import uvloop
+
+BOTH_LOOPS = frozenset(
+    {
+        "test_h2_server.py",
+        "test_h2_attacks.py",
+        "test_extproc_stream.py",
+        "test_extproc_misuse.py",
+    }
+)
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    if item.path.name in BOTH_LOOPS:
+        return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+    return {"asyncio": asyncio.new_event_loop}
