@@ -60,20 +60,22 @@ class PluginRegistry:
         infos = []
         # Walk distributions (not entry_points()) so each entry point knows its distribution, and
         # so a type claimed by two distributions is seen twice instead of being deduplicated.
-        # Reading a distribution's name parses its whole METADATA file (0.4 s for ~130 installed
-        # distributions), so only the few whose entry_points.txt names the group are read.
+        # Each read of a distribution's name or version parses its whole METADATA file, so only
+        # the distributions whose entry_points.txt names the group are read, once each (reading
+        # every one, and the version once per plugin, took 0.4 s of each start).
         seen_dists: set[str] = set()
         for dist in metadata.distributions():
             if GROUP not in (dist.read_text("entry_points.txt") or ""):
                 continue
-            name = dist.metadata["Name"] or "?"
-            key = f"{name}=={dist.version}"
+            meta = dist.metadata
+            name, version = meta["Name"] or "?", meta["Version"] or "?"
+            key = f"{name}=={version}"
             if key in seen_dists:
                 continue
             seen_dists.add(key)
             for ep in dist.entry_points:
                 if ep.group == GROUP:
-                    infos.append(PluginInfo(ep.name, ep.value, name, dist.version, ep))
+                    infos.append(PluginInfo(ep.name, ep.value, name, version, ep))
         return cls(infos, strict=strict)
 
     def types(self) -> list[str]:
