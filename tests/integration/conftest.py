@@ -1,6 +1,7 @@
-"""The ext_proc server's own tests run on both event loops the EPP runs on: uvloop, its default
-(``epp.eventloop``), and asyncio's own; the other integration tests on asyncio's, as the unit
-tests do (the tests that start ``epp`` as a process run it on its default)."""
+"""The tests of the servers that drive their transports themselves (the ext_proc server's, the
+simulator's gRPC server) run on both event loops: uvloop, the EPP's default (``epp.eventloop``),
+and asyncio's own; the other integration tests on asyncio's, as the unit tests do (the tests that
+start ``epp`` as a process run it on its default)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ BOTH_LOOPS = frozenset(
         "test_h2_attacks.py",
         "test_extproc_stream.py",
         "test_extproc_misuse.py",
+        "test_sim_grpc_sglang.py",  # the simulator's gRPC server, a protocol of its own
     }
 )
 
