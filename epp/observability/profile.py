@@ -11,11 +11,13 @@ plugin and background task of the App runs) with ``cProfile`` for ``N`` seconds 
 ``MAX_SECONDS``) and answers with the ``pstats`` file (``application/octet-stream``; open it with
 ``python -m pstats`` or snakeviz); ``&format=text`` answers with the top ``TEXT_ROWS`` functions
 by cumulative time instead. Its clock is the wall clock (``&clock=wall``, the default): a
-function's time includes what it waited, the event loop's idle ``epoll`` wait among them, and on a
-busy machine the time the process was not scheduled. ``&clock=cpu`` counts the loop thread's CPU
-time instead (``time.thread_time``), as Go's CPU profile does, at about three times the
-profiler's overhead per call (each reading is a system call). One profile at a time: a second
-request while one runs gets 409.
+function's time includes what it waited, and on a busy machine the time the process was not
+scheduled. The event loop's own idle wait is among them on asyncio's loop (``--event-loop
+asyncio``: its ``epoll`` call is a function the profiler sees) but not on uvloop, the default,
+which waits inside libuv: there the profile's total is the time spent in the loop's callbacks.
+``&clock=cpu`` counts the loop thread's CPU time instead (``time.thread_time``), as Go's CPU
+profile does, at about three times the profiler's overhead per call (each reading is a system
+call). One profile at a time: a second request while one runs gets 409.
 Go's heap, goroutine and trace profiles have no counterpart here. The path sits behind the
 metrics port's auth, and ``--enable-debug-endpoints=false`` removes it with the other views.
 """

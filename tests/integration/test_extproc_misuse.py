@@ -12,6 +12,8 @@ import pytest
 from epp._proto import epp_extproc_v3_pb2 as pb
 from tests.conftest import body_msg, dead_ports, exchange, headers_msg, set_headers_of
 
+pytestmark = pytest.mark.both_loops  # uvloop and asyncio (conftest.py)
+
 CHAT = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 H = {":path": "/v1/chat/completions", ":method": "POST", "x-request-id": "rid"}
 DEAD = dead_ports(3)

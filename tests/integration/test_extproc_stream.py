@@ -22,6 +22,8 @@ from tests.conftest import (
     set_headers_of,
 )
 
+pytestmark = pytest.mark.both_loops  # uvloop and asyncio (conftest.py)
+
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 H = {":path": "/v1/chat/completions", ":method": "POST", "x-request-id": "rid-1"}
 # endpoints on loopback ports this process holds closed: scrapes fail fast, routing still works

@@ -32,6 +32,8 @@ from epp.server.h2 import HEALTH_CHECK, PROCESS, H2Server
 from epp.server.health import HealthServicer
 from tests.unit.server.test_h2 import Director
 
+pytestmark = pytest.mark.both_loops  # uvloop and asyncio (conftest.py)
+
 Frame = tuple[int, int, int, bytes]
 SERVING = health_pb2.HealthCheckResponse.SERVING
 CHECK = health_pb2.HealthCheckRequest(service="liveness").SerializeToString()

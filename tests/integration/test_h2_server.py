@@ -15,6 +15,8 @@ from epp.server.extproc_rpc import process
 from epp.server.tls import self_signed
 from tests.conftest import body_msg, exchange, headers_msg, set_headers_of
 
+pytestmark = pytest.mark.both_loops  # uvloop and asyncio (conftest.py)
+
 CHAT = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 H = {":path": "/v1/chat/completions", ":method": "POST", "x-request-id": "rid-1"}
 DEAD = [1, 2, 3]

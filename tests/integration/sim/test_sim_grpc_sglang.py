@@ -17,6 +17,8 @@ from epp._proto import epp_vllmgrpc_v1_pb2 as vllm
 from epp_tools.sim.config import PodConfig
 from epp_tools.sim.fleet import SimFleet
 
+pytestmark = pytest.mark.both_loops  # uvloop and asyncio (conftest.py)
+
 MODEL = "sim-model"
 
 
