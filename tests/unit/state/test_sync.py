@@ -310,7 +310,9 @@ async def test_a_burst_of_share_soon_publishes_at_most_once_per_gap() -> None:
     task.cancel()
     times = a.syncer.published_at
     assert [f for b in a.syncer.published for f in b["notes"]] == list(range(100))
-    assert 2 <= len(times) <= elapsed / gap + 1
+    # + 0.001: on uvloop, whose clock counts whole milliseconds, six gaps can span exactly
+    # 240 ms, which the float division puts a hair below 6
+    assert 2 <= len(times) <= elapsed / gap + 1.001
     assert min(t1 - t0 for t0, t1 in itertools.pairwise(times)) >= gap * 0.9
 
 

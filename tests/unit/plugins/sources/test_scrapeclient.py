@@ -198,7 +198,7 @@ async def test_scrapes_started_together_are_read_when_their_read_window_closes(
     done = loop.time()
     assert bodies == [b"now", b"now"]
     assert len(answered) == 2 and all(t < start + 0.3 for t in answered)
-    assert done >= start + 0.3
+    assert done >= start + 0.3 - 0.001  # uvloop's timers fire on its millisecond clock
     assert len(timer_calls) == 1  # one timer: the window both share
     await client.close()
     for s in servers:
