@@ -30,6 +30,10 @@ from epp_tools.stack.envoy import Envoy
 from epp_tools.stack.redis import RedisServer
 
 TEST_PLUGINS = Path(__file__).parent / "fixtures" / "epp-testplugins"
+CLOCK_STEP = 0.001
+"""uvloop's ``loop.time()`` counts whole milliseconds: a timer fires when that clock reaches its
+time, rounded, which can read up to half a millisecond (or a float's hair) below the time given.
+A test comparing the loop clock with a timer's time allows this much."""
 
 os.environ.setdefault("NO_PROXY", "*")
 

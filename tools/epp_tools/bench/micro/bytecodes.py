@@ -20,7 +20,6 @@ instructions go").
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from collections import Counter
@@ -30,7 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from epp.eventloop import loop_factory
+from epp.eventloop import EVENT_LOOPS, run
 from epp.server.context import ServerContext
 from epp_tools.bench.micro import chunkcost
 
@@ -102,16 +101,16 @@ async def _traced(units: int, work: Callable[[], Awaitable[Any]]) -> Counts:
 async def count_chunks(ctx: ServerContext, chunks: int) -> Counts:
     """Bytecodes per streamed chunk: one routed stream fed ``chunks`` chunks, one frame each."""
     stream = await chunkcost.chunk_stream(ctx, chunks)
-
-    async def feed() -> None:
-        for frame in stream.frames:
-            stream.conn.data_received(frame)
-
-    counts = await _traced(chunks, feed)
+    counts = await _traced(chunks, lambda: _feed(stream))
     if stream.sid not in stream.conn.streams:
         raise RuntimeError("the stream ended before its chunks did")
     stream.conn.connection_lost(None)
     return counts
+
+
+async def _feed(stream: chunkcost.ChunkStream) -> None:
+    for frame in stream.frames:
+        stream.conn.data_received(frame)
 
 
 async def count_requests(ctx: ServerContext, requests: int) -> Counts:
@@ -128,8 +127,7 @@ async def _measure(chunks: int, requests: int) -> tuple[Counts, Counts]:
 
 def measure(chunks: int = 1000, requests: int = 300) -> tuple[Counts, Counts]:
     """(per chunk, per request) counts, on the EPP's default event loop."""
-    with asyncio.Runner(loop_factory=loop_factory("uvloop")) as runner:
-        return runner.run(_measure(chunks, requests))
+    return run(_measure(chunks, requests), EVENT_LOOPS[0])
 
 
 def table(title: str, counts: Counts, top: int) -> list[str]:
@@ -154,8 +152,7 @@ async def _callgrind_body(chunks: int, feed: bool) -> None:
         await chunkcost.per_chunk(ctx, 200)
         stream = await chunkcost.chunk_stream(ctx, chunks)
         if feed:
-            for frame in stream.frames:
-                stream.conn.data_received(frame)
+            await _feed(stream)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -173,8 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.disable(logging.WARNING)
     if args.feed_only or args.build_only:
         body = _callgrind_body(args.feed_only or args.build_only, bool(args.feed_only))
-        with asyncio.Runner(loop_factory=loop_factory("uvloop")) as runner:
-            runner.run(body)
+        run(body, EVENT_LOOPS[0])
         return 0
     chunk, request = measure(args.chunks, args.requests)
     print("\n".join(table("per streamed chunk", chunk, args.top)))
