@@ -96,13 +96,14 @@ async def test_pprof_clock_cpu_leaves_waits_out(start_app: Any) -> None:
     app = await start_app([closed_port()], ready=False, metrics_token=TOKEN)
     port = app.metrics_port
 
-    def block() -> None:  # Python, so that the profiler sees it on uvloop too
-        time.sleep(0.5)
-
     async def seconds(clock: str) -> float:
         path = f"/debug/pprof/profile?seconds=1&format=text&clock={clock}"
-        asyncio.get_running_loop().call_later(0.2, block)  # inside the profile
-        status, body = await get(port, path, TOKEN)
+        answer = asyncio.ensure_future(get(port, path, TOKEN))
+        async with asyncio.timeout(10):  # this thread's profiler is on: the profile has begun
+            while sys.getprofile() is None:
+                await asyncio.sleep(0.01)
+        time.sleep(0.5)  # a callback of the loop that blocks, inside the profile
+        status, body = await answer
         assert status == 200, body[:300]
         found = re.search(r"function calls.* in ([0-9.]+) seconds", body)
         assert found is not None, body[:300]
