@@ -399,7 +399,10 @@ class H2Server:
         self._server = await loop.create_server(
             self._connection, host, port, ssl=tls, reuse_port=reuse_port or None, backlog=1024
         )
-        return int(self._server.sockets[0].getsockname()[1])
+        # uvloop's Server.sockets is a list where typeshed says tuple: read it untyped, so a
+        # compiled build (mypyc checks declared types) takes either
+        server: Any = self._server
+        return int(server.sockets[0].getsockname()[1])
 
     async def stop(self, grace: float | None) -> None:
         """GOAWAY to every connection; the clients close them once their streams have ended (a

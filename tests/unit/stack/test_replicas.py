@@ -61,7 +61,7 @@ def test_one_replica_keeps_the_single_epp_command_line_when_built(tmp_path: Path
     args = stack_cli._parser().parse_args([])
     one = stack_cli._epp_set(args, tmp_path / "one", "", experimental=False).prepare()
     argv = list(one.procs[0].argv)
-    assert argv[:3] == [sys.executable, "-m", "epp"]
+    assert argv[:4] == [sys.executable, "-P", "-m", "epp"]
     assert "--health-checking" not in argv and "--seed" not in argv
     assert "--secure-serving=false" not in argv  # TLS, as the EPP serves by default
     assert argv[argv.index("--grpc-port") + 1] == str(one.ports[0].grpc)

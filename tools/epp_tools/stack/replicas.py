@@ -194,7 +194,8 @@ class EppSet:
     def _proc(self, i: int) -> Proc:
         assert self._config is not None
         p = self.ports[i]
-        argv = [sys.executable, "-m", "epp", "--config-file", str(self._config)]
+        # -P: the installed epp (or what PYTHONPATH names), never a package in the working directory
+        argv = [sys.executable, "-P", "-m", "epp", "--config-file", str(self._config)]
         if not self.tls:
             argv.append("--secure-serving=false")
         argv += [
