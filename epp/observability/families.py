@@ -23,7 +23,9 @@ _LATENCY_BUCKETS: Final = (
     45, 60, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600,
 )
 # not Final: mypyc leaves a Final unset when another module-level Final unpacks it
-_SCHED_BUCKETS: tuple[float, ...] = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+_SCHED_BUCKETS: tuple[float, ...] = (
+    0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
+)
 _PLUGIN_BUCKETS: Final = (
     0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
 )
