@@ -38,6 +38,7 @@ from epp.flowcontrol.shared import CrossReplicaOptions
 from epp.k8s.files import ObjectFiles, ObjectsFileError
 from epp.k8s.review import metrics_reviewer
 from epp.k8s.sink import ObjectSink
+from epp.observability import stuck
 from epp.observability.auth import Reviewer
 from epp.observability.decisions import DecisionLog
 from epp.observability.http import DebugViews, MetricsServer, PortOptions
@@ -291,6 +292,7 @@ class App:
         """Serve until ``stop()`` (or SIGTERM via ``install_signal_handlers``)."""
         servers = await self._start_servers()
         started: list[Lifecycle] = []
+        report: asyncio.TimerHandle | None = None
         try:
             for p in self.pipeline.lifecycle:  # a start that fails still stops the servers
                 await p.start()
@@ -302,6 +304,9 @@ class App:
                     tasks.append(self._election)
                 self._started.set()
                 await self._stop.wait()
+                # a stop that overruns its bound logs what it waits on (epp.observability.stuck)
+                late = self.settings.drain_timeout + stuck.STUCK_AFTER
+                report = asyncio.get_running_loop().call_later(late, stuck.report, late)
                 await self._drain(servers)
                 for t in tasks:
                     t.cancel()
@@ -314,6 +319,8 @@ class App:
             await servers[2].stop()
             if self.tracing is not None:
                 await asyncio.to_thread(self.tracing.shutdown)
+            if report is not None:
+                report.cancel()
 
     def _background(self) -> list[Any]:
         """The long-lived tasks: discovery, scraping, pool gauges, flow control, objects files,

@@ -11,7 +11,8 @@ See the package docstring (``epp.workers``) for what the group promises; this mo
 4. Poll every worker's readiness every ``HEALTH_INTERVAL``.
 5. On SIGTERM/SIGINT drain: readiness NOT_SERVING, SIGTERM to every worker (each drains for
    ``--drain-timeout``), wait; a second signal is forwarded (the workers cut their drain short).
-   Workers still running ``STOP_GRACE`` seconds after their drain window are killed.
+   Workers still running ``STOP_GRACE`` seconds after their drain window are asked for their
+   threads' stacks (SIGUSR1, ``epp.observability.stuck``) and killed.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ HEALTH_TIMEOUT: Final = 1.0
 STARTUP_TIMEOUT: Final = 120.0
 STOP_GRACE: Final = 10.0
 """Seconds a worker may take to stop after its drain window (servers, plugins) before SIGKILL."""
+DUMP_WAIT: Final = 0.5
+"""Seconds between asking a stuck worker for its stacks (SIGUSR1) and killing it."""
 
 CONFIG_REFUSED: Final = 2
 FAILED: Final = 1
@@ -341,9 +344,13 @@ class Supervisor:
             self._signal_all(signal.SIGTERM)
             deadline = min(deadline, loop.time() + self._stop_grace)
         log.error(
-            "workers still running after the drain window and %.0fs; killing them", self._stop_grace
+            "workers still running after the drain window and %.0fs; their threads' stacks "
+            "follow, then they are killed",
+            self._stop_grace,
         )
         self._killed = True
+        self._signal_all(signal.SIGUSR1)  # each dumps its threads' stacks to the shared stderr
+        await asyncio.sleep(DUMP_WAIT)  # a signal has no answer to wait for: give it a moment
         self._signal_all(signal.SIGKILL)
 
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import IO, Final
@@ -89,6 +91,8 @@ def main(setup_logging: Callable[..., None]) -> int:
         print(f"epp: worker {index}: {exc}", file=sys.stderr)
         return 2
     setup_logging(settings, worker=index)
+    # the supervisor's last look at a worker that did not stop (epp.observability.stuck)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         run(serve(settings, report), settings.event_loop)
     except (ConfigError, PluginError) as exc:

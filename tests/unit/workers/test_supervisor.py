@@ -194,7 +194,7 @@ async def test_a_second_stop_is_forwarded_and_stragglers_are_killed(running: Sta
     sup.stop()
     assert await asyncio.wait_for(task, 5) == 1
     for w in fleet.spawned:
-        assert w.signals == [signal.SIGTERM, signal.SIGTERM, signal.SIGKILL]
+        assert w.signals == [signal.SIGTERM, signal.SIGTERM, signal.SIGUSR1, signal.SIGKILL]
 
 
 async def test_a_worker_failing_its_drain_fails_the_exit_code(
